@@ -1,0 +1,221 @@
+"""Time native_layer_norm on the GPU, and torch's layer_norm on the same shapes.
+
+GPU time comes from timestamp queries around each compute pass when the adapter has
+`timestamp-query` (wall clock over a batch of dispatches otherwise). Inputs rotate over
+enough copies to exceed the last-level cache, so a shape is not timed from cache.
+"""
+
+from __future__ import annotations
+
+import math
+import platform
+import statistics
+import time
+
+import numpy as np
+import torch
+import wgpu
+
+from pipeline.runtime.device import Gpu, gpu
+from pipeline.runtime.native_layer_norm import _STAGING, _STORAGE, _UNIFORM, _params, _pipeline, choose_config, grid
+
+# Rotate among at least this many bytes of input (the H200's L2 is 60 MB).
+ROTATE_BYTES = 256 << 20
+MAX_COPIES = 16
+
+
+def effective_gbps(rows: int, width: int, us: float) -> float:
+    """Input read once + output written once, over the time."""
+    return 2 * rows * width * 4 / (us * 1e-6) / 1e9
+
+
+def _copies(nbytes: int) -> int:
+    return max(2, min(MAX_COPIES, math.ceil(ROTATE_BYTES / max(nbytes, 1))))
+
+
+def time_kernel(rows: int, width: int, affine: bool = True, warmup: int = 10, repeats: int = 100) -> tuple[float, str]:
+    """Median GPU microseconds of one launch over (rows, width); returns (us, clock)."""
+    g = gpu()
+    config = choose_config(width, affine, affine)
+    pipeline, layout = _pipeline(g, config)
+    nbytes = rows * width * 4
+    copies = _copies(nbytes)
+    rng = np.random.default_rng(0)
+    bind_groups = []
+    affine_bufs = []
+    for role in ("weight", "bias"):
+        buf = g.device.create_buffer(size=max(16, width * 4), usage=_STORAGE)
+        if affine:
+            g.device.queue.write_buffer(buf, 0, rng.standard_normal(width, dtype=np.float32))
+        affine_bufs.append(buf)
+    params = g.device.create_buffer(size=16, usage=_UNIFORM)
+    g.device.queue.write_buffer(params, 0, _params(rows, width // config.vec, width, 1e-5))
+    row = rng.standard_normal(width, dtype=np.float32)
+    for _ in range(copies):
+        x = g.device.create_buffer(size=nbytes, usage=_STORAGE)
+        g.device.queue.write_buffer(x, 0, np.tile(row, rows))
+        buffers = [x, *affine_bufs, g.device.create_buffer(size=nbytes, usage=_STORAGE),
+                   g.device.create_buffer(size=rows * 4, usage=_STORAGE),
+                   g.device.create_buffer(size=rows * 4, usage=_STORAGE), params]
+        bind_groups.append(g.device.create_bind_group(
+            layout=layout, entries=[{"binding": i, "resource": {"buffer": b}} for i, b in enumerate(buffers)]))
+    groups = grid(rows, config)
+
+    if "timestamp-query" in g.features:
+        us = _timestamped(g, pipeline, bind_groups, groups, warmup, repeats)
+        return us, "gpu-timestamps"
+    return _wall_clock(g, pipeline, bind_groups, groups, warmup, repeats), "wall-clock"
+
+
+def _sync(g: Gpu) -> None:
+    # Mapping a buffer waits for all submitted work (on_submitted_work_done_sync is broken).
+    probe = g.device.create_buffer(size=16, usage=_STAGING)
+    probe.map_sync(wgpu.MapMode.READ)
+    probe.unmap()
+
+
+def _timestamped(g: Gpu, pipeline, bind_groups, groups, warmup: int, repeats: int) -> float:
+    total = warmup + repeats
+    queries = g.device.create_query_set(type=wgpu.QueryType.timestamp, count=2 * total)
+    resolved = g.device.create_buffer(size=16 * total, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
+    staging = g.device.create_buffer(size=16 * total, usage=_STAGING)
+    encoder = g.device.create_command_encoder()
+    for i in range(total):
+        compute = encoder.begin_compute_pass(timestamp_writes={
+            "query_set": queries, "beginning_of_pass_write_index": 2 * i, "end_of_pass_write_index": 2 * i + 1})
+        compute.set_pipeline(pipeline)
+        compute.set_bind_group(0, bind_groups[i % len(bind_groups)])
+        compute.dispatch_workgroups(*groups)
+        compute.end()
+    encoder.resolve_query_set(queries, 0, 2 * total, resolved, 0)
+    encoder.copy_buffer_to_buffer(resolved, 0, staging, 0, 16 * total)
+    g.device.queue.submit([encoder.finish()])
+    staging.map_sync(wgpu.MapMode.READ)
+    stamps = np.frombuffer(staging.read_mapped(copy=True), dtype=np.uint64).reshape(total, 2)
+    staging.unmap()
+    ns = (stamps[warmup:, 1] - stamps[warmup:, 0]).astype(np.float64)  # wgpu reports nanoseconds
+    return float(np.median(ns)) / 1e3
+
+
+def _wall_clock(g: Gpu, pipeline, bind_groups, groups, warmup: int, repeats: int) -> float:
+    def batch(n: int) -> float:
+        start = time.perf_counter()
+        encoder = g.device.create_command_encoder()
+        compute = encoder.begin_compute_pass()
+        compute.set_pipeline(pipeline)
+        for i in range(n):
+            compute.set_bind_group(0, bind_groups[i % len(bind_groups)])
+            compute.dispatch_workgroups(*groups)
+        compute.end()
+        g.device.queue.submit([encoder.finish()])
+        _sync(g)
+        return (time.perf_counter() - start) / n * 1e6
+
+    batch(warmup)
+    return statistics.median(batch(max(1, repeats // 10)) for _ in range(5))
+
+
+def time_torch(rows: int, width: int, affine: bool = True, warmup: int = 10, repeats: int = 100) -> tuple[float, str]:
+    """Median microseconds of torch.nn.functional.layer_norm: CUDA graph + events, else CPU."""
+    if torch.cuda.is_available():
+        return _time_torch_cuda(rows, width, affine, warmup, repeats), "cuda-graph-events"
+    x = torch.randn(rows, width)
+    w, b = (torch.randn(width), torch.randn(width)) if affine else (None, None)
+    for _ in range(max(1, warmup // 5)):
+        torch.nn.functional.layer_norm(x, (width,), w, b)
+    times = []
+    for _ in range(max(3, repeats // 10)):
+        start = time.perf_counter()
+        torch.nn.functional.layer_norm(x, (width,), w, b)
+        times.append((time.perf_counter() - start) * 1e6)
+    return statistics.median(times), "cpu-wall-clock"
+
+
+def _time_torch_cuda(rows: int, width: int, affine: bool, warmup: int, repeats: int) -> float:
+    dev = torch.device("cuda")
+    copies = _copies(rows * width * 4)
+    xs = [torch.randn(rows, width, device=dev) for _ in range(copies)]
+    w, b = (torch.randn(width, device=dev), torch.randn(width, device=dev)) if affine else (None, None)
+
+    def body():
+        # The graph's memory pool gives each output the same address on every replay.
+        for x in xs:
+            torch.nn.functional.layer_norm(x, (width,), w, b)
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            body()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        body()
+    for _ in range(warmup):
+        graph.replay()
+    times = []
+    for _ in range(max(5, repeats // copies)):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / copies)
+    return statistics.median(times)
+
+
+# (rows, width) of the LayerNorms in the three models, plus two large generic shapes.
+MODEL_SHAPES: list[tuple[int, int]] = (
+    [(rows, w) for w in (768, 1024) for rows in (1024, 4096)]  # BART decoder: tokens x d_model
+    + [(r * b, w) for b in (1, 2) for r, w in ((36864, 128), (9216, 256), (2304, 512), (576, 1024))]  # DaViT
+    + [(1500, w) for w in (384, 512, 768, 1024, 1280)]  # Whisper encoder: 1500 frames
+    + [(4096, 3072), (8192, 1024)]
+)
+
+
+def parse_shapes(spec: str) -> list[tuple[int, int]]:
+    """'model' or a comma list like '4096x3072,1500x384'."""
+    if spec == "model":
+        return list(MODEL_SHAPES)
+    shapes = []
+    for item in spec.split(","):
+        try:
+            rows, width = (int(v) for v in item.lower().split("x"))
+        except ValueError:
+            raise ValueError(f"shape {item!r} is not ROWSxWIDTH") from None
+        if rows < 1 or width < 1:
+            raise ValueError(f"shape {item!r} must have positive rows and width")
+        shapes.append((rows, width))
+    return shapes
+
+
+def run_benchmark(shapes: list[tuple[int, int]], repeats: int = 100, progress=print) -> dict:
+    """Time kernel and torch on each shape; the JSON-ready result of bench_layer_norm.py."""
+    from pipeline.runtime.device import device_info
+
+    info = device_info()
+    results = []
+    for rows, width in shapes:
+        wgpu_us, clock = time_kernel(rows, width, repeats=repeats)
+        torch_us, torch_clock = time_torch(rows, width, repeats=repeats)
+        result = {
+            "rows": rows,
+            "width": width,
+            "mbytes": round(rows * width * 4 / 1e6, 2),
+            "wgpu_us": round(wgpu_us, 2),
+            "wgpu_gbps": round(effective_gbps(rows, width, wgpu_us), 1),
+            "torch_us": round(torch_us, 2),
+            "torch_gbps": round(effective_gbps(rows, width, torch_us), 1),
+        }
+        results.append(result)
+        progress(f"{rows:>6}x{width:<5} wgpu {wgpu_us:9.2f} us {result['wgpu_gbps']:8.1f} GB/s | "
+                 f"torch {torch_us:9.2f} us {result['torch_gbps']:8.1f} GB/s")
+    return {
+        "machine": platform.node() + " " + platform.machine(),
+        "adapter": info["adapter"],
+        "backend": info["backend"],
+        "kernel_clock": clock,
+        "torch_clock": torch_clock,
+        "torch_device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        "results": results,
+    }

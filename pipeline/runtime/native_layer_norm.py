@@ -1,0 +1,248 @@
+"""Launch the native_layer_norm WGSL kernel: torch tensors in, (out, mean, rstd) out.
+
+Semantics, shapes and dtypes are those of torch.ops.aten.native_layer_norm.default for
+float32 input: the trailing `normalized_shape` dims are flattened into one row.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import wgpu
+
+from pipeline.runtime.device import Gpu, gpu
+
+SHADER = "native_layer_norm.wgsl"
+WORKGROUP = 256
+# Floats one thread may hold in registers; wider rows are re-read from memory.
+MAX_FLOATS_PER_THREAD = 64
+MAX_GRID_X = 65535
+
+_STORAGE = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC
+_UNIFORM = wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST
+_STAGING = wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """What is fixed per pipeline: chosen from the row width and which affine parts exist."""
+
+    vec: int
+    threads_per_row: int
+    slots: int
+    cached: bool
+    has_weight: bool
+    has_bias: bool
+    workgroup: int = WORKGROUP
+
+    @property
+    def rows_per_workgroup(self) -> int:
+        return self.workgroup // self.threads_per_row
+
+    def prelude(self) -> str:
+        """WGSL constant declarations that specialise the kernel file."""
+        vtype = "vec4<f32>" if self.vec == 4 else "f32"
+        return (
+            f"alias V = {vtype};\n"
+            f"const VEC: u32 = {self.vec}u;\n"
+            f"const WORKGROUP: u32 = {self.workgroup}u;\n"
+            f"const THREADS_PER_ROW: u32 = {self.threads_per_row}u;\n"
+            f"const SLOTS: u32 = {self.slots}u;\n"
+            f"const CACHED: bool = {str(self.cached).lower()};\n"
+            f"const HAS_WEIGHT: bool = {str(self.has_weight).lower()};\n"
+            f"const HAS_BIAS: bool = {str(self.has_bias).lower()};\n"
+        )
+
+
+def choose_config(width: int, has_weight: bool, has_bias: bool) -> KernelConfig:
+    """Vector loads when the width allows; enough threads per row to keep ~4 loads each."""
+    vec = 4 if width % 4 == 0 else 1
+    row_vecs = width // vec
+    threads = min(WORKGROUP, 1 << max(0, math.ceil(math.log2(math.ceil(row_vecs / 4)))))
+    slots = math.ceil(row_vecs / threads)
+    cached = slots * vec <= MAX_FLOATS_PER_THREAD
+    return KernelConfig(
+        vec=vec,
+        threads_per_row=threads,
+        slots=slots if cached else 1,
+        cached=cached,
+        has_weight=has_weight,
+        has_bias=has_bias,
+    )
+
+
+def _pipeline(g: Gpu, config: KernelConfig) -> tuple[wgpu.GPUComputePipeline, wgpu.GPUBindGroupLayout]:
+    cached = g.pipelines.get((SHADER, config))
+    if cached is not None:
+        return cached
+    source = config.prelude() + g.shader_source(SHADER)
+    try:
+        module = g.device.create_shader_module(code=source, label=SHADER)
+        # An explicit layout: unused weight/bias bindings must stay in it.
+        read_only = wgpu.BufferBindingType.read_only_storage
+        entries = [
+            {"binding": i, "visibility": wgpu.ShaderStage.COMPUTE, "buffer": {"type": t}}
+            for i, t in enumerate(
+                [read_only] * 3 + [wgpu.BufferBindingType.storage] * 3 + [wgpu.BufferBindingType.uniform]
+            )
+        ]
+        layout = g.device.create_bind_group_layout(entries=entries)
+        pipeline = g.device.create_compute_pipeline(
+            layout=g.device.create_pipeline_layout(bind_group_layouts=[layout]),
+            compute={"module": module, "entry_point": "main"},
+            label=f"{SHADER} {config}",
+        )
+    except Exception as exc:
+        raise RuntimeError(f"compiling {SHADER} for {config} failed: {exc}") from exc
+    g.pipelines[(SHADER, config)] = (pipeline, layout)
+    g.stats.pipelines_compiled += 1
+    return pipeline, layout
+
+
+def grid(rows: int, config: KernelConfig) -> tuple[int, int]:
+    """Workgroups in x and y; y carries what does not fit under 65,535 in x."""
+    groups = max(1, math.ceil(rows / config.rows_per_workgroup))
+    x = min(groups, MAX_GRID_X)
+    return x, math.ceil(groups / x)
+
+
+def _check(x: torch.Tensor, normalized_shape: Sequence[int], weight, bias, eps) -> tuple[int, ...]:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"input must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype != torch.float32:
+        raise ValueError(f"input must be float32, got {x.dtype}")
+    try:
+        shape = tuple(int(d) for d in normalized_shape)
+    except TypeError:
+        raise ValueError(f"normalized_shape must be a sequence of ints, got {normalized_shape!r}") from None
+    if not shape or any(d < 1 for d in shape):
+        raise ValueError(f"normalized_shape must be non-empty with positive dims, got {list(shape)}")
+    if x.dim() < len(shape) or tuple(x.shape[x.dim() - len(shape):]) != shape:
+        raise ValueError(
+            f"normalized_shape {list(shape)} does not match the trailing dims of input {list(x.shape)}"
+        )
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor or None, got {type(t).__name__}")
+        if t.dtype != torch.float32:
+            raise ValueError(f"{name} must be float32, got {t.dtype}")
+        if tuple(t.shape) != shape:
+            raise ValueError(f"{name} must have shape {list(shape)}, got {list(t.shape)}")
+    if not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
+        raise ValueError(f"eps must be a finite non-negative number, got {eps!r}")
+    return shape
+
+
+def native_layer_norm(
+    x: torch.Tensor,
+    normalized_shape: Sequence[int],
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    eps: float = 1e-5,
+    *,
+    poison: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """LayerNorm over the trailing `normalized_shape` dims of float32 `x`, on the GPU.
+
+    Returns `(out, mean, rstd)` shaped like aten.native_layer_norm's: out like x, mean and
+    rstd like x with the normalized dims set to 1. `poison` fills the output buffers with
+    that value before each launch (to check that the kernel writes every element).
+    """
+    shape = _check(x, normalized_shape, weight, bias, eps)
+    width = math.prod(shape)
+    lead = tuple(x.shape[: x.dim() - len(shape)])
+    rows = math.prod(lead)
+    stat_shape = lead + (1,) * len(shape)
+    out = np.empty((rows, width), dtype=np.float32)
+    mean = np.empty(rows, dtype=np.float32)
+    rstd = np.empty(rows, dtype=np.float32)
+    if rows:
+        src = x.detach().reshape(rows, width).contiguous().cpu().numpy()
+        _run(gpu(), src, weight, bias, float(eps), out, mean, rstd, poison)
+    return (
+        torch.from_numpy(out).reshape(x.shape),
+        torch.from_numpy(mean).reshape(stat_shape),
+        torch.from_numpy(rstd).reshape(stat_shape),
+    )
+
+
+def _run(g: Gpu, src, weight, bias, eps, out, mean, rstd, poison) -> None:
+    rows, width = src.shape
+    row_bytes = width * 4
+    limit = min(g.limits["max-storage-buffer-binding-size"], g.limits["max-buffer-size"])
+    if row_bytes > limit:
+        raise ValueError(f"a row of {width} floats exceeds the adapter's binding limit of {limit} bytes")
+    config = choose_config(width, weight is not None, bias is not None)
+    pipeline, layout = _pipeline(g, config)
+
+    # Absent weight/bias bind a small placeholder that the specialised kernel never reads.
+    affine = []
+    for role, t in (("weight", weight), ("bias", bias)):
+        data = None if t is None else t.detach().reshape(-1).contiguous().cpu().numpy()
+        buf = g.buffer(role, row_bytes if data is not None else 16, _STORAGE)
+        if data is not None:
+            g.upload(buf, data)
+        affine.append(buf)
+
+    # Launches of at most `chunk` rows keep every binding under the adapter's limit.
+    chunk = max(1, min(rows, limit // row_bytes))
+    for start in range(0, rows, chunk):
+        stop = min(rows, start + chunk)
+        _launch(g, pipeline, layout, config, src[start:stop], affine, eps, poison,
+                out[start:stop], mean[start:stop], rstd[start:stop])
+
+
+def _launch(g, pipeline, layout, config, src, affine, eps, poison, out, mean, rstd) -> None:
+    rows, width = src.shape
+    x_buf = g.buffer("x", src.nbytes, _STORAGE)
+    out_buf = g.buffer("out", src.nbytes, _STORAGE)
+    mean_buf = g.buffer("mean", rows * 4, _STORAGE)
+    rstd_buf = g.buffer("rstd", rows * 4, _STORAGE)
+    params = g.buffer("params", 16, _UNIFORM)
+    stat_offset = (src.nbytes + 15) // 16 * 16
+    staging = g.buffer("staging", stat_offset + 2 * ((rows * 4 + 15) // 16 * 16), _STAGING)
+
+    g.upload(x_buf, src)
+    g.upload(params, _params(rows, width // config.vec, width, eps))
+    if poison is not None:
+        for buf, n in ((out_buf, src.size), (mean_buf, rows), (rstd_buf, rows)):
+            g.upload(buf, np.full(n, poison, dtype=np.float32))
+
+    bind_group = g.device.create_bind_group(
+        layout=layout,
+        entries=[
+            {"binding": i, "resource": {"buffer": b}}
+            for i, b in enumerate([x_buf, *affine, out_buf, mean_buf, rstd_buf, params])
+        ],
+    )
+    encoder = g.device.create_command_encoder()
+    compute = encoder.begin_compute_pass()
+    compute.set_pipeline(pipeline)
+    compute.set_bind_group(0, bind_group)
+    compute.dispatch_workgroups(*grid(rows, config))
+    compute.end()
+    stat_bytes = rows * 4
+    stat_stride = (stat_bytes + 15) // 16 * 16
+    encoder.copy_buffer_to_buffer(out_buf, 0, staging, 0, src.nbytes)
+    encoder.copy_buffer_to_buffer(mean_buf, 0, staging, stat_offset, stat_bytes)
+    encoder.copy_buffer_to_buffer(rstd_buf, 0, staging, stat_offset + stat_stride, stat_bytes)
+    g.device.queue.submit([encoder.finish()])
+    g.stats.dispatches += 1
+
+    data = np.frombuffer(g.read(staging, stat_offset + stat_stride + stat_bytes), dtype=np.float32)
+    out[...] = data[: src.size].reshape(rows, width)
+    mean[...] = data[stat_offset // 4 : stat_offset // 4 + rows]
+    rstd[...] = data[(stat_offset + stat_stride) // 4 : (stat_offset + stat_stride) // 4 + rows]
+
+
+def _params(rows: int, row_vecs: int, width: int, eps: float) -> np.ndarray:
+    packed = np.zeros(4, dtype=np.uint32)
+    packed[:3] = (rows, row_vecs, width)
+    packed[3:] = np.array([eps], dtype=np.float32).view(np.uint32)
+    return packed

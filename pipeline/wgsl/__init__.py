@@ -1,0 +1,1 @@
+"""WGSL kernels, shipped as package data and loaded with importlib.resources."""

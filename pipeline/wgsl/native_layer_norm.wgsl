@@ -1,0 +1,125 @@
+// native_layer_norm: out, mean and rstd of every row of a row-major (rows, width) tensor
+// in one launch, matching aten.native_layer_norm for float32.
+//
+// The runtime prepends the pipeline's constants (see pipeline/runtime/native_layer_norm.py):
+//   alias V                 vec4<f32> when width % 4 == 0, else f32 (one load = one V)
+//   const VEC: u32          components in one V (4 or 1)
+//   const WORKGROUP: u32    threads per workgroup
+//   const THREADS_PER_ROW   threads sharing one row, a power of two dividing WORKGROUP
+//   const SLOTS: u32        V values each thread keeps in registers (row held on chip)
+//   const CACHED: bool      false for rows too wide for registers: x is then re-read
+//   const HAS_WEIGHT, HAS_BIAS: bool
+//
+// Statistics are a corrected two-pass: mu = sum(x)/n, then d = x - mu over the row again,
+// mean = mu + sum(d)/n and var = (sum(d^2) - sum(d)^2/n)/n. Never E[x^2] - E[x]^2.
+
+struct Params {
+    rows: u32,      // rows in this launch
+    row_vecs: u32,  // V values per row (width / VEC)
+    width: u32,     // elements per row
+    eps: f32,
+}
+
+@group(0) @binding(0) var<storage, read> x: array<V>;
+@group(0) @binding(1) var<storage, read> weight: array<V>;
+@group(0) @binding(2) var<storage, read> bias: array<V>;
+@group(0) @binding(3) var<storage, read_write> out: array<V>;
+@group(0) @binding(4) var<storage, read_write> mean: array<f32>;
+@group(0) @binding(5) var<storage, read_write> rstd: array<f32>;
+@group(0) @binding(6) var<uniform> params: Params;
+
+const ROWS_PER_WORKGROUP: u32 = WORKGROUP / THREADS_PER_ROW;
+
+var<workgroup> partial: array<vec2<f32>, WORKGROUP>;
+
+fn hsum(v: V) -> f32 {
+    // vec4<f32>(v) splats a scalar, so only .x is meaningful when VEC == 1.
+    let w = vec4<f32>(v);
+    return select(w.x, w.x + w.y + w.z + w.w, VEC == 4u);
+}
+
+// Sum of `value` over the THREADS_PER_ROW threads of this row; every thread gets the sum.
+// Called by all threads of the workgroup (it holds barriers).
+fn row_sum(value: vec2<f32>, tid: u32, lane: u32) -> vec2<f32> {
+    partial[tid] = value;
+    workgroupBarrier();
+    for (var stride = THREADS_PER_ROW / 2u; stride > 0u; stride = stride / 2u) {
+        if (lane < stride) {
+            partial[tid] = partial[tid] + partial[tid + stride];
+        }
+        workgroupBarrier();
+    }
+    let total = partial[tid - lane];
+    workgroupBarrier();
+    return total;
+}
+
+@compute @workgroup_size(WORKGROUP)
+fn main(
+    @builtin(local_invocation_index) tid: u32,
+    @builtin(workgroup_id) group: vec3<u32>,
+    @builtin(num_workgroups) groups: vec3<u32>,
+) {
+    // Rows past 65,535 workgroups come through the y dimension of the grid.
+    let row = (group.x + group.y * groups.x) * ROWS_PER_WORKGROUP + tid / THREADS_PER_ROW;
+    let lane = tid % THREADS_PER_ROW;
+    // Threads past the last row still take part in every barrier; they only skip memory.
+    let live = row < params.rows;
+    let row_vecs = params.row_vecs;
+    let base = row * row_vecs;
+    // Without a cache each thread walks the row in strides; SLOTS bounds the cached walk.
+    let slots = select((row_vecs + THREADS_PER_ROW - 1u) / THREADS_PER_ROW, SLOTS, CACHED);
+    let n = f32(params.width);
+
+    var cache: array<V, SLOTS>;
+    var sum = 0.0;
+    for (var k = 0u; k < slots; k++) {
+        let i = lane + k * THREADS_PER_ROW;
+        if (live && i < row_vecs) {
+            let v = x[base + i];
+            if (CACHED) {
+                cache[k] = v;
+            }
+            sum += hsum(v);
+        }
+    }
+    let mu = row_sum(vec2<f32>(sum, 0.0), tid, lane).x / n;
+
+    var centered = vec2<f32>(0.0, 0.0);
+    for (var k = 0u; k < slots; k++) {
+        let i = lane + k * THREADS_PER_ROW;
+        if (live && i < row_vecs) {
+            var v: V;
+            if (CACHED) { v = cache[k]; } else { v = x[base + i]; }
+            let d = v - V(mu);
+            centered += vec2<f32>(hsum(d), hsum(d * d));
+        }
+    }
+    let s = row_sum(centered, tid, lane);
+    // A row with an infinity has d = NaN somewhere; its mean stays mu (+-inf, or NaN).
+    let mu_finite = (bitcast<u32>(mu) & 0x7f800000u) != 0x7f800000u;
+    let mean_row = select(mu, mu + s.x / n, mu_finite);
+    var variance = (s.y - s.x * s.x / n) / n;
+    // Rounding can leave a tiny negative; NaN compares false and stays NaN.
+    variance = select(variance, 0.0, variance < 0.0);
+    let rstd_row = 1.0 / sqrt(variance + params.eps);
+
+    if (!live) {
+        return;
+    }
+    if (lane == 0u) {
+        mean[row] = mean_row;
+        rstd[row] = rstd_row;
+    }
+    for (var k = 0u; k < slots; k++) {
+        let i = lane + k * THREADS_PER_ROW;
+        if (i < row_vecs) {
+            var v: V;
+            if (CACHED) { v = cache[k]; } else { v = x[base + i]; }
+            var y = (v - V(mean_row)) * rstd_row;
+            if (HAS_WEIGHT) { y = y * weight[i]; }
+            if (HAS_BIAS) { y = y + bias[i]; }
+            out[base + i] = y;
+        }
+    }
+}

@@ -1,0 +1,38 @@
+"""Benchmark the native_layer_norm kernel against torch's layer_norm.
+
+Runs on a GPU host that has torch and wgpu but no ExecuTorch.
+    python scripts/bench_layer_norm.py --shapes model --json benchmarks/results/NAME.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from pipeline.ioutil import write_json_atomic
+from pipeline.runtime.benchmark import parse_shapes, run_benchmark
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", default="model", help="'model' (default) or ROWSxWIDTH[,ROWSxWIDTH...]")
+    parser.add_argument("--repeats", type=int, default=100, help="timed launches per shape (default 100)")
+    parser.add_argument("--json", metavar="FILE", help="write the results here (atomically)")
+    args = parser.parse_args(argv)
+    try:
+        shapes = parse_shapes(args.shapes)
+    except ValueError as exc:
+        parser.error(str(exc))
+    try:
+        result = run_benchmark(shapes, repeats=args.repeats, progress=lambda line: print(line, flush=True))
+    except Exception as exc:  # one line for the user, status 1
+        print(f"bench_layer_norm: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        write_json_atomic(args.json, result)
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

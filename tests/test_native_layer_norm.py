@@ -1,0 +1,217 @@
+"""The native_layer_norm kernel against a float64 reference, with eager float32 as the yardstick."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import pipeline
+from pipeline import runtime
+from pipeline.runtime import device as runtime_device
+
+pytestmark = pytest.mark.usefixtures("gpu_info")
+
+WIDTHS = [1, 3, 5, 7, 32, 128, 132, 384, 768, 1024, 1280, 3072, 4097]
+AFFINE = [(False, False), (True, False), (False, True), (True, True)]
+ATEN = torch.ops.aten.native_layer_norm.default
+
+
+def make_affine(shape, has_weight, has_bias, gen):
+    weight = torch.randn(shape, generator=gen) if has_weight else None
+    bias = torch.randn(shape, generator=gen) if has_bias else None
+    return weight, bias
+
+
+def reference(x, shape, weight, bias, eps):
+    """aten.native_layer_norm in float64: the truth both float32 versions are held against."""
+    d = lambda t: None if t is None else t.double()  # noqa: E731
+    return ATEN(x.double(), list(shape), d(weight), d(bias), eps)
+
+
+def assert_close_to_reference(x, shape, weight=None, bias=None, eps=1e-5, factor=4.0):
+    """Kernel error vs float64 must be at most `factor` x eager float32's own error (plus a few ulp)."""
+    ours = pipeline.layer_norm(x, shape, weight, bias, eps)
+    eager = ATEN(x, list(shape), weight, bias, eps)
+    truth = reference(x, shape, weight, bias, eps)
+    for name, o, e, t in zip(("out", "mean", "rstd"), ours, eager, truth):
+        assert o.dtype == torch.float32 and o.shape == e.shape, name
+        # PyTorch's mean of a row holding one infinity is +-inf or NaN depending on where
+        # it sits; the kernel must agree on which statistics are non-finite, and on out's NaNs.
+        same = torch.isnan if name == "out" else torch.isfinite
+        assert torch.equal(same(o), same(e)), f"{name}: non-finite pattern differs from PyTorch"
+        finite = torch.isfinite(t)
+        if not finite.any():
+            continue
+        scale = t[finite].abs().max().item()
+        err = (o.double() - t)[finite].abs().max().item()
+        eager_err = (e.double() - t)[finite].abs().max().item()
+        floor = 8 * np.finfo(np.float32).eps * max(scale, 1.0)
+        assert err <= factor * eager_err + floor, (
+            f"{name}: error {err:.3g} vs float64, eager float32 {eager_err:.3g} (x{factor} + {floor:.3g})"
+        )
+    return ours
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("rows", [1, 7])
+@pytest.mark.parametrize("has_weight,has_bias", AFFINE)
+def test_widths_rows_affine(width, rows, has_weight, has_bias):
+    gen = torch.Generator().manual_seed(width * 10 + rows)
+    x = torch.randn(rows, width, generator=gen) * 2 + 0.5
+    weight, bias = make_affine((width,), has_weight, has_bias, gen)
+    assert_close_to_reference(x, (width,), weight, bias)
+
+
+@pytest.mark.parametrize("width", [1, 3, 128, 384])
+def test_more_rows_than_one_grid_dimension(width):
+    gen = torch.Generator().manual_seed(width)
+    x = torch.randn(70_001, width, generator=gen)
+    weight, bias = make_affine((width,), True, True, gen)
+    assert_close_to_reference(x, (width,), weight, bias)
+
+
+def test_launches_split_at_the_binding_limit(monkeypatch):
+    g = runtime_device.gpu()
+    monkeypatch.setitem(g.limits, "max-storage-buffer-binding-size", 4096 * 10)
+    before = runtime.stats()["dispatches"]
+    x = torch.randn(100, 1024)
+    assert_close_to_reference(x, (1024,))
+    assert runtime.stats()["dispatches"] - before == 10
+
+
+@pytest.mark.parametrize("shape", [(4, 8), (3, 5, 7), (2, 96)])
+@pytest.mark.parametrize("has_weight,has_bias", AFFINE)
+def test_multi_dim_normalized_shape(shape, has_weight, has_bias):
+    gen = torch.Generator().manual_seed(len(shape))
+    x = torch.randn((2, 3) + shape, generator=gen)
+    weight, bias = make_affine(shape, has_weight, has_bias, gen)
+    out, mean, rstd = assert_close_to_reference(x, shape, weight, bias)
+    assert mean.shape == (2, 3) + (1,) * len(shape)
+
+
+@pytest.mark.parametrize("width", [5, 128, 768, 4097])
+def test_large_mean_small_variance(width):
+    gen = torch.Generator().manual_seed(width)
+    x = 1e4 + 1e-2 * torch.randn(16, width, generator=gen)
+    weight, bias = make_affine((width,), True, True, gen)
+    assert_close_to_reference(x, (width,), weight, bias)
+
+
+@pytest.mark.parametrize("width", [1, 3, 768, 4097])
+def test_constant_rows(width):
+    x = torch.full((5, width), 3.25)
+    x[1] = -1e4
+    bias = torch.linspace(-1, 1, width)
+    out, mean, rstd = pipeline.layer_norm(x, [width], None, bias, eps=1e-5)
+    assert torch.equal(out, bias.expand(5, width))
+    assert torch.equal(mean.flatten(), x[:, 0])
+    assert torch.allclose(rstd, torch.full_like(rstd, 1e-5 ** -0.5), rtol=1e-6)
+
+
+@pytest.mark.parametrize("width", [3, 128, 4097])
+def test_nan_and_inf_rows(width):
+    x = torch.randn(6, width)
+    x[1, width // 2] = float("nan")
+    x[2, 0] = float("inf")
+    x[3, -1] = float("-inf")
+    x[4, 0], x[4, -1] = float("inf"), float("-inf")
+    out, mean, rstd = assert_close_to_reference(x, (width,), torch.randn(width), torch.randn(width))
+    assert torch.isnan(out[1:5]).all() and torch.isfinite(out[[0, 5]]).all()
+
+
+@pytest.mark.parametrize("width", [1, 7, 128, 1280, 4097])
+def test_every_output_element_is_written(width):
+    x = torch.randn(300, width)
+    out, mean, rstd = runtime.native_layer_norm(x, [width], None, None, 1e-5, poison=float("nan"))
+    assert torch.isfinite(out).all() and torch.isfinite(mean).all() and torch.isfinite(rstd).all()
+    assert_close_to_reference(x, (width,))
+
+
+def test_non_contiguous_input():
+    x = torch.randn(64, 3, 96).transpose(0, 1)
+    assert not x.is_contiguous()
+    assert_close_to_reference(x, (96,), torch.randn(96), torch.randn(96))
+    assert_close_to_reference(torch.randn(96, 40).t(), (96,))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    rows=st.integers(1, 300),
+    width=st.integers(1, 2100),
+    has_weight=st.booleans(),
+    has_bias=st.booleans(),
+    loc=st.sampled_from([0.0, 1.0, -50.0, 1e3]),
+    scale=st.sampled_from([1e-3, 1.0, 30.0]),
+    eps=st.sampled_from([1e-5, 1e-6, 1e-12, 0.1]),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_random_shapes_and_values(rows, width, has_weight, has_bias, loc, scale, eps, seed):
+    gen = torch.Generator().manual_seed(seed)
+    x = loc + scale * torch.randn(rows, width, generator=gen)
+    weight, bias = make_affine((width,), has_weight, has_bias, gen)
+    assert_close_to_reference(x, (width,), weight, bias, eps)
+
+
+def test_stats_show_gpu_work():
+    before = runtime.stats()
+    pipeline.layer_norm(torch.randn(10, 64), [64])
+    after = runtime.stats()
+    assert after["dispatches"] == before["dispatches"] + 1
+    assert after["bytes_uploaded"] - before["bytes_uploaded"] >= 10 * 64 * 4
+    assert after["bytes_read_back"] - before["bytes_read_back"] >= 10 * 64 * 4 + 2 * 10 * 4
+
+
+def test_pipelines_and_buffers_are_reused():
+    x = torch.randn(33, 200)
+    pipeline.layer_norm(x, [200])
+    before = runtime.stats()
+    pipeline.layer_norm(x + 1, [200])
+    after = runtime.stats()
+    assert after["pipelines_compiled"] == before["pipelines_compiled"]
+    assert after["buffers_allocated"] == before["buffers_allocated"]
+
+
+@pytest.mark.parametrize(
+    "args,match",
+    [
+        ((torch.randn(4, 8).double(), [8]), "input must be float32"),
+        ((torch.randn(4, 8).half(), [8]), "input must be float32"),
+        ((torch.randn(4, 8), [7]), "normalized_shape"),
+        ((torch.randn(4, 8), [4, 8, 1]), "normalized_shape"),
+        ((torch.randn(4, 8), []), "normalized_shape"),
+        ((torch.randn(4, 8), [8], torch.randn(7)), "weight must have shape"),
+        ((torch.randn(4, 8), [8], None, torch.randn(8).double()), "bias must be float32"),
+        ((torch.randn(4, 8), [8], None, None, float("nan")), "eps"),
+    ],
+)
+def test_bad_arguments_name_the_argument(args, match):
+    with pytest.raises(ValueError, match=match):
+        pipeline.layer_norm(*args)
+
+
+def test_non_tensor_input_is_a_type_error():
+    with pytest.raises(TypeError, match="input"):
+        pipeline.layer_norm(np.zeros((2, 4), dtype=np.float32), [4])
+
+
+def test_empty_input():
+    out, mean, rstd = pipeline.layer_norm(torch.randn(0, 16), [16])
+    assert out.shape == (0, 16) and mean.shape == (0, 1)
+
+
+def test_import_leaves_executorch_and_transformers_unloaded():
+    code = (
+        "import sys, pipeline, pipeline.runtime; "
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('executorch', 'transformers')]; "
+        "assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_device_info(gpu_info):
+    assert gpu_info["adapter"] and gpu_info["backend"]
+    assert gpu_info["limits"]["max-storage-buffer-binding-size"] > 0
