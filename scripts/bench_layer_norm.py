@@ -17,6 +17,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default="model", help="'model' (default) or ROWSxWIDTH[,ROWSxWIDTH...]")
     parser.add_argument("--repeats", type=int, default=100, help="timed launches per shape (default 100)")
+    parser.add_argument("--sweep", action="store_true", help="also time threads-per-row/workgroup variants")
     parser.add_argument("--json", metavar="FILE", help="write the results here (atomically)")
     args = parser.parse_args(argv)
     try:
@@ -24,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     try:
-        result = run_benchmark(shapes, repeats=args.repeats, progress=lambda line: print(line, flush=True))
+        result = run_benchmark(shapes, repeats=args.repeats, sweep=args.sweep, progress=lambda line: print(line, flush=True))
     except Exception as exc:  # one line for the user, status 1
         print(f"bench_layer_norm: {exc}", file=sys.stderr)
         return 1

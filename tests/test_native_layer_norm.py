@@ -56,10 +56,22 @@ def assert_close_to_reference(x, shape, weight=None, bias=None, eps=1e-5, factor
     return ours
 
 
+@pytest.fixture(params=["subgroup", "workgroup"])
+def reduction(request, monkeypatch):
+    """Run under each row-sum strategy: subgroup shuffles where the adapter has them, and the
+    workgroup-memory path that adapters without the `subgroup` feature take."""
+    g = runtime_device.gpu()
+    if request.param == "subgroup" and not g.subgroup_size:
+        pytest.skip("adapter has no subgroup operations")
+    if request.param == "workgroup":
+        monkeypatch.setattr(g, "subgroup_size", 0)
+    return request.param
+
+
 @pytest.mark.parametrize("width", WIDTHS)
 @pytest.mark.parametrize("rows", [1, 7])
 @pytest.mark.parametrize("has_weight,has_bias", AFFINE)
-def test_widths_rows_affine(width, rows, has_weight, has_bias):
+def test_widths_rows_affine(width, rows, has_weight, has_bias, reduction):
     gen = torch.Generator().manual_seed(width * 10 + rows)
     x = torch.randn(rows, width, generator=gen) * 2 + 0.5
     weight, bias = make_affine((width,), has_weight, has_bias, gen)
@@ -67,7 +79,7 @@ def test_widths_rows_affine(width, rows, has_weight, has_bias):
 
 
 @pytest.mark.parametrize("width", [1, 3, 128, 384])
-def test_more_rows_than_one_grid_dimension(width):
+def test_more_rows_than_one_grid_dimension(width, reduction):
     gen = torch.Generator().manual_seed(width)
     x = torch.randn(70_001, width, generator=gen)
     weight, bias = make_affine((width,), True, True, gen)
@@ -94,7 +106,7 @@ def test_multi_dim_normalized_shape(shape, has_weight, has_bias):
 
 
 @pytest.mark.parametrize("width", [5, 128, 768, 4097])
-def test_large_mean_small_variance(width):
+def test_large_mean_small_variance(width, reduction):
     gen = torch.Generator().manual_seed(width)
     x = 1e4 + 1e-2 * torch.randn(16, width, generator=gen)
     weight, bias = make_affine((width,), True, True, gen)
@@ -113,7 +125,7 @@ def test_constant_rows(width):
 
 
 @pytest.mark.parametrize("width", [3, 128, 4097])
-def test_nan_and_inf_rows(width):
+def test_nan_and_inf_rows(width, reduction):
     x = torch.randn(6, width)
     x[1, width // 2] = float("nan")
     x[2, 0] = float("inf")
@@ -124,7 +136,7 @@ def test_nan_and_inf_rows(width):
 
 
 @pytest.mark.parametrize("width", [1, 7, 128, 1280, 4097])
-def test_every_output_element_is_written(width):
+def test_every_output_element_is_written(width, reduction):
     x = torch.randn(300, width)
     out, mean, rstd = runtime.native_layer_norm(x, [width], None, None, 1e-5, poison=float("nan"))
     assert torch.isfinite(out).all() and torch.isfinite(mean).all() and torch.isfinite(rstd).all()

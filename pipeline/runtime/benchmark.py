@@ -11,13 +11,24 @@ import math
 import platform
 import statistics
 import time
+from dataclasses import asdict, replace
 
 import numpy as np
 import torch
 import wgpu
 
 from pipeline.runtime.device import Gpu, gpu
-from pipeline.runtime.native_layer_norm import _STAGING, _STORAGE, _UNIFORM, _params, _pipeline, choose_config, grid
+from pipeline.runtime.native_layer_norm import (
+    _STAGING,
+    _STORAGE,
+    _UNIFORM,
+    MAX_FLOATS_PER_THREAD,
+    KernelConfig,
+    _params,
+    _pipeline,
+    choose_config,
+    grid,
+)
 
 # Rotate among at least this many bytes of input (the H200's L2 is 60 MB).
 ROTATE_BYTES = 256 << 20
@@ -33,38 +44,63 @@ def _copies(nbytes: int) -> int:
     return max(2, min(MAX_COPIES, math.ceil(ROTATE_BYTES / max(nbytes, 1))))
 
 
-def time_kernel(rows: int, width: int, affine: bool = True, warmup: int = 10, repeats: int = 100) -> tuple[float, str]:
-    """Median GPU microseconds of one launch over (rows, width); returns (us, clock)."""
+def candidate_configs(width: int, subgroup_size: int, affine: bool = True) -> list[KernelConfig]:
+    """The default choice first, then threads-per-row x workgroup-size variants around it."""
+    default = choose_config(width, affine, affine, subgroup_size)
+    configs = [default]
+    vec = default.vec
+    row_vecs = width // vec
+    for workgroup in (128, 256, 512):
+        for threads in (2**i for i in range(11)):
+            slots = math.ceil(row_vecs / threads)
+            if threads > workgroup or slots * vec > MAX_FLOATS_PER_THREAD or slots > 16 and threads < 32:
+                continue
+            if threads > 2 * row_vecs:
+                continue
+            config = replace(default, threads_per_row=threads, slots=slots, workgroup=workgroup,
+                             row_in_subgroup=0 < threads <= subgroup_size, cached=True)
+            if config not in configs:
+                configs.append(config)
+    return configs
+
+
+def time_kernel(rows: int, width: int, configs: list[KernelConfig] | None = None, affine: bool = True,
+                warmup: int = 10, repeats: int = 100) -> tuple[list[float], str]:
+    """Median GPU microseconds of one launch over (rows, width) for each config (default: the
+    runtime's own choice); returns (times, clock)."""
     g = gpu()
-    config = choose_config(width, affine, affine)
-    pipeline, layout = _pipeline(g, config)
+    configs = configs or [choose_config(width, affine, affine, g.subgroup_size)]
     nbytes = rows * width * 4
     copies = _copies(nbytes)
     rng = np.random.default_rng(0)
-    bind_groups = []
     affine_bufs = []
-    for role in ("weight", "bias"):
+    for _ in ("weight", "bias"):
         buf = g.device.create_buffer(size=max(16, width * 4), usage=_STORAGE)
-        if affine:
-            g.device.queue.write_buffer(buf, 0, rng.standard_normal(width, dtype=np.float32))
+        g.device.queue.write_buffer(buf, 0, rng.standard_normal(width, dtype=np.float32))
         affine_bufs.append(buf)
     params = g.device.create_buffer(size=16, usage=_UNIFORM)
-    g.device.queue.write_buffer(params, 0, _params(rows, width // config.vec, width, 1e-5))
     row = rng.standard_normal(width, dtype=np.float32)
+    sets = []
     for _ in range(copies):
         x = g.device.create_buffer(size=nbytes, usage=_STORAGE)
         g.device.queue.write_buffer(x, 0, np.tile(row, rows))
-        buffers = [x, *affine_bufs, g.device.create_buffer(size=nbytes, usage=_STORAGE),
-                   g.device.create_buffer(size=rows * 4, usage=_STORAGE),
-                   g.device.create_buffer(size=rows * 4, usage=_STORAGE), params]
-        bind_groups.append(g.device.create_bind_group(
-            layout=layout, entries=[{"binding": i, "resource": {"buffer": b}} for i, b in enumerate(buffers)]))
-    groups = grid(rows, config)
-
-    if "timestamp-query" in g.features:
-        us = _timestamped(g, pipeline, bind_groups, groups, warmup, repeats)
-        return us, "gpu-timestamps"
-    return _wall_clock(g, pipeline, bind_groups, groups, warmup, repeats), "wall-clock"
+        sets.append([x, *affine_bufs, g.device.create_buffer(size=nbytes, usage=_STORAGE),
+                     g.device.create_buffer(size=rows * 4, usage=_STORAGE),
+                     g.device.create_buffer(size=rows * 4, usage=_STORAGE), params])
+    timed = _timestamped if "timestamp-query" in g.features else _wall_clock
+    times = []
+    for config in configs:
+        pipeline, layout = _pipeline(g, config)
+        g.device.queue.write_buffer(params, 0, _params(rows, width // config.vec, width, 1e-5))
+        bind_groups = [g.device.create_bind_group(
+            layout=layout, entries=[{"binding": i, "resource": {"buffer": b}} for i, b in enumerate(bufs)])
+            for bufs in sets]
+        times.append(timed(g, pipeline, bind_groups, grid(rows, config), warmup, repeats))
+    for bufs in sets:
+        for b in (bufs[0], bufs[3], bufs[4], bufs[5]):
+            b.destroy()
+    clock = "gpu-timestamps" if "timestamp-query" in g.features else "wall-clock"
+    return times, clock
 
 
 def _sync(g: Gpu) -> None:
@@ -189,14 +225,20 @@ def parse_shapes(spec: str) -> list[tuple[int, int]]:
     return shapes
 
 
-def run_benchmark(shapes: list[tuple[int, int]], repeats: int = 100, progress=print) -> dict:
-    """Time kernel and torch on each shape; the JSON-ready result of bench_layer_norm.py."""
+def run_benchmark(shapes: list[tuple[int, int]], repeats: int = 100, sweep: bool = False, progress=print) -> dict:
+    """Time kernel and torch on each shape; the JSON-ready result of bench_layer_norm.py.
+
+    With `sweep`, also time the candidate configs of each shape (under "sweep").
+    """
     from pipeline.runtime.device import device_info
 
     info = device_info()
     results = []
     for rows, width in shapes:
-        wgpu_us, clock = time_kernel(rows, width, repeats=repeats)
+        g = gpu()
+        configs = candidate_configs(width, g.subgroup_size) if sweep else None
+        times, clock = time_kernel(rows, width, configs, repeats=repeats)
+        wgpu_us = times[0]
         torch_us, torch_clock = time_torch(rows, width, repeats=repeats)
         result = {
             "rows": rows,
@@ -207,9 +249,15 @@ def run_benchmark(shapes: list[tuple[int, int]], repeats: int = 100, progress=pr
             "torch_us": round(torch_us, 2),
             "torch_gbps": round(effective_gbps(rows, width, torch_us), 1),
         }
+        if sweep:
+            result["config"] = asdict(configs[0])
+            result["sweep"] = sorted(
+                ({"us": round(t, 2), "threads_per_row": c.threads_per_row, "workgroup": c.workgroup,
+                  "slots": c.slots} for c, t in zip(configs, times)), key=lambda r: r["us"])
         results.append(result)
+        best = f" | best of sweep {min(times):9.2f} us" if sweep else ""
         progress(f"{rows:>6}x{width:<5} wgpu {wgpu_us:9.2f} us {result['wgpu_gbps']:8.1f} GB/s | "
-                 f"torch {torch_us:9.2f} us {result['torch_gbps']:8.1f} GB/s")
+                 f"torch {torch_us:9.2f} us {result['torch_gbps']:8.1f} GB/s{best}")
     return {
         "machine": platform.node() + " " + platform.machine(),
         "adapter": info["adapter"],
@@ -217,5 +265,6 @@ def run_benchmark(shapes: list[tuple[int, int]], repeats: int = 100, progress=pr
         "kernel_clock": clock,
         "torch_clock": torch_clock,
         "torch_device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        "subgroup_size": gpu().subgroup_size,
         "results": results,
     }

@@ -16,6 +16,8 @@ import numpy as np
 import wgpu
 
 ADAPTER_ENV = "PIPELINE_WGPU_ADAPTER"
+# "0" turns subgroup reductions off (the workgroup-memory path is used, as without the feature).
+SUBGROUPS_ENV = "PIPELINE_WGPU_SUBGROUPS"
 
 _NO_ADAPTER_HELP = (
     "wgpu found no GPU adapter. On a machine without a GPU install Mesa's lavapipe "
@@ -60,6 +62,7 @@ class Gpu:
         default_factory=dict
     )
     buffers: dict[tuple[str, int], wgpu.GPUBuffer] = field(default_factory=dict)
+    subgroup_size: int = 0  # smallest subgroup size seen; 0 when subgroups are not used
 
     def buffer(self, role: str, size: int, usage: int) -> wgpu.GPUBuffer:
         """A buffer of at least `size` bytes for `role`, reused across calls of that size."""
@@ -141,7 +144,30 @@ def gpu() -> Gpu:
                 limits=dict(device.limits),
                 features=frozenset(device.features),
             )
+            if "subgroup" in _gpu.features and os.environ.get(SUBGROUPS_ENV, "1") != "0":
+                _gpu.subgroup_size = _probe_subgroup_size(_gpu)
         return _gpu
+
+
+def _probe_subgroup_size(g: Gpu) -> int:
+    """Run subgroup_size.wgsl once: the kernel sizes its shuffle reductions by this."""
+    usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
+    result = g.device.create_buffer(size=4, usage=usage)
+    g.device.queue.write_buffer(result, 0, np.array([0xFFFFFFFF], dtype=np.uint32))
+    module = g.device.create_shader_module(code=g.shader_source("subgroup_size.wgsl"))
+    pipeline = g.device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"})
+    bind_group = g.device.create_bind_group(
+        layout=pipeline.get_bind_group_layout(0), entries=[{"binding": 0, "resource": {"buffer": result}}]
+    )
+    encoder = g.device.create_command_encoder()
+    compute = encoder.begin_compute_pass()
+    compute.set_pipeline(pipeline)
+    compute.set_bind_group(0, bind_group)
+    compute.dispatch_workgroups(1)
+    compute.end()
+    g.device.queue.submit([encoder.finish()])
+    size = int(np.frombuffer(g.device.queue.read_buffer(result), dtype=np.uint32)[0])
+    return size if 0 < size <= 256 and size & (size - 1) == 0 else 0
 
 
 def device_info() -> dict[str, object]:
@@ -154,6 +180,7 @@ def device_info() -> dict[str, object]:
         "adapter_type": info.get("adapter_type", ""),
         "driver": info.get("description", ""),
         "features": sorted(g.features & set(_FEATURES_WANTED)),
+        "subgroup_size": g.subgroup_size,
         "limits": {k: g.limits[k] for k in _LIMITS_WANTED if k in g.limits},
     }
 

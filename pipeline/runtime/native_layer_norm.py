@@ -37,6 +37,8 @@ class KernelConfig:
     cached: bool
     has_weight: bool
     has_bias: bool
+    subgroups: bool = False
+    row_in_subgroup: bool = False
     workgroup: int = WORKGROUP
 
     @property
@@ -55,11 +57,20 @@ class KernelConfig:
             f"const CACHED: bool = {str(self.cached).lower()};\n"
             f"const HAS_WEIGHT: bool = {str(self.has_weight).lower()};\n"
             f"const HAS_BIAS: bool = {str(self.has_bias).lower()};\n"
+            f"const ROW_IN_SUBGROUP: bool = {str(self.row_in_subgroup).lower()};\n"
         )
 
+    def source(self, g: Gpu) -> str:
+        """The WGSL module: the reduction file (it holds the entry point), constants, kernel."""
+        reduce = "reduce_subgroup.wgsl" if self.subgroups else "reduce_workgroup.wgsl"
+        return g.shader_source(reduce) + self.prelude() + g.shader_source(SHADER)
 
-def choose_config(width: int, has_weight: bool, has_bias: bool) -> KernelConfig:
-    """Vector loads when the width allows; enough threads per row to keep ~4 loads each."""
+
+def choose_config(width: int, has_weight: bool, has_bias: bool, subgroup_size: int = 0) -> KernelConfig:
+    """Vector loads when the width allows; enough threads per row to keep ~4 loads each.
+
+    `subgroup_size` 0 means the adapter has no subgroup operations (workgroup-memory sums).
+    """
     vec = 4 if width % 4 == 0 else 1
     row_vecs = width // vec
     threads = min(WORKGROUP, 1 << max(0, math.ceil(math.log2(math.ceil(row_vecs / 4)))))
@@ -72,6 +83,8 @@ def choose_config(width: int, has_weight: bool, has_bias: bool) -> KernelConfig:
         cached=cached,
         has_weight=has_weight,
         has_bias=has_bias,
+        subgroups=subgroup_size > 0,
+        row_in_subgroup=0 < threads <= subgroup_size,
     )
 
 
@@ -79,7 +92,7 @@ def _pipeline(g: Gpu, config: KernelConfig) -> tuple[wgpu.GPUComputePipeline, wg
     cached = g.pipelines.get((SHADER, config))
     if cached is not None:
         return cached
-    source = config.prelude() + g.shader_source(SHADER)
+    source = config.source(g)
     try:
         module = g.device.create_shader_module(code=source, label=SHADER)
         # An explicit layout: unused weight/bias bindings must stay in it.
@@ -178,7 +191,7 @@ def _run(g: Gpu, src, weight, bias, eps, out, mean, rstd, poison) -> None:
     limit = min(g.limits["max-storage-buffer-binding-size"], g.limits["max-buffer-size"])
     if row_bytes > limit:
         raise ValueError(f"a row of {width} floats exceeds the adapter's binding limit of {limit} bytes")
-    config = choose_config(width, weight is not None, bias is not None)
+    config = choose_config(width, weight is not None, bias is not None, g.subgroup_size)
     pipeline, layout = _pipeline(g, config)
 
     # Absent weight/bias bind a small placeholder that the specialised kernel never reads.

@@ -9,6 +9,7 @@
 //   const SLOTS: u32        V values each thread keeps in registers (row held on chip)
 //   const CACHED: bool      false for rows too wide for registers: x is then re-read
 //   const HAS_WEIGHT, HAS_BIAS: bool
+//   const ROW_IN_SUBGROUP: bool all threads of a row share one subgroup (subgroup reduction)
 //
 // Statistics are a corrected two-pass: mu = sum(x)/n, then d = x - mu over the row again,
 // mean = mu + sum(d)/n and var = (sum(d^2) - sum(d)^2/n)/n. Never E[x^2] - E[x]^2.
@@ -30,36 +31,16 @@ struct Params {
 
 const ROWS_PER_WORKGROUP: u32 = WORKGROUP / THREADS_PER_ROW;
 
-var<workgroup> partial: array<vec2<f32>, WORKGROUP>;
-
 fn hsum(v: V) -> f32 {
     // vec4<f32>(v) splats a scalar, so only .x is meaningful when VEC == 1.
     let w = vec4<f32>(v);
     return select(w.x, w.x + w.y + w.z + w.w, VEC == 4u);
 }
 
-// Sum of `value` over the THREADS_PER_ROW threads of this row; every thread gets the sum.
-// Called by all threads of the workgroup (it holds barriers).
-fn row_sum(value: vec2<f32>, tid: u32, lane: u32) -> vec2<f32> {
-    partial[tid] = value;
-    workgroupBarrier();
-    for (var stride = THREADS_PER_ROW / 2u; stride > 0u; stride = stride / 2u) {
-        if (lane < stride) {
-            partial[tid] = partial[tid] + partial[tid + stride];
-        }
-        workgroupBarrier();
-    }
-    let total = partial[tid - lane];
-    workgroupBarrier();
-    return total;
-}
-
-@compute @workgroup_size(WORKGROUP)
-fn main(
-    @builtin(local_invocation_index) tid: u32,
-    @builtin(workgroup_id) group: vec3<u32>,
-    @builtin(num_workgroups) groups: vec3<u32>,
-) {
+// The entry point `main` and `row_sum(value, tid, lane)` (the sum over the row's threads,
+// given to each of them; called by every thread, it may hold barriers) come from
+// reduce_subgroup.wgsl or reduce_workgroup.wgsl.
+fn normalize_rows(tid: u32, group: vec3<u32>, groups: vec3<u32>) {
     // Rows past 65,535 workgroups come through the y dimension of the grid.
     let row = (group.x + group.y * groups.x) * ROWS_PER_WORKGROUP + tid / THREADS_PER_ROW;
     let lane = tid % THREADS_PER_ROW;
