@@ -23,6 +23,7 @@ from pipeline.runtime.native_layer_norm import (
     _STORAGE,
     _UNIFORM,
     MAX_FLOATS_PER_THREAD,
+    PARAMS_BYTES,
     KernelConfig,
     _params,
     _pipeline,
@@ -50,7 +51,7 @@ def candidate_configs(width: int, subgroup_size: int, affine: bool = True) -> li
     configs = [default]
     vec = default.vec
     row_vecs = width // vec
-    for workgroup in (128, 256, 512):
+    for workgroup in (64, 128, 256, 512, 1024):
         for threads in (2**i for i in range(11)):
             slots = math.ceil(row_vecs / threads)
             if threads > workgroup or slots * vec > MAX_FLOATS_PER_THREAD or slots > 16 and threads < 32:
@@ -65,9 +66,9 @@ def candidate_configs(width: int, subgroup_size: int, affine: bool = True) -> li
 
 
 def time_kernel(rows: int, width: int, configs: list[KernelConfig] | None = None, affine: bool = True,
-                warmup: int = 10, repeats: int = 100) -> tuple[list[float], str]:
-    """Median GPU microseconds of one launch over (rows, width) for each config (default: the
-    runtime's own choice); returns (times, clock)."""
+                warmup: int = 10, repeats: int = 100) -> tuple[list[tuple[float, float]], str]:
+    """GPU microseconds of one launch over (rows, width) for each config (default: the
+    runtime's own choice), as (back_to_back, isolated) medians; returns (times, clock)."""
     g = gpu()
     configs = configs or [choose_config(width, affine, affine, g.subgroup_size)]
     nbytes = rows * width * 4
@@ -78,7 +79,7 @@ def time_kernel(rows: int, width: int, configs: list[KernelConfig] | None = None
         buf = g.device.create_buffer(size=max(16, width * 4), usage=_STORAGE)
         g.device.queue.write_buffer(buf, 0, rng.standard_normal(width, dtype=np.float32))
         affine_bufs.append(buf)
-    params = g.device.create_buffer(size=16, usage=_UNIFORM)
+    params = g.device.create_buffer(size=PARAMS_BYTES, usage=_UNIFORM)
     row = rng.standard_normal(width, dtype=np.float32)
     sets = []
     for _ in range(copies):
@@ -110,30 +111,50 @@ def _sync(g: Gpu) -> None:
     probe.unmap()
 
 
-def _timestamped(g: Gpu, pipeline, bind_groups, groups, warmup: int, repeats: int) -> float:
-    total = warmup + repeats
-    queries = g.device.create_query_set(type=wgpu.QueryType.timestamp, count=2 * total)
-    resolved = g.device.create_buffer(size=16 * total, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
-    staging = g.device.create_buffer(size=16 * total, usage=_STAGING)
-    encoder = g.device.create_command_encoder()
-    for i in range(total):
-        compute = encoder.begin_compute_pass(timestamp_writes={
-            "query_set": queries, "beginning_of_pass_write_index": 2 * i, "end_of_pass_write_index": 2 * i + 1})
+def _timestamped(g: Gpu, pipeline, bind_groups, groups, warmup: int, repeats: int) -> tuple[float, float]:
+    """(back_to_back_us, isolated_us), medians. Back to back: timestamps around a batch of
+    launches in consecutive passes, divided by the batch (as CUDA events around a graph of
+    many kernels). Isolated: timestamps around each single launch's pass."""
+    batch = len(bind_groups)
+    batches = max(3, repeats // batch)
+    isolated = repeats
+    count = 2 * (batches + isolated)
+    queries = g.device.create_query_set(type=wgpu.QueryType.timestamp, count=count)
+    resolved = g.device.create_buffer(size=8 * count, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
+    staging = g.device.create_buffer(size=8 * count, usage=_STAGING)
+
+    def launch(encoder, i: int, begin: int | None = None, end: int | None = None) -> None:
+        writes = {"query_set": queries}
+        if begin is not None:
+            writes["beginning_of_pass_write_index"] = begin
+        if end is not None:
+            writes["end_of_pass_write_index"] = end
+        compute = encoder.begin_compute_pass(timestamp_writes=writes if len(writes) > 1 else None)
         compute.set_pipeline(pipeline)
-        compute.set_bind_group(0, bind_groups[i % len(bind_groups)])
+        compute.set_bind_group(0, bind_groups[i % batch])
         compute.dispatch_workgroups(*groups)
         compute.end()
-    encoder.resolve_query_set(queries, 0, 2 * total, resolved, 0)
-    encoder.copy_buffer_to_buffer(resolved, 0, staging, 0, 16 * total)
+
+    encoder = g.device.create_command_encoder()
+    for i in range(warmup):
+        launch(encoder, i)
+    for b in range(batches):
+        for i in range(batch):
+            launch(encoder, i, 2 * b if i == 0 else None, 2 * b + 1 if i == batch - 1 else None)
+    for i in range(isolated):
+        q = 2 * (batches + i)
+        launch(encoder, i, q, q + 1)
+    encoder.resolve_query_set(queries, 0, count, resolved, 0)
+    encoder.copy_buffer_to_buffer(resolved, 0, staging, 0, 8 * count)
     g.device.queue.submit([encoder.finish()])
     staging.map_sync(wgpu.MapMode.READ)
-    stamps = np.frombuffer(staging.read_mapped(copy=True), dtype=np.uint64).reshape(total, 2)
+    stamps = np.frombuffer(staging.read_mapped(copy=True), dtype=np.uint64).reshape(-1, 2)
     staging.unmap()
-    ns = (stamps[warmup:, 1] - stamps[warmup:, 0]).astype(np.float64)  # wgpu reports nanoseconds
-    return float(np.median(ns)) / 1e3
+    ns = (stamps[:, 1] - stamps[:, 0]).astype(np.float64)  # wgpu reports nanoseconds
+    return float(np.median(ns[:batches])) / batch / 1e3, float(np.median(ns[batches:])) / 1e3
 
 
-def _wall_clock(g: Gpu, pipeline, bind_groups, groups, warmup: int, repeats: int) -> float:
+def _wall_clock(g: Gpu, pipeline, bind_groups, groups, warmup: int, repeats: int) -> tuple[float, float]:
     def batch(n: int) -> float:
         start = time.perf_counter()
         encoder = g.device.create_command_encoder()
@@ -148,7 +169,8 @@ def _wall_clock(g: Gpu, pipeline, bind_groups, groups, warmup: int, repeats: int
         return (time.perf_counter() - start) / n * 1e6
 
     batch(warmup)
-    return statistics.median(batch(max(1, repeats // 10)) for _ in range(5))
+    us = statistics.median(batch(max(1, repeats // 10)) for _ in range(5))
+    return us, us
 
 
 def time_torch(rows: int, width: int, affine: bool = True, warmup: int = 10, repeats: int = 100) -> tuple[float, str]:
@@ -238,7 +260,7 @@ def run_benchmark(shapes: list[tuple[int, int]], repeats: int = 100, sweep: bool
         g = gpu()
         configs = candidate_configs(width, g.subgroup_size) if sweep else None
         times, clock = time_kernel(rows, width, configs, repeats=repeats)
-        wgpu_us = times[0]
+        wgpu_us, isolated_us = times[0]
         torch_us, torch_clock = time_torch(rows, width, repeats=repeats)
         result = {
             "rows": rows,
@@ -246,16 +268,18 @@ def run_benchmark(shapes: list[tuple[int, int]], repeats: int = 100, sweep: bool
             "mbytes": round(rows * width * 4 / 1e6, 2),
             "wgpu_us": round(wgpu_us, 2),
             "wgpu_gbps": round(effective_gbps(rows, width, wgpu_us), 1),
+            "wgpu_isolated_us": round(isolated_us, 2),
             "torch_us": round(torch_us, 2),
             "torch_gbps": round(effective_gbps(rows, width, torch_us), 1),
         }
         if sweep:
             result["config"] = asdict(configs[0])
             result["sweep"] = sorted(
-                ({"us": round(t, 2), "threads_per_row": c.threads_per_row, "workgroup": c.workgroup,
-                  "slots": c.slots} for c, t in zip(configs, times)), key=lambda r: r["us"])
+                ({"us": round(t[0], 2), "isolated_us": round(t[1], 2), "threads_per_row": c.threads_per_row,
+                  "workgroup": c.workgroup, "slots": c.slots} for c, t in zip(configs, times)),
+                key=lambda r: r["us"])
         results.append(result)
-        best = f" | best of sweep {min(times):9.2f} us" if sweep else ""
+        best = f" | best of sweep {min(t[0] for t in times):9.2f} us" if sweep else ""
         progress(f"{rows:>6}x{width:<5} wgpu {wgpu_us:9.2f} us {result['wgpu_gbps']:8.1f} GB/s | "
                  f"torch {torch_us:9.2f} us {result['torch_gbps']:8.1f} GB/s{best}")
     return {

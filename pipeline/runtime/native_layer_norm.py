@@ -21,6 +21,7 @@ WORKGROUP = 256
 # Floats one thread may hold in registers; wider rows are re-read from memory.
 MAX_FLOATS_PER_THREAD = 64
 MAX_GRID_X = 65535
+PARAMS_BYTES = 32
 
 _STORAGE = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC
 _UNIFORM = wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST
@@ -217,7 +218,7 @@ def _launch(g, pipeline, layout, config, src, affine, eps, poison, out, mean, rs
     out_buf = g.buffer("out", src.nbytes, _STORAGE)
     mean_buf = g.buffer("mean", rows * 4, _STORAGE)
     rstd_buf = g.buffer("rstd", rows * 4, _STORAGE)
-    params = g.buffer("params", 16, _UNIFORM)
+    params = g.buffer("params", PARAMS_BYTES, _UNIFORM)
     stat_offset = (src.nbytes + 15) // 16 * 16
     staging = g.buffer("staging", stat_offset + 2 * ((rows * 4 + 15) // 16 * 16), _STAGING)
 
@@ -255,7 +256,8 @@ def _launch(g, pipeline, layout, config, src, affine, eps, poison, out, mean, rs
 
 
 def _params(rows: int, row_vecs: int, width: int, eps: float) -> np.ndarray:
-    packed = np.zeros(4, dtype=np.uint32)
+    """The kernel's Params struct: rows, row_vecs, width (u32), eps, nan (f32), padded to 32 bytes."""
+    packed = np.zeros(PARAMS_BYTES // 4, dtype=np.uint32)
     packed[:3] = (rows, row_vecs, width)
-    packed[3:] = np.array([eps], dtype=np.float32).view(np.uint32)
+    packed[3:5] = np.array([eps, np.nan], dtype=np.float32).view(np.uint32)
     return packed

@@ -19,6 +19,8 @@ struct Params {
     row_vecs: u32,  // V values per row (width / VEC)
     width: u32,     // elements per row
     eps: f32,
+    // A quiet NaN from the host: drivers may fold NaN-producing arithmetic in the shader.
+    nan: f32,
 }
 
 @group(0) @binding(0) var<storage, read> x: array<V>;
@@ -30,6 +32,10 @@ struct Params {
 @group(0) @binding(6) var<uniform> params: Params;
 
 const ROWS_PER_WORKGROUP: u32 = WORKGROUP / THREADS_PER_ROW;
+
+fn is_finite(value: f32) -> bool {
+    return (bitcast<u32>(value) & 0x7f800000u) != 0x7f800000u;
+}
 
 fn hsum(v: V) -> f32 {
     // vec4<f32>(v) splats a scalar, so only .x is meaningful when VEC == 1.
@@ -48,20 +54,27 @@ fn normalize_rows(tid: u32, group: vec3<u32>, groups: vec3<u32>) {
     let live = row < params.rows;
     let row_vecs = params.row_vecs;
     let base = row * row_vecs;
-    // Without a cache each thread walks the row in strides; SLOTS bounds the cached walk.
+    // Cached rows loop to the constant SLOTS (unrolled: the cache stays in registers, all
+    // loads in flight at once); uncached rows walk the row in strides of THREADS_PER_ROW.
     let slots = select((row_vecs + THREADS_PER_ROW - 1u) / THREADS_PER_ROW, SLOTS, CACHED);
     let n = f32(params.width);
 
     var cache: array<V, SLOTS>;
     var sum = 0.0;
-    for (var k = 0u; k < slots; k++) {
-        let i = lane + k * THREADS_PER_ROW;
-        if (live && i < row_vecs) {
-            let v = x[base + i];
-            if (CACHED) {
-                cache[k] = v;
+    if (CACHED) {
+        for (var k = 0u; k < SLOTS; k++) {
+            let i = lane + k * THREADS_PER_ROW;
+            cache[k] = select(V(0.0), x[min(base + i, arrayLength(&x) - 1u)], live && i < row_vecs);
+        }
+        for (var k = 0u; k < SLOTS; k++) {
+            sum += hsum(cache[k]);
+        }
+    } else {
+        for (var k = 0u; k < slots; k++) {
+            let i = lane + k * THREADS_PER_ROW;
+            if (live && i < row_vecs) {
+                sum += hsum(x[base + i]);
             }
-            sum += hsum(v);
         }
     }
     let mu = row_sum(vec2<f32>(sum, 0.0), tid, lane).x / n;
@@ -77,13 +90,12 @@ fn normalize_rows(tid: u32, group: vec3<u32>, groups: vec3<u32>) {
         }
     }
     let s = row_sum(centered, tid, lane);
-    // A row with an infinity has d = NaN somewhere; its mean stays mu (+-inf, or NaN).
-    let mu_finite = (bitcast<u32>(mu) & 0x7f800000u) != 0x7f800000u;
-    let mean_row = select(mu, mu + s.x / n, mu_finite);
-    var variance = (s.y - s.x * s.x / n) / n;
-    // Rounding can leave a tiny negative; NaN compares false and stays NaN.
-    variance = select(variance, 0.0, variance < 0.0);
-    let rstd_row = 1.0 / sqrt(variance + params.eps);
+    // A row holding NaN or an infinity gives NaN out and rstd, like aten; its mean stays mu
+    // (+-inf or NaN). Tested on bits, since compilers may assume finite floats.
+    let finite = is_finite(mu) && is_finite(s.y);
+    let mean_row = select(mu, mu + s.x / n, finite);
+    let variance = max((s.y - s.x * s.x / n) / n, 0.0);  // rounding can leave a tiny negative
+    let rstd_row = select(params.nan, 1.0 / sqrt(variance + params.eps), finite);
 
     if (!live) {
         return;
@@ -97,7 +109,7 @@ fn normalize_rows(tid: u32, group: vec3<u32>, groups: vec3<u32>) {
         if (i < row_vecs) {
             var v: V;
             if (CACHED) { v = cache[k]; } else { v = x[base + i]; }
-            var y = (v - V(mean_row)) * rstd_row;
+            var y = (v - V(mean_row)) * rstd_row;  // NaN throughout for a non-finite row
             if (HAS_WEIGHT) { y = y * weight[i]; }
             if (HAS_BIAS) { y = y + bias[i]; }
             out[base + i] = y;
