@@ -68,7 +68,7 @@ def candidate_configs(width: int, subgroup_size: int, affine: bool = True) -> li
 def time_kernel(rows: int, width: int, configs: list[KernelConfig] | None = None, affine: bool = True,
                 warmup: int = 10, repeats: int = 100) -> tuple[list[tuple[float, float]], str]:
     """GPU microseconds of one launch over (rows, width) for each config (default: the
-    runtime's own choice), as (back_to_back, isolated) medians; returns (times, clock)."""
+    runtime's own choice), as (batched, isolated) medians; returns (times, clock)."""
     g = gpu()
     configs = configs or [choose_config(width, affine, affine, g.subgroup_size)]
     nbytes = rows * width * 4
@@ -81,13 +81,13 @@ def time_kernel(rows: int, width: int, configs: list[KernelConfig] | None = None
         affine_bufs.append(buf)
     params = g.device.create_buffer(size=PARAMS_BYTES, usage=_UNIFORM)
     row = rng.standard_normal(width, dtype=np.float32)
+    # Inputs and outputs rotate; mean and rstd are shared, which orders the launches.
+    stats = [g.device.create_buffer(size=rows * 4, usage=_STORAGE) for _ in range(2)]
     sets = []
     for _ in range(copies):
         x = g.device.create_buffer(size=nbytes, usage=_STORAGE)
         g.device.queue.write_buffer(x, 0, np.tile(row, rows))
-        sets.append([x, *affine_bufs, g.device.create_buffer(size=nbytes, usage=_STORAGE),
-                     g.device.create_buffer(size=rows * 4, usage=_STORAGE),
-                     g.device.create_buffer(size=rows * 4, usage=_STORAGE), params])
+        sets.append([x, *affine_bufs, g.device.create_buffer(size=nbytes, usage=_STORAGE), *stats, params])
     timed = _timestamped if "timestamp-query" in g.features else _wall_clock
     times = []
     for config in configs:
@@ -98,8 +98,8 @@ def time_kernel(rows: int, width: int, configs: list[KernelConfig] | None = None
             for bufs in sets]
         times.append(timed(g, pipeline, bind_groups, grid(rows, config), warmup, repeats))
     for bufs in sets:
-        for b in (bufs[0], bufs[3], bufs[4], bufs[5]):
-            b.destroy()
+        bufs[0].destroy()
+        bufs[3].destroy()
     clock = "gpu-timestamps" if "timestamp-query" in g.features else "wall-clock"
     return times, clock
 
@@ -112,38 +112,38 @@ def _sync(g: Gpu) -> None:
 
 
 def _timestamped(g: Gpu, pipeline, bind_groups, groups, warmup: int, repeats: int) -> tuple[float, float]:
-    """(back_to_back_us, isolated_us), medians. Back to back: timestamps around a batch of
-    launches in consecutive passes, divided by the batch (as CUDA events around a graph of
-    many kernels). Isolated: timestamps around each single launch's pass."""
+    """(batched_us, isolated_us), medians per launch.
+
+    Batched: timestamps around one compute pass holding a batch of launches, divided by the
+    batch, as CUDA events around a graph of many kernels. The launches share the mean/rstd
+    buffers, so each waits for the one before (a barrier between them, as on a CUDA stream).
+    Isolated: timestamps around a pass holding a single launch (includes the pass's own cost).
+    """
     batch = len(bind_groups)
-    batches = max(3, repeats // batch)
-    isolated = repeats
-    count = 2 * (batches + isolated)
+    batches = max(5, repeats // batch)
+    count = 2 * (batches + repeats)
     queries = g.device.create_query_set(type=wgpu.QueryType.timestamp, count=count)
     resolved = g.device.create_buffer(size=8 * count, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
     staging = g.device.create_buffer(size=8 * count, usage=_STAGING)
 
-    def launch(encoder, i: int, begin: int | None = None, end: int | None = None) -> None:
-        writes = {"query_set": queries}
-        if begin is not None:
-            writes["beginning_of_pass_write_index"] = begin
-        if end is not None:
-            writes["end_of_pass_write_index"] = end
-        compute = encoder.begin_compute_pass(timestamp_writes=writes if len(writes) > 1 else None)
+    def launches(encoder, n: int, query: int | None) -> None:
+        writes = None
+        if query is not None:
+            writes = {"query_set": queries, "beginning_of_pass_write_index": query,
+                      "end_of_pass_write_index": query + 1}
+        compute = encoder.begin_compute_pass(timestamp_writes=writes)
         compute.set_pipeline(pipeline)
-        compute.set_bind_group(0, bind_groups[i % batch])
-        compute.dispatch_workgroups(*groups)
+        for i in range(n):
+            compute.set_bind_group(0, bind_groups[i % batch])
+            compute.dispatch_workgroups(*groups)
         compute.end()
 
     encoder = g.device.create_command_encoder()
-    for i in range(warmup):
-        launch(encoder, i)
+    launches(encoder, warmup, None)
     for b in range(batches):
-        for i in range(batch):
-            launch(encoder, i, 2 * b if i == 0 else None, 2 * b + 1 if i == batch - 1 else None)
-    for i in range(isolated):
-        q = 2 * (batches + i)
-        launch(encoder, i, q, q + 1)
+        launches(encoder, batch, 2 * b)
+    for i in range(repeats):
+        launches(encoder, 1, 2 * (batches + i))
     encoder.resolve_query_set(queries, 0, count, resolved, 0)
     encoder.copy_buffer_to_buffer(resolved, 0, staging, 0, 8 * count)
     g.device.queue.submit([encoder.finish()])
@@ -232,11 +232,12 @@ MODEL_SHAPES: list[tuple[int, int]] = (
 
 
 def parse_shapes(spec: str) -> list[tuple[int, int]]:
-    """'model' or a comma list like '4096x3072,1500x384'."""
-    if spec == "model":
-        return list(MODEL_SHAPES)
+    """A comma list of ROWSxWIDTH shapes and 'model' (the model shapes), e.g. '4096x3072,model'."""
     shapes = []
     for item in spec.split(","):
+        if item == "model":
+            shapes.extend(MODEL_SHAPES)
+            continue
         try:
             rows, width = (int(v) for v in item.lower().split("x"))
         except ValueError:

@@ -17,7 +17,9 @@ import wgpu
 from pipeline.runtime.device import Gpu, gpu
 
 SHADER = "native_layer_norm.wgsl"
-WORKGROUP = 256
+MIN_WORKGROUP = 128
+MAX_THREADS_PER_ROW = 256
+LOADS_PER_THREAD = 3
 # Floats one thread may hold in registers; wider rows are re-read from memory.
 MAX_FLOATS_PER_THREAD = 64
 MAX_GRID_X = 65535
@@ -40,7 +42,7 @@ class KernelConfig:
     has_bias: bool
     subgroups: bool = False
     row_in_subgroup: bool = False
-    workgroup: int = WORKGROUP
+    workgroup: int = MIN_WORKGROUP
 
     @property
     def rows_per_workgroup(self) -> int:
@@ -68,13 +70,16 @@ class KernelConfig:
 
 
 def choose_config(width: int, has_weight: bool, has_bias: bool, subgroup_size: int = 0) -> KernelConfig:
-    """Vector loads when the width allows; enough threads per row to keep ~4 loads each.
+    """Vector loads when the width allows; threads per row so each holds about 3 loads;
+    workgroups of at least MIN_WORKGROUP threads (narrow rows share one).
 
-    `subgroup_size` 0 means the adapter has no subgroup operations (workgroup-memory sums).
+    Measured on the H200 (benchmarks/NOTES.md): 2-3 vec4 loads per thread and 128-thread
+    workgroups were fastest or within 3% at every model shape.
+    `subgroup_size` 0 means the adapter has no subgroup operations (workgroup-memory merges).
     """
     vec = 4 if width % 4 == 0 else 1
     row_vecs = width // vec
-    threads = min(WORKGROUP, 1 << max(0, math.ceil(math.log2(math.ceil(row_vecs / 4)))))
+    threads = min(MAX_THREADS_PER_ROW, _next_pow2(math.ceil(row_vecs / LOADS_PER_THREAD)))
     slots = math.ceil(row_vecs / threads)
     cached = slots * vec <= MAX_FLOATS_PER_THREAD
     return KernelConfig(
@@ -86,7 +91,12 @@ def choose_config(width: int, has_weight: bool, has_bias: bool, subgroup_size: i
         has_bias=has_bias,
         subgroups=subgroup_size > 0,
         row_in_subgroup=0 < threads <= subgroup_size,
+        workgroup=max(MIN_WORKGROUP, threads),
     )
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, math.ceil(math.log2(max(n, 1))))
 
 
 def _pipeline(g: Gpu, config: KernelConfig) -> tuple[wgpu.GPUComputePipeline, wgpu.GPUBindGroupLayout]:

@@ -11,8 +11,9 @@
 //   const HAS_WEIGHT, HAS_BIAS: bool
 //   const ROW_IN_SUBGROUP: bool all threads of a row share one subgroup (subgroup reduction)
 //
-// Statistics are a corrected two-pass: mu = sum(x)/n, then d = x - mu over the row again,
-// mean = mu + sum(d)/n and var = (sum(d^2) - sum(d)^2/n)/n. Never E[x^2] - E[x]^2.
+// Statistics: each thread takes an exact two-pass (count, mean, M2) over the values it holds,
+// then the row's threads merge those triples pairwise (Chan et al.) in one reduction.
+// Never E[x^2] - E[x]^2.
 
 struct Params {
     rows: u32,      // rows in this launch
@@ -43,28 +44,39 @@ fn hsum(v: V) -> f32 {
     return select(w.x, w.x + w.y + w.z + w.w, VEC == 4u);
 }
 
-// The entry point `main` and `row_sum(value, tid, lane)` (the sum over the row's threads,
-// given to each of them; called by every thread, it may hold barriers) come from
-// reduce_subgroup.wgsl or reduce_workgroup.wgsl.
+// (count, mean, M2) of two disjoint parts of a row, combined. Every thread that merges a
+// pair passes the same part as `a`, so all of them get bitwise-equal statistics.
+fn merge(a: vec3<f32>, b: vec3<f32>) -> vec3<f32> {
+    let n = a.x + b.x;
+    let share = select(0.0, b.x / n, n > 0.0);
+    let delta = b.y - a.y;
+    return vec3<f32>(n, a.y + delta * share, a.z + b.z + delta * delta * a.x * share);
+}
+
+// The entry point `main` and `row_stats(local, tid, lane)` (the merged (count, mean, M2) of
+// the row's threads, given to each of them; called by every thread of the workgroup, it may
+// hold barriers) come from reduce_subgroup.wgsl or reduce_workgroup.wgsl.
 fn normalize_rows(tid: u32, group: vec3<u32>, groups: vec3<u32>) {
     // Rows past 65,535 workgroups come through the y dimension of the grid.
     let row = (group.x + group.y * groups.x) * ROWS_PER_WORKGROUP + tid / THREADS_PER_ROW;
     let lane = tid % THREADS_PER_ROW;
-    // Threads past the last row still take part in every barrier; they only skip memory.
+    // Threads past the last row still take part in the reduction; they only skip memory.
     let live = row < params.rows;
     let row_vecs = params.row_vecs;
     let base = row * row_vecs;
     // Cached rows loop to the constant SLOTS (unrolled: the cache stays in registers, all
     // loads in flight at once); uncached rows walk the row in strides of THREADS_PER_ROW.
     let slots = select((row_vecs + THREADS_PER_ROW - 1u) / THREADS_PER_ROW, SLOTS, CACHED);
-    let n = f32(params.width);
 
     var cache: array<V, SLOTS>;
+    var count = 0.0;
     var sum = 0.0;
     if (CACHED) {
         for (var k = 0u; k < SLOTS; k++) {
             let i = lane + k * THREADS_PER_ROW;
-            cache[k] = select(V(0.0), x[min(base + i, arrayLength(&x) - 1u)], live && i < row_vecs);
+            let valid = live && i < row_vecs;
+            cache[k] = select(V(0.0), x[min(base + i, arrayLength(&x) - 1u)], valid);
+            count += select(0.0, f32(VEC), valid);
         }
         for (var k = 0u; k < SLOTS; k++) {
             sum += hsum(cache[k]);
@@ -74,28 +86,28 @@ fn normalize_rows(tid: u32, group: vec3<u32>, groups: vec3<u32>) {
             let i = lane + k * THREADS_PER_ROW;
             if (live && i < row_vecs) {
                 sum += hsum(x[base + i]);
+                count += f32(VEC);
             }
         }
     }
-    let mu = row_sum(vec2<f32>(sum, 0.0), tid, lane).x / n;
-
-    var centered = vec2<f32>(0.0, 0.0);
+    let local_mean = select(0.0, sum / count, count > 0.0);
+    var m2 = 0.0;
     for (var k = 0u; k < slots; k++) {
         let i = lane + k * THREADS_PER_ROW;
         if (live && i < row_vecs) {
             var v: V;
             if (CACHED) { v = cache[k]; } else { v = x[base + i]; }
-            let d = v - V(mu);
-            centered += vec2<f32>(hsum(d), hsum(d * d));
+            let d = v - V(local_mean);
+            m2 += hsum(d * d);
         }
     }
-    let s = row_sum(centered, tid, lane);
-    // A row holding NaN or an infinity gives NaN out and rstd, like aten; its mean stays mu
-    // (+-inf or NaN). Tested on bits, since compilers may assume finite floats.
-    let finite = is_finite(mu) && is_finite(s.y);
-    let mean_row = select(mu, mu + s.x / n, finite);
-    let variance = max((s.y - s.x * s.x / n) / n, 0.0);  // rounding can leave a tiny negative
-    let rstd_row = select(params.nan, 1.0 / sqrt(variance + params.eps), finite);
+    let stats = row_stats(vec3<f32>(count, local_mean, m2), tid, lane);
+
+    // A row holding NaN or an infinity gives NaN out and rstd, like aten; its mean is
+    // +-inf or NaN. Tested on bits, since compilers may assume finite floats.
+    let finite = is_finite(stats.y) && is_finite(stats.z);
+    let mean_row = stats.y;
+    let rstd_row = select(params.nan, 1.0 / sqrt(stats.z / f32(params.width) + params.eps), finite);
 
     if (!live) {
         return;

@@ -1,34 +1,41 @@
-// Naga takes subgroup builtins once the device has the `subgroup` feature (no enable directive).
-// Row sums with subgroup operations; the entry point lives here because it needs the
-// subgroup builtins. With ROW_IN_SUBGROUP (THREADS_PER_ROW <= the subgroup size) a row's
-// threads sit in one subgroup and a butterfly of shuffles sums them without barriers.
-// Otherwise each subgroup sums its part and the parts meet in workgroup memory.
+// Row statistics merged with subgroup shuffles; the entry point lives here because it needs
+// the subgroup builtins (Naga takes them once the device has the `subgroup` feature).
+// With ROW_IN_SUBGROUP (THREADS_PER_ROW <= the subgroup size) a row's threads sit in one
+// subgroup and a butterfly merges them without barriers. Otherwise each subgroup merges its
+// part, and the parts meet in workgroup memory behind one barrier.
 
-var<workgroup> partial: array<vec2<f32>, WORKGROUP>;
+var<workgroup> partial: array<vec3<f32>, WORKGROUP>;
 var<private> subgroup_lanes: u32;
 var<private> subgroup_lane: u32;
 
-fn row_sum(value: vec2<f32>, tid: u32, lane: u32) -> vec2<f32> {
-    var total = value;
+fn butterfly(local: vec3<f32>, span: u32) -> vec3<f32> {
+    var stats = local;
+    for (var mask = 1u; mask < span; mask = mask * 2u) {
+        let other = subgroupShuffleXor(stats, mask);
+        // The lower lane of each pair is `a` on both sides.
+        let low = (subgroup_lane & mask) == 0u;
+        stats = merge(select(other, stats, low), select(stats, other, low));
+    }
+    return stats;
+}
+
+fn row_stats(local: vec3<f32>, tid: u32, lane: u32) -> vec3<f32> {
     if (ROW_IN_SUBGROUP) {
-        for (var mask = 1u; mask < THREADS_PER_ROW; mask = mask * 2u) {
-            total += subgroupShuffleXor(total, mask);
-        }
-        return total;
+        return butterfly(local, THREADS_PER_ROW);
     }
-    total = subgroupAdd(total);
-    let per_row = THREADS_PER_ROW / subgroup_lanes;
-    let first = (tid / THREADS_PER_ROW) * per_row;
+    let part = butterfly(local, subgroup_lanes);
     if (subgroup_lane == 0u) {
-        partial[tid / subgroup_lanes] = total;
+        partial[tid / subgroup_lanes] = part;
     }
     workgroupBarrier();
-    total = vec2<f32>(0.0, 0.0);
-    for (var i = 0u; i < per_row; i++) {
-        total += partial[first + i];
+    // Every thread of the row merges the row's parts in the same order.
+    let parts = THREADS_PER_ROW / subgroup_lanes;
+    let first = (tid / THREADS_PER_ROW) * parts;
+    var stats = partial[first];
+    for (var i = 1u; i < parts; i++) {
+        stats = merge(stats, partial[first + i]);
     }
-    workgroupBarrier();
-    return total;
+    return stats;
 }
 
 @compute @workgroup_size(WORKGROUP)

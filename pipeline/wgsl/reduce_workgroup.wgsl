@@ -1,21 +1,18 @@
-// Row sums through workgroup memory, for adapters without subgroup operations: a tree
-// over the THREADS_PER_ROW slots of each row, log2(THREADS_PER_ROW) barriers.
+// Row statistics merged through workgroup memory, for adapters without subgroup operations:
+// a tree over the THREADS_PER_ROW threads of each row, log2(THREADS_PER_ROW) barriers.
 
-var<workgroup> partial: array<vec2<f32>, WORKGROUP>;
+var<workgroup> partial: array<vec3<f32>, WORKGROUP>;
 
-// Every thread of the workgroup must call this (it holds barriers).
-fn row_sum(value: vec2<f32>, tid: u32, lane: u32) -> vec2<f32> {
-    partial[tid] = value;
+fn row_stats(local: vec3<f32>, tid: u32, lane: u32) -> vec3<f32> {
+    partial[tid] = local;
     workgroupBarrier();
     for (var stride = THREADS_PER_ROW / 2u; stride > 0u; stride = stride / 2u) {
         if (lane < stride) {
-            partial[tid] = partial[tid] + partial[tid + stride];
+            partial[tid] = merge(partial[tid], partial[tid + stride]);
         }
         workgroupBarrier();
     }
-    let total = partial[tid - lane];
-    workgroupBarrier();
-    return total;
+    return partial[tid - lane];
 }
 
 @compute @workgroup_size(WORKGROUP)
