@@ -58,10 +58,14 @@ def candidate_configs(width: int, subgroup_size: int, affine: bool = True) -> li
                 continue
             if threads > 2 * row_vecs:
                 continue
-            config = replace(default, threads_per_row=threads, slots=slots, workgroup=workgroup,
-                             row_in_subgroup=0 < threads <= subgroup_size, cached=True)
-            if config not in configs:
-                configs.append(config)
+            for rows_per_thread in (1, 2):
+                if rows_per_thread * slots * vec > MAX_FLOATS_PER_THREAD:
+                    continue
+                config = replace(default, threads_per_row=threads, slots=slots, workgroup=workgroup,
+                                 row_in_subgroup=0 < threads <= subgroup_size, cached=True,
+                                 rows_per_thread=rows_per_thread)
+                if config not in configs:
+                    configs.append(config)
     return configs
 
 
@@ -102,6 +106,29 @@ def time_kernel(rows: int, width: int, configs: list[KernelConfig] | None = None
         bufs[3].destroy()
     clock = "gpu-timestamps" if "timestamp-query" in g.features else "wall-clock"
     return times, clock
+
+
+def time_copy(rows: int, width: int, warmup: int = 10, repeats: int = 100) -> float | None:
+    """Batched GPU microseconds of bench_copy.wgsl over rows*width floats (None when the width
+    is not a multiple of 4 or the adapter has no timestamps): the floor a WGSL kernel can reach."""
+    g = gpu()
+    if width % 4 or "timestamp-query" not in g.features:
+        return None
+    nbytes = rows * width * 4
+    module = g.device.create_shader_module(code=g.shader_source("bench_copy.wgsl"))
+    pipeline = g.device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"})
+    dst = g.device.create_buffer(size=nbytes, usage=_STORAGE)  # shared: orders the launches
+    sources = [g.device.create_buffer(size=nbytes, usage=_STORAGE) for _ in range(_copies(nbytes))]
+    bind_groups = [g.device.create_bind_group(
+        layout=pipeline.get_bind_group_layout(0),
+        entries=[{"binding": 0, "resource": {"buffer": src}}, {"binding": 1, "resource": {"buffer": dst}}])
+        for src in sources]
+    groups = math.ceil(nbytes / 16 / 256)
+    x = min(groups, 65535)
+    us, _ = _timestamped(g, pipeline, bind_groups, (x, math.ceil(groups / x)), warmup, repeats)
+    for buf in (dst, *sources):
+        buf.destroy()
+    return us
 
 
 def _sync(g: Gpu) -> None:
@@ -189,16 +216,28 @@ def time_torch(rows: int, width: int, affine: bool = True, warmup: int = 10, rep
     return statistics.median(times), "cpu-wall-clock"
 
 
-def _time_torch_cuda(rows: int, width: int, affine: bool, warmup: int, repeats: int) -> float:
+def time_torch_copy(rows: int, width: int, warmup: int = 10, repeats: int = 100) -> float | None:
+    """torch's device-to-device copy of the same bytes (CUDA graph + events); None without CUDA."""
+    if not torch.cuda.is_available():
+        return None
+    return _time_torch_cuda(rows, width, False, warmup, repeats, copy=True)
+
+
+def _time_torch_cuda(rows: int, width: int, affine: bool, warmup: int, repeats: int, copy: bool = False) -> float:
     dev = torch.device("cuda")
     copies = _copies(rows * width * 4)
     xs = [torch.randn(rows, width, device=dev) for _ in range(copies)]
     w, b = (torch.randn(width, device=dev), torch.randn(width, device=dev)) if affine else (None, None)
 
+    dst = torch.empty_like(xs[0])
+
     def body():
         # The graph's memory pool gives each output the same address on every replay.
         for x in xs:
-            torch.nn.functional.layer_norm(x, (width,), w, b)
+            if copy:
+                dst.copy_(x)
+            else:
+                torch.nn.functional.layer_norm(x, (width,), w, b)
 
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -263,6 +302,7 @@ def run_benchmark(shapes: list[tuple[int, int]], repeats: int = 100, sweep: bool
         times, clock = time_kernel(rows, width, configs, repeats=repeats)
         wgpu_us, isolated_us = times[0]
         torch_us, torch_clock = time_torch(rows, width, repeats=repeats)
+        copy_us, torch_copy_us = time_copy(rows, width, repeats=repeats), time_torch_copy(rows, width, repeats=repeats)
         result = {
             "rows": rows,
             "width": width,
@@ -272,12 +312,14 @@ def run_benchmark(shapes: list[tuple[int, int]], repeats: int = 100, sweep: bool
             "wgpu_isolated_us": round(isolated_us, 2),
             "torch_us": round(torch_us, 2),
             "torch_gbps": round(effective_gbps(rows, width, torch_us), 1),
+            "wgsl_copy_us": None if copy_us is None else round(copy_us, 2),
+            "torch_copy_us": None if torch_copy_us is None else round(torch_copy_us, 2),
         }
         if sweep:
             result["config"] = asdict(configs[0])
             result["sweep"] = sorted(
                 ({"us": round(t[0], 2), "isolated_us": round(t[1], 2), "threads_per_row": c.threads_per_row,
-                  "workgroup": c.workgroup, "slots": c.slots} for c, t in zip(configs, times)),
+                  "workgroup": c.workgroup, "slots": c.slots, "rows_per_thread": c.rows_per_thread} for c, t in zip(configs, times)),
                 key=lambda r: r["us"])
         results.append(result)
         best = f" | best of sweep {min(t[0] for t in times):9.2f} us" if sweep else ""
