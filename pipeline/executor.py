@@ -85,6 +85,11 @@ class LoweredProgram:
         self._output_kinds = [(spec.kind, spec.target) for spec in sig.output_specs]
 
     @property
+    def delegates(self) -> tuple[LayerNormDelegate, ...]:
+        """The decoded delegates, in graph order; each knows its blob's `params`."""
+        return tuple(self._delegates.values())
+
+    @property
     def num_delegates(self) -> int:
         return len(self._delegates)
 

@@ -12,7 +12,7 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
 from pipeline.backend import WebGPUBackend
-from pipeline.backend.webgpu import NATIVE_LAYER_NORM, _layer_norm_args
+from pipeline.backend.webgpu import NATIVE_LAYER_NORM, layer_norm_args
 
 logger = logging.getLogger(__name__)
 
@@ -23,7 +23,7 @@ TAG_PREFIX = "webgpu_layer_norm_"
 
 def unsupported_reason(node: torch.fx.Node) -> str | None:
     """Why the WGSL kernel cannot run this native_layer_norm node, or None when it can."""
-    x, shape, weight, bias, eps = _layer_norm_args(node)
+    x, shape, weight, bias, eps = layer_norm_args(node)
     x_val = x.meta.get("val") if isinstance(x, torch.fx.Node) else None
     if not isinstance(x_val, torch.Tensor):
         return "input has no tensor metadata"
@@ -95,7 +95,7 @@ def _tag_constants(exported_program: ExportedProgram, node: torch.fx.Node, tag: 
     kinds = {spec.arg.name: spec.kind for spec in sig.input_specs}
     mutated = set(sig.buffers_to_mutate.values())
     constant_kinds = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
-    _, _, weight, bias, _ = _layer_norm_args(node)
+    _, _, weight, bias, _ = layer_norm_args(node)
     for t in (weight, bias):
         if (
             isinstance(t, torch.fx.Node)

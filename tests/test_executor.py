@@ -64,7 +64,7 @@ def test_runtime_weight_and_bias_inputs():
     prog = lower_and_compare(RuntimeAffine(), (randn(4, 9), randn(9, seed=1)), [(randn(6, 9, seed=2), randn(9, seed=3))],
                              dynamic_shapes=({0: Dim("rows", max=64)}, None), layer_norms=2)
     sources = sorted(
-        (d.params.weight.source, d.params.bias.source) for d in prog._delegates.values()
+        (d.params.weight.source, d.params.bias.source) for d in prog.delegates
     )
     assert sources == [(blob.INPUT, blob.INPUT), (blob.INPUT, blob.NONE)]
 
@@ -198,6 +198,24 @@ def test_decoder_with_dynamic_sequence_length():
         dynamic_shapes=({1: Dim("seq", min=2, max=64)},), layer_norms=3,
     )
     assert prog.num_delegates == 3
+
+
+class NormStatistics(nn.Module):
+    """Uses the statistics outputs: LayerNorm's (N, T, 1) and GroupNorm's (N, G)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight, self.bias = nn.Parameter(randn(6, seed=1)), nn.Parameter(randn(6, seed=2))
+
+    def forward(self, x):
+        out, _, rstd = torch.native_layer_norm(x, [6], self.weight, self.bias, 1e-5)
+        g_out, g_mean, g_rstd = torch.ops.aten.native_group_norm(out.transpose(1, 2).contiguous(), None, self.bias, 2, 6, 5, 3, 1e-5)
+        return rstd, g_out, g_mean, g_rstd
+
+
+def test_statistics_outputs_come_from_the_delegate():
+    prog = lower_and_compare(NormStatistics(), (randn(2, 5, 6),), [(randn(2, 5, 6, seed=1),)], layer_norms=2)
+    assert sorted(sorted(d.params.outputs) for d in prog.delegates) == [[0, 1, 2], [0, 2]]
 
 
 class MixedPrecision(nn.Module):

@@ -23,6 +23,8 @@ class WebGPUBackend(BackendDetails):
     @staticmethod
     def preprocess(edge_program: ExportedProgram, compile_specs: list[CompileSpec]) -> PreprocessResult:
         """Return the blob; raises ValueError on any partition it cannot serialize exactly."""
+        if compile_specs:
+            raise ValueError(f"WebGPUBackend takes no compile specs, got {[s.key for s in compile_specs]}")
         return PreprocessResult(processed_bytes=blob_format.encode(describe_partition(edge_program)))
 
 
@@ -46,7 +48,7 @@ def describe_partition(edge_program: ExportedProgram) -> blob_format.DelegateBlo
     user_inputs = [n for n in graph.nodes if n.op == "placeholder" and kinds[n.name].kind == InputKind.USER_INPUT]
     arg_index = {n: i for i, n in enumerate(user_inputs)}
 
-    x, shape, weight, bias, eps = _layer_norm_args(norm)
+    x, shape, weight, bias, eps = layer_norm_args(norm)
     if x not in arg_index:
         raise ValueError(f"{norm.name}: input {x.name} must be a runtime input of the partition")
     if not all(isinstance(d, int) for d in shape):
@@ -82,7 +84,7 @@ def describe_partition(edge_program: ExportedProgram) -> blob_format.DelegateBlo
     return blob_format.DelegateBlob(params, constants)
 
 
-def _layer_norm_args(node: torch.fx.Node) -> tuple:
+def layer_norm_args(node: torch.fx.Node) -> tuple:
     """(x, normalized_shape, weight, bias, eps) of a native_layer_norm node, defaults filled in."""
     args = list(node.args) + [None] * (5 - len(node.args))
     names = ("input", "normalized_shape", "weight", "bias", "eps")
