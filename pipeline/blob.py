@@ -194,6 +194,8 @@ def decode(blob: bytes | bytearray | memoryview) -> DelegateBlob:
         )
     except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError, ValueError) as exc:
         raise ValueError(f"delegate blob params corrupt: {exc}") from exc
+    if not isinstance(constants, dict) or not all(isinstance(loc, dict) for loc in constants.values()):
+        raise ValueError(f"delegate blob params corrupt: constants {constants!r} is not a table")
     width = math.prod(params.normalized_shape)
     arrays = {}
     for role, loc in constants.items():

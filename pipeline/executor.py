@@ -78,7 +78,6 @@ class LoweredProgram:
                 if lowered.backend_id != WebGPUBackend.__name__:
                     raise ValueError(f"{node.name}: delegate for backend {lowered.backend_id!r} cannot run here")
                 self._delegates[id(lowered)] = LayerNormDelegate(lowered.processed_bytes)
-        self._interpreter = _DelegatingInterpreter(gm, self._delegates)
         sig = self._program.graph_signature
         self._state = {**self._program.state_dict, **self._program.constants}
         self._input_kinds = [(spec.kind, spec.target) for spec in sig.input_specs]
@@ -109,7 +108,9 @@ class LoweredProgram:
             else:
                 raise NotImplementedError(f"exported input kind {kind.name} is not supported")
         with torch.no_grad():
-            results = self._interpreter.run(*args, enable_io_processing=False)
+            # A fresh interpreter per call: it keeps per-run state, so calls stay independent.
+            interpreter = _DelegatingInterpreter(self._program.graph_module, self._delegates)
+            results = interpreter.run(*args, enable_io_processing=False)
         outputs = []
         for (kind, target), value in zip(self._output_kinds, results):
             if kind == OutputKind.BUFFER_MUTATION:

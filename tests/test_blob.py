@@ -98,6 +98,8 @@ def rewrite_params(data: bytes, edit) -> bytes:
         (lambda d: d["weight"].update(source="input", index=4), "argument indices"),
         (lambda d: d["constants"]["bias"].update(offset=10_000), "does not fit"),
         (lambda d: d["constants"].pop("bias"), "bias"),
+        (lambda d: d.update(constants=[1]), "not a table"),
+        (lambda d: d["constants"].update(gamma=d["constants"]["bias"]), "unknown constants"),
     ],
 )
 def test_corrupt_params_are_refused(edit, message):
