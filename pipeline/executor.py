@@ -98,6 +98,11 @@ class LoweredProgram:
         flat, spec = pytree.tree_flatten((inputs, {}))
         if call_spec.in_spec is not None and spec != call_spec.in_spec:
             raise TypeError(f"inputs do not match the exported signature: got {spec}, expected {call_spec.in_spec}")
+        # The exporter's own check of dtypes, static dims and dynamic dims' ranges.
+        try:
+            self._program._check_input_constraints(pytree.tree_flatten_with_path((inputs, {}))[0])
+        except RuntimeError as exc:
+            raise ValueError(f"inputs outside what the program was exported for: {exc}") from exc
         user = iter(flat)
         args = []
         for kind, target in self._input_kinds:

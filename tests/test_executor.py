@@ -198,6 +198,8 @@ def test_decoder_with_dynamic_sequence_length():
         dynamic_shapes=({1: Dim("seq", min=2, max=64)},), layer_norms=3,
     )
     assert prog.num_delegates == 3
+    with pytest.raises(ValueError, match="inputs outside"):
+        prog(tokens(65, 3))
 
 
 class NormStatistics(nn.Module):
@@ -261,6 +263,8 @@ def test_outputs_keep_the_module_structure():
     assert set(prog(*inputs)) == {"normed", "pair"}
     with pytest.raises(TypeError, match="inputs do not match"):
         prog(randn(2, 4))
+    with pytest.raises(ValueError, match="inputs outside"):
+        prog(randn(3, 4), randn(3))
 
 
 def test_dispatches_counted_per_call(block_program):
