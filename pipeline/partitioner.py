@@ -69,6 +69,7 @@ class LayerNormPartitioner(Partitioner):
         super().__init__()
 
     def partition(self, exported_program: ExportedProgram) -> PartitionResult:
+        """Tag `exported_program` (an edge program) in place; `rejected` lists what was refused."""
         self.rejected = []
         tags: dict[str, DelegationSpec] = {}
         for node in exported_program.graph.nodes:
