@@ -1,0 +1,87 @@
+"""LayerNormPartitioner: one partition per supported LayerNorm, reasons for every refusal."""
+
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.export import Dim
+
+from pipeline.backend.webgpu import NATIVE_LAYER_NORM
+from pipeline.partitioner import TAG_PREFIX, LayerNormPartitioner
+from pipeline.passes import reframe_group_norm
+
+
+def edge_program(module, inputs, dynamic_shapes=None):
+    from executorch.exir import to_edge
+
+    ep = reframe_group_norm(torch.export.export(module.eval(), inputs, dynamic_shapes=dynamic_shapes))
+    return to_edge(ep).exported_program()
+
+
+class Mixed(nn.Module):
+    """Affine, weight-only, no-affine, group-norm and shared-parameter LayerNorms."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.affine = nn.LayerNorm(8)
+        self.weight_only = nn.LayerNorm(8, bias=False)
+        self.plain = nn.LayerNorm(8, elementwise_affine=False)
+        self.group = nn.GroupNorm(2, 4)
+        self.shared = nn.Parameter(torch.ones(8))
+
+    def forward(self, x):
+        y = self.plain(self.weight_only(self.affine(x)))
+        y = F.layer_norm(F.layer_norm(y, (8,), self.shared), (8,), self.shared)
+        return self.group(y.view(2, 4, 2, 4))
+
+
+def test_one_partition_per_layer_norm_with_its_outputs_and_constants():
+    program = edge_program(Mixed(), (torch.randn(2, 4, 8),))
+    partitioner = LayerNormPartitioner()
+    result = partitioner.partition(program)
+    norms = [n for n in program.graph.nodes if n.target == NATIVE_LAYER_NORM]
+    assert len(norms) == 6 and partitioner.rejected == []
+    tags = [n.meta["delegation_tag"] for n in norms]
+    assert sorted(tags) == sorted(result.partition_tags) and len(set(tags)) == 6
+    assert all(t.startswith(TAG_PREFIX) for t in tags)
+    assert {spec.backend_id for spec in result.partition_tags.values()} == {"WebGPUBackend"}
+    for norm in norms:
+        assert all(u.meta.get("delegation_tag") == norm.meta["delegation_tag"] for u in norm.users)
+    tagged = {n.name for n in program.graph.nodes if n.op == "placeholder" and "delegation_tag" in n.meta}
+    # Constants used by one LayerNorm travel in its blob; the shared one and the
+    # group norm's (used by the mul/add, not the LayerNorm) stay outside.
+    assert tagged == {"p_affine_weight", "p_affine_bias", "p_weight_only_weight"}
+
+
+@pytest.mark.parametrize(
+    "dtype, reason", [(torch.float64, "input dtype torch.float64"), (torch.bfloat16, "input dtype torch.bfloat16")]
+)
+def test_non_float32_layer_norms_are_refused_with_a_reason(dtype, reason, caplog):
+    model = nn.LayerNorm(8).to(dtype)
+    program = edge_program(model, (torch.randn(3, 8, dtype=dtype),))
+    partitioner = LayerNormPartitioner()
+    with caplog.at_level(logging.WARNING, logger="pipeline.partitioner"):
+        result = partitioner.partition(program)
+    assert result.partition_tags == {}
+    assert not any("delegation_tag" in n.meta for n in program.graph.nodes)
+    [(name, why)] = partitioner.rejected
+    assert reason in why and name in caplog.text and why in caplog.text
+
+
+def test_dynamic_normalized_shape_is_refused():
+    # GroupNorm over a dynamic length normalizes rows whose width is only known at run time.
+    model = nn.GroupNorm(2, 4)
+    program = edge_program(model, (torch.randn(2, 4, 6),), dynamic_shapes=({2: Dim("length", min=2, max=32)},))
+    partitioner = LayerNormPartitioner()
+    partitioner.partition(program)
+    [(_, why)] = partitioner.rejected
+    assert "not static" in why
+
+
+def test_rejections_reset_per_partition_call():
+    partitioner = LayerNormPartitioner()
+    partitioner.partition(edge_program(nn.LayerNorm(4).double(), (torch.randn(2, 4, dtype=torch.float64),)))
+    partitioner.partition(edge_program(nn.LayerNorm(4), (torch.randn(2, 4),)))
+    assert partitioner.rejected == []
