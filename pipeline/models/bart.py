@@ -32,10 +32,13 @@ class BartDecoderModel(torch.nn.Module):
 
 def make_inputs(config: BartConfig, preprocessor: dict[str, Any], seed: int) -> tuple[torch.Tensor, ...]:
     gen = torch.Generator().manual_seed(seed)
-    input_ids = torch.randint(FIRST_WORD_ID, config.vocab_size, (1, DECODER_LENGTH), generator=gen)
+    # Learned positions bound both lengths (a shrunken config may allow fewer than the defaults).
+    decoder_length = min(DECODER_LENGTH, config.max_position_embeddings)
+    encoder_length = min(ENCODER_LENGTH, config.max_position_embeddings)
+    input_ids = torch.randint(FIRST_WORD_ID, config.vocab_size, (1, decoder_length), generator=gen)
     input_ids[:, 0] = config.decoder_start_token_id
     # Encoder outputs leave a LayerNorm, so unit-variance features are their natural scale.
-    encoder_hidden_states = torch.randn(1, ENCODER_LENGTH, config.d_model, generator=gen)
+    encoder_hidden_states = torch.randn(1, encoder_length, config.d_model, generator=gen)
     return input_ids, encoder_hidden_states
 
 
