@@ -10,6 +10,7 @@ a local Hugging Face directory.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from functools import cache
@@ -101,6 +102,7 @@ def build(
             )
         variant = matched
     elif config is not None:
+        config = copy.deepcopy(config)  # the attention choice below must not leak into the caller's
         variant = CUSTOM_VARIANT
     else:
         variant = variant or fam.default_variant

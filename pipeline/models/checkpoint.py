@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import json
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +44,8 @@ def read_config(directory: Path, family: ModelFamily) -> PretrainedConfig:
 
 def config_from_dict(raw: dict[str, Any], family: ModelFamily, where: str) -> PretrainedConfig:
     try:
-        return family.config_class.from_dict(raw)
+        # from_dict may consume keys of the dict it is given.
+        return family.config_class.from_dict(copy.deepcopy(raw))
     except (TypeError, ValueError, KeyError) as exc:
         raise CheckpointError(f"{where} is not a valid {family.name} config: {exc}") from exc
 
@@ -57,8 +60,8 @@ def load_weights(module: torch.nn.Module, directory: Path, family: ModelFamily) 
     wanted = module.state_dict()
     state: dict[str, torch.Tensor] = {}
     missing: list[str] = []
-    handles = {}
-    try:
+    with ExitStack() as stack:
+        handles: dict[Path, Any] = {}
         for key, current in wanted.items():
             candidates = [p + k for k in (key, *family.weight_aliases.get(key, ())) for p in KEY_PREFIXES]
             found = next((c for c in candidates if c in files), None)
@@ -66,17 +69,18 @@ def load_weights(module: torch.nn.Module, directory: Path, family: ModelFamily) 
                 missing.append(key)
                 continue
             file = files[found]
-            if file not in handles:
-                handles[file] = safe_open(str(file), framework="pt")
-            tensor = handles[file].get_tensor(found)
+            try:
+                if file not in handles:
+                    handles[file] = stack.enter_context(safe_open(str(file), framework="pt"))
+                tensor = handles[file].get_tensor(found)
+            except (SafetensorError, OSError) as exc:
+                raise CheckpointError(f"checkpoint {directory}: {file.name} is unreadable: {exc}") from exc
             if tensor.shape != current.shape:
                 raise CheckpointError(
                     f"checkpoint {directory}: {found} has shape {tuple(tensor.shape)}, "
                     f"the config implies {tuple(current.shape)}"
                 )
             state[key] = tensor.to(current.dtype)
-    except SafetensorError as exc:
-        raise CheckpointError(f"checkpoint {directory}: unreadable weights: {exc}") from exc
     if missing:
         shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
         raise CheckpointError(f"checkpoint {directory}: weights missing for {shown}")

@@ -34,7 +34,9 @@ class Florence2ImageEncoder(torch.nn.Module):
 def synthetic_image(size: int, seed: int) -> torch.Tensor:
     """A smooth RGB test card (H, W, 3) of uint8 values: gradients, a ring and a soft blob."""
     gen = torch.Generator().manual_seed(seed)
-    phase, cx, cy = (torch.rand(3, generator=gen) * torch.tensor([2 * math.pi, 0.6, 0.6]) + torch.tensor([0, 0.2, 0.2])).tolist()
+    phase = float(torch.rand((), generator=gen)) * 2 * math.pi
+    # The blob's centre stays inside the middle 60% of the frame.
+    cx, cy = (0.2 + 0.6 * torch.rand(2, generator=gen)).tolist()
     y, x = torch.meshgrid(torch.linspace(0, 1, size), torch.linspace(0, 1, size), indexing="ij")
     r = torch.sqrt((x - cx) ** 2 + (y - cy) ** 2)
     red = 0.5 + 0.5 * torch.sin(2 * math.pi * (1.5 * x + 0.5 * y) + phase)

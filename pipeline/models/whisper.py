@@ -32,7 +32,8 @@ def synthetic_speechlike(sampling_rate: int, seed: int) -> np.ndarray:
     t = np.arange(int(CLIP_SECONDS * sampling_rate)) / sampling_rate
     f0, f1 = 100.0, 4000.0
     phase = 2 * math.pi * (f0 * t + (f1 - f0) * t**2 / (2 * CLIP_SECONDS))
-    envelope = 0.5 * (1 + np.sin(2 * math.pi * 4 * t)) * 0.5
+    # Peak 0.5, opening and closing four times a second like syllables.
+    envelope = 0.25 * (1 + np.sin(2 * math.pi * 4 * t))
     wave = envelope * np.sin(phase) + 0.01 * rng.standard_normal(t.shape)
     return wave.astype(np.float32)
 
