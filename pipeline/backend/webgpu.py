@@ -1,0 +1,108 @@
+"""WebGPUBackend.preprocess: one native_layer_norm partition -> a `pipeline.blob` delegate blob."""
+
+from __future__ import annotations
+
+import operator
+
+import numpy as np
+import torch
+from executorch.exir.backend.backend_details import BackendDetails, PreprocessResult
+from executorch.exir.backend.compile_spec_schema import CompileSpec
+from executorch.exir.dialects._ops import ops as exir_ops
+from torch.export import ExportedProgram
+from torch.export.graph_signature import InputKind
+
+from pipeline import blob as blob_format
+
+NATIVE_LAYER_NORM = exir_ops.edge.aten.native_layer_norm.default
+
+
+class WebGPUBackend(BackendDetails):
+    """Serializes a partition holding exactly one native_layer_norm for the WGSL kernel."""
+
+    @staticmethod
+    def preprocess(edge_program: ExportedProgram, compile_specs: list[CompileSpec]) -> PreprocessResult:
+        """Return the blob; raises ValueError on any partition it cannot serialize exactly."""
+        return PreprocessResult(processed_bytes=blob_format.encode(describe_partition(edge_program)))
+
+
+def describe_partition(edge_program: ExportedProgram) -> blob_format.DelegateBlob:
+    """The blob contents for `edge_program`: its one LayerNorm, where each operand comes from."""
+    graph = edge_program.graph
+    norms = [n for n in graph.nodes if n.op == "call_function" and n.target == NATIVE_LAYER_NORM]
+    if len(norms) != 1:
+        raise ValueError(f"WebGPUBackend partitions hold exactly one native_layer_norm, got {len(norms)}")
+    norm = norms[0]
+    for node in graph.nodes:
+        known = node.op in ("placeholder", "output") or node is norm or (
+            node.op == "call_function" and node.target is operator.getitem and node.args[0] is norm
+        )
+        if not known:
+            raise ValueError(f"WebGPUBackend cannot serialize node {node.name} ({node.op} {node.target})")
+
+    # Delegate arguments are the partition's user inputs, in placeholder order.
+    sig = edge_program.graph_signature
+    kinds = {spec.arg.name: spec for spec in sig.input_specs}
+    user_inputs = [n for n in graph.nodes if n.op == "placeholder" and kinds[n.name].kind == InputKind.USER_INPUT]
+    arg_index = {n: i for i, n in enumerate(user_inputs)}
+
+    x, shape, weight, bias, eps = _layer_norm_args(norm)
+    if x not in arg_index:
+        raise ValueError(f"{norm.name}: input {x.name} must be a runtime input of the partition")
+    if not all(isinstance(d, int) for d in shape):
+        raise ValueError(f"{norm.name}: normalized_shape {shape} is not static")
+    shape = tuple(int(d) for d in shape)
+
+    operands: dict[str, blob_format.Operand] = {}
+    constants: dict[str, np.ndarray] = {}
+    for role, node in (("weight", weight), ("bias", bias)):
+        if node is None:
+            operands[role] = blob_format.Operand()
+        elif node in arg_index:
+            operands[role] = blob_format.Operand(blob_format.INPUT, arg_index[node])
+        elif node.op == "placeholder":
+            constants[role] = _constant(edge_program, kinds[node.name], shape, f"{norm.name} {role}")
+            operands[role] = blob_format.Operand(blob_format.CONSTANT)
+        else:
+            raise ValueError(f"{norm.name}: {role} {node.name} is neither an input nor a constant")
+
+    outputs = []
+    for out in graph.output_node().args[0]:
+        if not (isinstance(out, torch.fx.Node) and out.target is operator.getitem and out.args[0] is norm):
+            raise ValueError(f"{norm.name}: partition output {out} is not an output of the LayerNorm")
+        outputs.append(int(out.args[1]))
+    params = blob_format.LayerNormParams(
+        normalized_shape=shape,
+        eps=float(eps),
+        input_index=arg_index[x],
+        weight=operands["weight"],
+        bias=operands["bias"],
+        outputs=tuple(outputs),
+    )
+    return blob_format.DelegateBlob(params, constants)
+
+
+def _layer_norm_args(node: torch.fx.Node) -> tuple:
+    """(x, normalized_shape, weight, bias, eps) of a native_layer_norm node, defaults filled in."""
+    args = list(node.args) + [None] * (5 - len(node.args))
+    names = ("input", "normalized_shape", "weight", "bias", "eps")
+    for i, name in enumerate(names):
+        if name in node.kwargs:
+            args[i] = node.kwargs[name]
+    return tuple(args)
+
+
+def _constant(edge_program: ExportedProgram, spec, shape: tuple[int, ...], what: str) -> np.ndarray:
+    if spec.kind in (InputKind.PARAMETER, InputKind.BUFFER):
+        tensor = edge_program.state_dict.get(spec.target)
+        if tensor is None:
+            tensor = edge_program.constants.get(spec.target)
+    elif spec.kind == InputKind.CONSTANT_TENSOR:
+        tensor = edge_program.constants.get(spec.target)
+    else:
+        raise ValueError(f"{what}: input kind {spec.kind.name} cannot be carried in the blob")
+    if not isinstance(tensor, torch.Tensor):
+        raise ValueError(f"{what}: no tensor stored for {spec.target}")
+    if tensor.dtype != torch.float32 or tuple(tensor.shape) != shape:
+        raise ValueError(f"{what}: must be float32 {list(shape)}, got {tensor.dtype} {list(tensor.shape)}")
+    return tensor.detach().cpu().contiguous().numpy().copy()

@@ -1,0 +1,107 @@
+"""LayerNormPartitioner: one WebGPU partition per native_layer_norm the kernel can run."""
+
+from __future__ import annotations
+
+import logging
+import math
+import operator
+
+import torch
+from executorch.exir.backend.partitioner import DelegationSpec, Partitioner, PartitionResult
+from torch.export import ExportedProgram
+from torch.export.graph_signature import InputKind
+
+from pipeline.backend import WebGPUBackend
+from pipeline.backend.webgpu import NATIVE_LAYER_NORM, _layer_norm_args
+
+logger = logging.getLogger(__name__)
+
+# WebGPU's guaranteed maxStorageBufferBindingSize: one row must fit in one binding on any adapter.
+MAX_ROW_BYTES = 128 * 1024 * 1024
+TAG_PREFIX = "webgpu_layer_norm_"
+
+
+def unsupported_reason(node: torch.fx.Node) -> str | None:
+    """Why the WGSL kernel cannot run this native_layer_norm node, or None when it can."""
+    x, shape, weight, bias, eps = _layer_norm_args(node)
+    x_val = x.meta.get("val") if isinstance(x, torch.fx.Node) else None
+    if not isinstance(x_val, torch.Tensor):
+        return "input has no tensor metadata"
+    if x_val.dtype != torch.float32:
+        return f"input dtype {x_val.dtype}; the kernel is float32 only"
+    if not isinstance(shape, (list, tuple)) or not shape:
+        return f"normalized_shape {shape!r} is not a non-empty list"
+    if not all(type(d) is int for d in shape):
+        return f"normalized_shape {list(shape)} is not static"
+    if any(d < 1 for d in shape):
+        return f"normalized_shape {list(shape)} has non-positive dims"
+    if x_val.dim() < len(shape) or tuple(x_val.shape[x_val.dim() - len(shape):]) != tuple(shape):
+        return f"normalized_shape {list(shape)} does not match input shape {list(x_val.shape)}"
+    row_bytes = math.prod(shape) * 4
+    if row_bytes > MAX_ROW_BYTES:
+        return f"a row of {row_bytes} bytes exceeds WebGPU's guaranteed binding size of {MAX_ROW_BYTES}"
+    for role, t in (("weight", weight), ("bias", bias)):
+        if t is None:
+            continue
+        val = t.meta.get("val") if isinstance(t, torch.fx.Node) else None
+        if not isinstance(val, torch.Tensor):
+            return f"{role} is not a tensor"
+        if val.dtype != torch.float32:
+            return f"{role} dtype {val.dtype}; the kernel is float32 only"
+        if tuple(val.shape) != tuple(shape):
+            return f"{role} shape {list(val.shape)} differs from normalized_shape {list(shape)}"
+    if not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
+        return f"eps {eps!r} is not a finite non-negative number"
+    return None
+
+
+class LayerNormPartitioner(Partitioner):
+    """Tags every native_layer_norm the kernel supports for `WebGPUBackend`, one partition each.
+
+    The LayerNorm's getitem outputs and its constant weight/bias (parameters, buffers or
+    lifted constants used by no other node) join its partition, so the blob carries them.
+    Refused LayerNorms are logged and kept in `rejected` as (node name, reason).
+    """
+
+    def __init__(self) -> None:
+        self.delegation_spec = DelegationSpec(WebGPUBackend.__name__, [])
+        self.rejected: list[tuple[str, str]] = []
+        super().__init__()
+
+    def partition(self, exported_program: ExportedProgram) -> PartitionResult:
+        self.rejected = []
+        tags: dict[str, DelegationSpec] = {}
+        for node in exported_program.graph.nodes:
+            if node.op != "call_function" or node.target != NATIVE_LAYER_NORM:
+                continue
+            reason = unsupported_reason(node)
+            if reason is not None:
+                logger.warning("LayerNorm %s not delegated to WebGPU: %s", node.name, reason)
+                self.rejected.append((node.name, reason))
+                continue
+            tag = f"{TAG_PREFIX}{len(tags)}"
+            tags[tag] = self.delegation_spec
+            node.meta["delegation_tag"] = tag
+            for user in node.users:
+                if user.target is operator.getitem:
+                    user.meta["delegation_tag"] = tag
+            _tag_constants(exported_program, node, tag)
+        return PartitionResult(tagged_exported_program=exported_program, partition_tags=tags)
+
+
+def _tag_constants(exported_program: ExportedProgram, node: torch.fx.Node, tag: str) -> None:
+    """Put weight/bias constants used only by `node` into its partition."""
+    sig = exported_program.graph_signature
+    kinds = {spec.arg.name: spec.kind for spec in sig.input_specs}
+    mutated = set(sig.buffers_to_mutate.values())
+    constant_kinds = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
+    _, _, weight, bias, _ = _layer_norm_args(node)
+    for t in (weight, bias):
+        if (
+            isinstance(t, torch.fx.Node)
+            and t.op == "placeholder"
+            and kinds.get(t.name) in constant_kinds
+            and sig.inputs_to_buffers.get(t.name) not in mutated
+            and all(user is node for user in t.users)
+        ):
+            t.meta["delegation_tag"] = tag

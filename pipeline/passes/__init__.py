@@ -1,0 +1,15 @@
+"""Graph passes that run on the ExportedProgram before lowering."""
+
+from pipeline.passes.group_norm import (
+    GROUP_NORM_DECOMPOSITIONS,
+    group_norm_as_layer_norm,
+    native_group_norm_as_layer_norm,
+    reframe_group_norm,
+)
+
+__all__ = [
+    "GROUP_NORM_DECOMPOSITIONS",
+    "group_norm_as_layer_norm",
+    "native_group_norm_as_layer_norm",
+    "reframe_group_norm",
+]

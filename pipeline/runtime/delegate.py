@@ -1,0 +1,39 @@
+"""Run a WebGPU delegate blob: decode once, then each call launches the native_layer_norm kernel.
+
+Shares only `pipeline.blob` with the ahead-of-time side; never imports ExecuTorch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pipeline import blob as blob_format
+from pipeline.runtime.native_layer_norm import native_layer_norm
+
+
+class LayerNormDelegate:
+    """One decoded delegate. Row counts come from the input at each call, so any
+    leading shape (a dynamic sequence length, a new batch size) runs."""
+
+    def __init__(self, processed_bytes: bytes) -> None:
+        decoded = blob_format.decode(processed_bytes)
+        self.params = decoded.params
+        self._constants = {role: torch.from_numpy(arr.copy()) for role, arr in decoded.constants.items()}
+
+    def _operand(self, role: str, args: tuple[torch.Tensor, ...]) -> torch.Tensor | None:
+        op = getattr(self.params, role)
+        if op.source == blob_format.CONSTANT:
+            return self._constants[role]
+        if op.source == blob_format.INPUT:
+            return args[op.index]
+        return None
+
+    def __call__(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The delegate's outputs (a subset of out, mean, rstd, in the blob's order)."""
+        p = self.params
+        if len(args) != p.num_inputs:
+            raise ValueError(f"delegate expects {p.num_inputs} inputs, got {len(args)}")
+        results = native_layer_norm(
+            args[p.input_index], p.normalized_shape, self._operand("weight", args), self._operand("bias", args), p.eps
+        )
+        return tuple(results[i] for i in p.outputs)

@@ -1,0 +1,272 @@
+"""pipeline.lower end to end: every LayerNorm delegated, outputs equal to eager on fresh inputs."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.export import Dim
+
+from lowering import assert_same_outputs, lower_and_compare
+from pipeline import blob
+from pipeline.runtime import stats
+
+pytestmark = pytest.mark.usefixtures("gpu_info")
+
+
+def randn(*shape, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def seeded(module: nn.Module, seed: int = 0) -> nn.Module:
+    """Random affine parameters too, so a dropped weight or bias cannot pass unnoticed."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.5 + (1.0 if p.dim() == 1 else 0.0))
+    return module.eval()
+
+
+@pytest.mark.parametrize("affine, bias", [(False, False), (True, False), (True, True)])
+def test_layer_norm_module_affine_combinations(affine, bias):
+    model = seeded(nn.Sequential(nn.Linear(12, 20), nn.LayerNorm(20, elementwise_affine=affine, bias=bias)))
+    lower_and_compare(model, (randn(3, 12),), [(randn(3, 12, seed=1),)], layer_norms=1)
+
+
+class FunctionalLayerNorm(nn.Module):
+    def __init__(self, weight: bool, bias: bool) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(randn(7, seed=3)) if weight else None
+        self.bias = nn.Parameter(randn(7, seed=4)) if bias else None
+
+    def forward(self, x):
+        return F.layer_norm(x, (7,), self.weight, self.bias, eps=1e-3)
+
+
+@pytest.mark.parametrize("weight, bias", [(True, False), (False, True)])
+def test_functional_layer_norm_weight_or_bias_only(weight, bias):
+    lower_and_compare(FunctionalLayerNorm(weight, bias), (randn(2, 5, 7),), [(randn(2, 5, 7, seed=1),)], layer_norms=1)
+
+
+class RuntimeAffine(nn.Module):
+    """Weight computed at run time, and one parameter shared by two LayerNorms: both reach
+    the delegate as runtime inputs rather than blob constants."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shared = nn.Parameter(randn(9, seed=5))
+
+    def forward(self, x, scale):
+        y = F.layer_norm(x, (9,), scale * 2.0, self.shared)
+        return F.layer_norm(y, (9,), self.shared, None)
+
+
+def test_runtime_weight_and_bias_inputs():
+    prog = lower_and_compare(RuntimeAffine(), (randn(4, 9), randn(9, seed=1)), [(randn(6, 9, seed=2), randn(9, seed=3))],
+                             dynamic_shapes=({0: Dim("rows", max=64)}, None), layer_norms=2)
+    sources = sorted(
+        (d.params.weight.source, d.params.bias.source) for d in prog._delegates.values()
+    )
+    assert sources == [(blob.INPUT, blob.INPUT), (blob.INPUT, blob.NONE)]
+
+
+@pytest.mark.parametrize("shape", [(4, 6), (3, 5), (2, 3, 5)])
+def test_multi_dim_normalized_shape(shape):
+    model = seeded(nn.LayerNorm(shape))
+    lower_and_compare(model, (randn(2, 3, *shape),), [(randn(2, 3, *shape, seed=1),)], layer_norms=1)
+
+
+@pytest.mark.parametrize(
+    "groups, channels, spatial, affine",
+    [(1, 6, (5, 7), True), (6, 6, (5, 7), True), (3, 9, (5, 3), False), (2, 6, (11,), True), (4, 12, (), True)],
+    ids=["G=1", "G=C", "no-affine-group-of-3", "1d-odd-length", "no-spatial"],
+)
+def test_group_norm(groups, channels, spatial, affine):
+    model = seeded(nn.GroupNorm(groups, channels, affine=affine))
+    shape = (2, channels, *spatial)
+    lower_and_compare(model, (randn(*shape),), [(randn(*shape, seed=1) * 3 + 1,)], layer_norms=1)
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: attention and MLP, each behind a LayerNorm."""
+
+    def __init__(self, dim: int = 32, heads: int = 4, causal: bool = False) -> None:
+        super().__init__()
+        self.heads, self.causal = heads, causal
+        self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        attn = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        x = x + self.proj(attn.transpose(1, 2).reshape(b, t, d))
+        return x + self.mlp(self.ln2(x))
+
+
+@pytest.fixture(scope="module")
+def block_program():
+    return lower_and_compare(seeded(Block()), (randn(2, 10, 32),), [(randn(2, 10, 32, seed=1),)], layer_norms=2)
+
+
+def test_transformer_block(block_program):
+    assert block_program.num_delegates == 2
+
+
+class TinyViT(nn.Module):
+    def __init__(self, dim: int = 48, depth: int = 1) -> None:
+        super().__init__()
+        self.patch = nn.Conv2d(3, dim, kernel_size=4, stride=4)
+        self.cls = nn.Parameter(torch.zeros(1, 1, dim))
+        self.pos = nn.Parameter(torch.zeros(1, 17, dim))
+        self.blocks = nn.Sequential(*[Block(dim, heads=4) for _ in range(depth)])
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.head = nn.Linear(dim, 10)
+
+    def forward(self, images):
+        x = self.patch(images).flatten(2).transpose(1, 2)
+        x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x], dim=1) + self.pos
+        x = self.norm(self.blocks(x))
+        return self.head(x[:, 0]), x
+
+
+def test_vit_like_model():
+    lower_and_compare(seeded(TinyViT()), (randn(2, 3, 16, 16),), [(randn(2, 3, 16, 16, seed=1),)], layer_norms=3)
+
+
+class ChannelsFirstNorm(nn.Module):
+    """ConvNeXt-style: LayerNorm over channels of an NCHW map via permutes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 10, 3, padding=1)
+        self.norm = nn.LayerNorm(10)
+
+    def forward(self, x):
+        y = self.conv(x).permute(0, 2, 3, 1)
+        return self.norm(y).permute(0, 3, 1, 2)
+
+
+def test_channels_first_layer_norm_via_permute():
+    lower_and_compare(seeded(ChannelsFirstNorm()), (randn(2, 3, 7, 5),), [(randn(2, 3, 7, 5, seed=1),)], layer_norms=1)
+
+
+def test_conv_net_with_group_norms_of_several_group_counts():
+    model = seeded(nn.Sequential(
+        nn.Conv2d(3, 8, 3), nn.GroupNorm(1, 8), nn.ReLU(),
+        nn.Conv2d(8, 12, 3, padding=1), nn.GroupNorm(4, 12), nn.SiLU(),
+        nn.Conv2d(12, 12, 3, stride=2), nn.GroupNorm(12, 12), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(12, 5),
+    ))
+    lower_and_compare(model, (randn(2, 3, 11, 9),), [(randn(2, 3, 11, 9, seed=1),)], layer_norms=3)
+
+
+class AudioFeatureEncoder(nn.Module):
+    """wav2vec-style: strided Conv1d stack, GroupNorm with G=C on the first layer, then LayerNorm."""
+
+    def __init__(self, dim: int = 16) -> None:
+        super().__init__()
+        self.conv0, self.norm0 = nn.Conv1d(1, dim, 10, stride=5, bias=False), nn.GroupNorm(dim, dim)
+        self.conv1 = nn.Conv1d(dim, dim, 3, stride=2, bias=False)
+        self.proj_norm, self.proj = nn.LayerNorm(dim), nn.Linear(dim, 24)
+
+    def forward(self, audio):
+        x = F.gelu(self.norm0(self.conv0(audio[:, None])))
+        x = F.gelu(self.conv1(x)).transpose(1, 2)
+        return self.proj(self.proj_norm(x))
+
+
+def test_audio_feature_encoder_with_group_norm():
+    lower_and_compare(seeded(AudioFeatureEncoder()), (randn(2, 400),), [(randn(2, 400, seed=1),)], layer_norms=2)
+
+
+class Decoder(nn.Module):
+    def __init__(self, vocab: int = 50, dim: int = 32) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.block = Block(dim, causal=True)
+        self.norm = nn.LayerNorm(dim)
+
+    def forward(self, tokens):
+        return self.norm(self.block(self.embed(tokens)))
+
+
+def test_decoder_with_dynamic_sequence_length():
+    tokens = lambda t, seed: torch.randint(0, 50, (2, t), generator=torch.Generator().manual_seed(seed))  # noqa: E731
+    prog = lower_and_compare(
+        seeded(Decoder()), (tokens(8, 0),), [(tokens(3, 1),), (tokens(37, 2),)],
+        dynamic_shapes=({1: Dim("seq", min=2, max=64)},), layer_norms=3,
+    )
+    assert prog.num_delegates == 3
+
+
+class MixedPrecision(nn.Module):
+    """Two LayerNorms the kernel cannot run (float64, bfloat16) between two it can."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ln32a, self.ln32b = nn.LayerNorm(8), nn.LayerNorm(8)
+        self.ln64 = nn.LayerNorm(8).double()
+        self.ln16 = nn.LayerNorm(8).to(torch.bfloat16)
+
+    def forward(self, x):
+        y = self.ln64(self.ln32a(x).double()).float()
+        z = self.ln16(x.to(torch.bfloat16)).float()
+        return self.ln32b(y + z)
+
+
+def test_unsupported_layer_norms_are_reported_and_still_run(caplog):
+    model = seeded(MixedPrecision())
+    with caplog.at_level("WARNING", logger="pipeline.partitioner"):
+        prog = lower_and_compare(model, (randn(3, 8),), [(randn(5, 8, seed=1),)], complete=False,
+                                 dynamic_shapes=({0: Dim("rows", max=32)},), layer_norms=4)
+    cov = prog.coverage
+    assert cov.delegated == 2 and len(cov.not_delegated) == 2
+    reasons = " ".join(reason for _, reason in cov.not_delegated)
+    assert "torch.float64" in reasons and "torch.bfloat16" in reasons
+    assert all(name in caplog.text for name, _ in cov.not_delegated)
+
+
+def test_outputs_keep_the_module_structure():
+    class Structured(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ln = nn.LayerNorm(4)
+
+        def forward(self, x, extra):
+            y = self.ln(x)
+            return {"normed": y, "pair": (y.sum(-1), extra * 2)}
+
+    model = Structured().eval()
+    inputs = (randn(2, 4), randn(3))
+    prog = lower_and_compare(model, inputs, layer_norms=1)
+    assert set(prog(*inputs)) == {"normed", "pair"}
+    with pytest.raises(TypeError, match="inputs do not match"):
+        prog(randn(2, 4))
+
+
+def test_dispatches_counted_per_call(block_program):
+    before = stats()["dispatches"]
+    for seed in range(3):
+        block_program(randn(2, 10, 32, seed=seed))
+    assert stats()["dispatches"] - before >= 3 * block_program.coverage.delegated
+
+
+def test_save_writes_a_valid_executorch_program(block_program, tmp_path):
+    from executorch.exir._serialize._program import deserialize_pte_binary
+
+    prog = block_program
+    path = tmp_path / "block.pte"
+    prog.save(path)
+    data = path.read_bytes()
+    assert len(data) > 0 and data[4:8] == b"ET12"
+    program = deserialize_pte_binary(data).program
+    delegates = program.execution_plan[0].delegates
+    assert [d.id for d in delegates] == ["WebGPUBackend"] * 2
+    # The blobs inside the .pte are ours and decode.
+    decoded = [blob.decode(bytes(program.backend_delegate_data[d.processed.index].data)) for d in delegates]
+    assert all(d.params.normalized_shape == (32,) and set(d.constants) == {"weight", "bias"} for d in decoded)
+    assert not list(tmp_path.glob(".*.tmp"))
+    # Saving leaves the program runnable and its edge graph in the edge dialect.
+    x = randn(2, 10, 32, seed=7)
+    assert_same_outputs(prog(x), prog.edge.exported_program().module()(x))
