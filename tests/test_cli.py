@@ -71,22 +71,32 @@ def _check_artifacts(out_dir: Path, stem: str, layer_norms: int) -> dict:
     return coverage
 
 
+@pytest.mark.slow
 def test_export_whisper_tiny(tmp_path):
     result = run_cli("whisper", "--variant", "tiny", "--output-dir", str(tmp_path))
     assert result.returncode == 0, result.stderr
     coverage = _check_artifacts(tmp_path, "whisper-tiny", 9)
     assert (coverage["model"], coverage["variant"]) == ("whisper", "tiny")
-    assert "9/9 LayerNorms delegated" in result.stdout
+
+
+def test_export_from_checkpoint_in_a_subprocess(tmp_path):
+    write_checkpoint("whisper", tmp_path / "ckpt")
+    result = run_cli("whisper", "--checkpoint", str(tmp_path / "ckpt"), "--output-dir", str(tmp_path / "out"))
+    assert result.returncode == 0, result.stderr
+    coverage = _check_artifacts(tmp_path / "out", "whisper-custom", 5)
+    assert coverage["checkpoint"] == str(tmp_path / "ckpt")
+    assert "5/5 LayerNorms delegated" in result.stdout
     assert "lowering" in result.stderr
 
 
-@pytest.mark.parametrize(("name", "layer_norms", "extra"), [("bart", 7, ["--dynamic"]), ("florence2", 21, []), ("whisper", 5, [])])
+@pytest.mark.parametrize(("name", "layer_norms", "extra"), [("bart", 7, ["--dynamic"]), ("florence2", 21, [])])
 def test_export_from_checkpoint(cli, capsys, tmp_path, name, layer_norms, extra):
     write_checkpoint(name, tmp_path / "ckpt")
     out_dir = tmp_path / "out"
     assert cli.main([name, "--checkpoint", str(tmp_path / "ckpt"), "--output-dir", str(out_dir), *extra]) == 0
     coverage = _check_artifacts(out_dir, f"{name}-custom", layer_norms)
     assert coverage["checkpoint"] == str(tmp_path / "ckpt")
+    assert coverage["dynamic"] == ("--dynamic" in extra)
     assert f"{layer_norms}/{layer_norms} LayerNorms delegated" in capsys.readouterr().out
 
 
