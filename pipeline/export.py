@@ -1,0 +1,113 @@
+"""Build a zoo model, lower it with every LayerNorm delegated, write the `.pte` and its coverage.
+
+The library side of `scripts/export_model.py`; `import pipeline.export` stays light (the
+model zoo and ExecuTorch load on the first export).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pipeline.ioutil import write_json_atomic
+
+
+class IncompleteDelegationError(RuntimeError):
+    """Some LayerNorm of the model would run outside the WebGPU delegate."""
+
+
+def export_model(
+    name: str,
+    variant: str | None = None,
+    checkpoint: str | os.PathLike | None = None,
+    output_dir: str | os.PathLike = "out",
+    seed: int = 0,
+    dynamic: bool = False,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Export model `name` to `<output_dir>/<name>-<variant>.pte` with its `.coverage.json`.
+
+    Returns the coverage summary that was written. Raises ValueError for a bad name,
+    variant or checkpoint (CheckpointError), and IncompleteDelegationError when a LayerNorm
+    is left out of the delegate: then only the coverage file is written, so the gap can be
+    read, and no `.pte` that would quietly run a LayerNorm on the CPU.
+    """
+    import pipeline
+    from pipeline import models
+
+    say = progress or (lambda line: None)
+    start = time.perf_counter()
+
+    def stage(text: str) -> None:
+        say(f"[{time.perf_counter() - start:6.1f}s] {text}")
+
+    if checkpoint is not None:
+        stage(f"building {name} from checkpoint {checkpoint}")
+    else:
+        stage(f"building {name} {variant or models.default_variant(name)} (seeded random weights, seed {seed})")
+    spec = models.build(name, variant=variant, checkpoint=checkpoint, seed=seed, dynamic=dynamic)
+    shapes = ", ".join("x".join(map(str, t.shape)) for t in spec.example_inputs)
+    stage(f"lowering {name}-{spec.variant}: torch.export ({shapes}{', dynamic' if dynamic else ''}), "
+          "LayerNorm partitioning, WebGPU delegate")
+    prog = pipeline.lower(spec.module, spec.example_inputs, spec.dynamic_shapes)
+
+    coverage = prog.coverage
+    out_dir = Path(output_dir)
+    stem = f"{name}-{spec.variant}"
+    pte_path = out_dir / f"{stem}.pte"
+    coverage_path = out_dir / f"{stem}.coverage.json"
+    summary: dict[str, Any] = {
+        "model": name,
+        "variant": spec.variant,
+        "checkpoint": spec.checkpoint,
+        "seed": seed,
+        "dynamic": dynamic,
+        "parameters": sum(p.numel() for p in spec.module.parameters()),
+        "hidden_size": models.family(name).hidden_size(spec.config),
+        "example_input_shapes": [list(t.shape) for t in spec.example_inputs],
+        "layer_norm_ops": coverage.total,
+        "delegated": coverage.delegated,
+        "not_delegated": [{"node": _node_name(node), "reason": str(reason)} for node, reason in coverage.not_delegated],
+        "pte": None,
+        "pte_bytes": None,
+        "export_seconds": None,
+    }
+    if coverage.not_delegated or coverage.delegated != coverage.total:
+        summary["export_seconds"] = round(time.perf_counter() - start, 2)
+        write_json_atomic(coverage_path, summary)
+        first = summary["not_delegated"][0] if summary["not_delegated"] else None
+        cause = f"; first: {first['node']} ({first['reason']})" if first else ""
+        raise IncompleteDelegationError(
+            f"{stem}: only {coverage.delegated}/{coverage.total} LayerNorms delegated{cause}; see {coverage_path}"
+        )
+
+    stage(f"writing {pte_path}")
+    _save_atomic(prog, pte_path)
+    summary["pte"] = str(pte_path)
+    summary["pte_bytes"] = pte_path.stat().st_size
+    summary["export_seconds"] = round(time.perf_counter() - start, 2)
+    write_json_atomic(coverage_path, summary)
+    summary["coverage_json"] = str(coverage_path)
+    stage("done")
+    return summary
+
+
+def _save_atomic(prog: Any, path: Path) -> None:
+    """`prog.save` into a temp file beside `path`, then rename it over `path`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        prog.save(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _node_name(node: Any) -> str:
+    return getattr(node, "name", None) or str(node)

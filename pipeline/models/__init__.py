@@ -1,0 +1,140 @@
+"""The model zoo: `bart`, `florence2` and `whisper`, each ready for `pipeline.lower`.
+
+    spec = pipeline.models.build("bart", variant="base", seed=0)
+    spec.module(*spec.example_inputs)
+
+Each variant's architecture is the published checkpoint's configuration, embedded as package
+data (`configs/<name>-<variant>.json`); weights are seeded random unless `checkpoint=` names
+a local Hugging Face directory.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import PretrainedConfig
+
+from pipeline.models import bart, florence2, whisper
+from pipeline.models.checkpoint import config_from_dict, load_weights, read_config
+from pipeline.models.spec import CheckpointError, ModelFamily, ModelSpec
+
+__all__ = ["NAMES", "CheckpointError", "ModelFamily", "ModelSpec", "build", "default_variant", "family", "variants"]
+
+FAMILIES: dict[str, ModelFamily] = {f.name: f for f in (bart.FAMILY, florence2.FAMILY, whisper.FAMILY)}
+NAMES: tuple[str, ...] = tuple(FAMILIES)
+# A checkpoint whose architecture matches no embedded variant is reported under this name.
+CUSTOM_VARIANT = "custom"
+# SDPA exports to one aten op per attention and keeps dynamic sequence lengths symbolic.
+ATTENTION = "sdpa"
+
+
+def family(name: str) -> ModelFamily:
+    """The registry entry for `name`; ValueError listing the choices when there is none."""
+    try:
+        return FAMILIES[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown model {name!r}; choose one of {', '.join(NAMES)}") from None
+
+
+def variants(name: str) -> tuple[str, ...]:
+    """The variants of model `name`, smallest first."""
+    return family(name).variants
+
+
+def default_variant(name: str) -> str:
+    return family(name).default_variant
+
+
+@cache
+def _embedded(name: str, variant: str) -> dict[str, Any]:
+    text = resources.files("pipeline.models").joinpath("configs", f"{name}-{variant}.json").read_text()
+    return json.loads(text)
+
+
+def embedded_config(name: str, variant: str) -> PretrainedConfig:
+    """The published configuration of `name`/`variant` as shipped in the package."""
+    fam = family(name)
+    _check_variant(fam, variant)
+    return config_from_dict(_embedded(name, variant)["config"], fam, f"embedded config {name}-{variant}")
+
+
+def build(
+    name: str,
+    variant: str | None = None,
+    checkpoint: str | os.PathLike | None = None,
+    seed: int = 0,
+    dynamic: bool = False,
+    config: PretrainedConfig | None = None,
+) -> ModelSpec:
+    """Build model `name` in eval mode with example inputs for export.
+
+    variant: one of `variants(name)`; default the family's default. With `checkpoint`, the
+        variant is read from the checkpoint's architecture (`variant`, if given, must match).
+    checkpoint: a local Hugging Face directory (config.json + safetensors) of this family;
+        CheckpointError (a ValueError) names the directory and the cause when it cannot be used.
+    seed: seeds the random weights (when there is no checkpoint) and the example inputs.
+    dynamic: export with dynamic sequence lengths (only models that have one: bart).
+    config: build this config instead of an embedded one (for shrunken test models); the
+        spec's variant is then `custom`.
+    """
+    fam = family(name)
+    if variant is not None:
+        _check_variant(fam, variant)
+    if dynamic and fam.make_dynamic_shapes is None:
+        raise ValueError(f"dynamic=True: {name} has no dynamic dimension (only bart does)")
+    if checkpoint is not None and config is not None:
+        raise ValueError("pass either checkpoint= or config=, not both")
+
+    directory = Path(checkpoint) if checkpoint is not None else None
+    if directory is not None:
+        config = read_config(directory, fam)
+        matched = _matching_variant(fam, config)
+        if variant is not None and matched != variant:
+            raise CheckpointError(
+                f"checkpoint {directory}: its architecture is {name} {matched}, not the requested variant {variant}"
+            )
+        variant = matched
+    elif config is not None:
+        config = copy.deepcopy(config)  # the attention choice below must not leak into the caller's
+        variant = CUSTOM_VARIANT
+    else:
+        variant = variant or fam.default_variant
+        config = embedded_config(name, variant)
+    config._attn_implementation = ATTENTION
+
+    torch.manual_seed(seed)
+    module = fam.make_module(config)
+    if directory is not None:
+        load_weights(module, directory, fam)
+    module.eval()
+
+    preprocessor = _embedded(name, variant if variant != CUSTOM_VARIANT else fam.default_variant).get("preprocessor", {})
+    return ModelSpec(
+        name=name,
+        variant=variant,
+        module=module,
+        example_inputs=fam.make_inputs(config, preprocessor, seed),
+        dynamic_shapes=fam.make_dynamic_shapes(config) if dynamic else None,
+        config=config,
+        checkpoint=str(directory) if directory is not None else None,
+    )
+
+
+def _check_variant(fam: ModelFamily, variant: str) -> None:
+    if variant not in fam.variants:
+        raise ValueError(f"unknown {fam.name} variant {variant!r}; choose one of {', '.join(fam.variants)}")
+
+
+def _matching_variant(fam: ModelFamily, config: PretrainedConfig) -> str:
+    signature = fam.signature(config)
+    for variant in fam.variants:
+        if fam.signature(embedded_config(fam.name, variant)) == signature:
+            return variant
+    return CUSTOM_VARIANT

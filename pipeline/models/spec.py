@@ -1,0 +1,54 @@
+"""What the model zoo hands to the export pipeline, and how a model family plugs into it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers import PretrainedConfig
+
+
+class CheckpointError(ValueError):
+    """A `checkpoint=` directory that cannot be used: missing, broken, or of another model family."""
+
+
+@dataclass
+class ModelSpec:
+    """A model ready for `pipeline.lower`: the module, inputs to trace it with, and where it came from.
+
+    `dynamic_shapes` is None (static export) or a `torch.export` spec, one entry per
+    example input, in the same order.
+    """
+
+    name: str
+    variant: str
+    module: torch.nn.Module
+    example_inputs: tuple[torch.Tensor, ...]
+    dynamic_shapes: tuple[dict[int, Any] | None, ...] | None
+    config: PretrainedConfig
+    checkpoint: str | None = None
+
+
+@dataclass(frozen=True)
+class ModelFamily:
+    """One registry entry: how to build a family's module and its inputs from a config.
+
+    `weight_aliases` lists, for a module state-dict key, other checkpoint keys that hold the
+    same tensor (tied embeddings are saved once, under the tying model's name).
+    """
+
+    name: str
+    variants: tuple[str, ...]
+    default_variant: str
+    model_type: str
+    config_class: type[PretrainedConfig]
+    make_module: Callable[[PretrainedConfig], torch.nn.Module]
+    make_inputs: Callable[[PretrainedConfig, dict[str, Any], int], tuple[torch.Tensor, ...]]
+    # The config fields that fix the architecture; a checkpoint matching a variant on all of
+    # them is reported under that variant's name.
+    signature: Callable[[PretrainedConfig], tuple]
+    hidden_size: Callable[[PretrainedConfig], int]
+    make_dynamic_shapes: Callable[[PretrainedConfig], tuple[dict[int, Any] | None, ...]] | None = None
+    weight_aliases: dict[str, tuple[str, ...]] = field(default_factory=dict)

@@ -1,0 +1,70 @@
+"""`whisper`: the Whisper encoder — log-mel features of a 30 s window in, hidden states out."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import WhisperConfig, WhisperFeatureExtractor
+from transformers.models.whisper.modeling_whisper import WhisperEncoder
+
+from pipeline.models.spec import ModelFamily
+
+CLIP_SECONDS = 8.0
+
+
+class WhisperEncoderModel(torch.nn.Module):
+    """input_features (B, num_mel_bins, 3000) -> last_hidden_state (B, 1500, d_model)."""
+
+    def __init__(self, config: WhisperConfig) -> None:
+        super().__init__()
+        self.encoder = WhisperEncoder(config)
+
+    def forward(self, input_features: torch.Tensor) -> torch.Tensor:
+        return self.encoder(input_features).last_hidden_state
+
+
+def synthetic_speechlike(sampling_rate: int, seed: int) -> np.ndarray:
+    """A rising chirp (100 Hz to 4 kHz) under a syllable-rate envelope, plus seeded noise."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(int(CLIP_SECONDS * sampling_rate)) / sampling_rate
+    f0, f1 = 100.0, 4000.0
+    phase = 2 * math.pi * (f0 * t + (f1 - f0) * t**2 / (2 * CLIP_SECONDS))
+    # Peak 0.5, opening and closing four times a second like syllables.
+    envelope = 0.25 * (1 + np.sin(2 * math.pi * 4 * t))
+    wave = envelope * np.sin(phase) + 0.01 * rng.standard_normal(t.shape)
+    return wave.astype(np.float32)
+
+
+def make_inputs(config: WhisperConfig, preprocessor: dict[str, Any], seed: int) -> tuple[torch.Tensor]:
+    # The mel count comes from the model: large-v3 takes 128 bins, the others 80.
+    extractor = WhisperFeatureExtractor(
+        feature_size=config.num_mel_bins,
+        sampling_rate=preprocessor["sampling_rate"],
+        hop_length=preprocessor["hop_length"],
+        chunk_length=preprocessor["chunk_length"],
+        n_fft=preprocessor["n_fft"],
+        padding_value=preprocessor["padding_value"],
+    )
+    wave = synthetic_speechlike(preprocessor["sampling_rate"], seed)
+    # Pads to the 30 s window the encoder's positions are sized for.
+    features = extractor(wave, sampling_rate=preprocessor["sampling_rate"], return_tensors="pt").input_features
+    return (features.to(torch.float32),)
+
+
+FAMILY = ModelFamily(
+    name="whisper",
+    variants=("tiny", "base", "small", "medium", "large-v3"),
+    default_variant="base",
+    model_type="whisper",
+    config_class=WhisperConfig,
+    make_module=WhisperEncoderModel,
+    make_inputs=make_inputs,
+    signature=lambda c: (
+        c.d_model, c.encoder_layers, c.encoder_attention_heads, c.encoder_ffn_dim,
+        c.num_mel_bins, c.max_source_positions,
+    ),
+    hidden_size=lambda c: c.d_model,
+)

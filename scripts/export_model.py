@@ -1,0 +1,56 @@
+"""Export a model with every LayerNorm delegated to the WebGPU kernel: writes the .pte and its coverage.
+
+    python scripts/export_model.py bart
+    python scripts/export_model.py whisper --variant tiny --output-dir out/
+    python scripts/export_model.py bart --checkpoint path/to/bart-base --dynamic
+
+Writes <output-dir>/<model>-<variant>.pte and <model>-<variant>.coverage.json.
+Exit status: 0 done, 1 failed (one line on stderr), 2 bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from pipeline.export import export_model
+
+MODELS = ("bart", "florence2", "whisper")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("model", choices=MODELS, help="which model to export")
+    parser.add_argument("--variant", help="bart: base, large; florence2: base, large; "
+                        "whisper: tiny, base, small, medium, large-v3 (default: base)")
+    parser.add_argument("--checkpoint", metavar="DIR", help="local Hugging Face directory (config.json + safetensors)")
+    parser.add_argument("--output-dir", metavar="DIR", default="out", help="where to write the files (default: out/)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random weights and example inputs (default 0)")
+    parser.add_argument("--dynamic", action="store_true", help="dynamic sequence lengths (bart)")
+    args = parser.parse_args(argv)
+
+    from pipeline import models
+
+    if args.variant is not None and args.variant not in models.variants(args.model):
+        parser.error(f"argument --variant: invalid choice for {args.model}: {args.variant!r} "
+                     f"(choose from {', '.join(models.variants(args.model))})")
+    if args.dynamic and models.family(args.model).make_dynamic_shapes is None:
+        parser.error(f"argument --dynamic: {args.model} has no dynamic dimension")
+
+    try:
+        summary = export_model(
+            args.model, args.variant, args.checkpoint, args.output_dir, args.seed, args.dynamic,
+            progress=lambda line: print(line, file=sys.stderr, flush=True),
+        )
+    except Exception as exc:  # one line for the user, status 1
+        print(f"export_model: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 1
+    print(f"{summary['model']}-{summary['variant']}: {summary['delegated']}/{summary['layer_norm_ops']} "
+          f"LayerNorms delegated, {summary['pte_bytes'] / 1e6:.1f} MB, {summary['export_seconds']:.1f} s")
+    print(f"  {summary['pte']}\n  {summary['coverage_json']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+

@@ -1,0 +1,108 @@
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tiny_models import write_checkpoint
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "export_model.py"
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    # This checkout's package, whatever is installed in the environment.
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, env=env, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def cli():
+    """The script's module, for in-process calls of main(argv)."""
+    spec = importlib.util.spec_from_file_location("export_model_cli", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_unknown_model_exits_2_with_usage():
+    result = run_cli("nosuchmodel")
+    assert result.returncode == 2
+    assert result.stderr.startswith("usage:") and "invalid choice: 'nosuchmodel'" in result.stderr
+
+
+def test_cli_models_are_the_registry(cli):
+    from pipeline import models
+
+    assert cli.MODELS == models.NAMES
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [(["bart", "--variant", "tiny"], "invalid choice for bart: 'tiny'"), (["whisper", "--dynamic"], "no dynamic dimension")],
+)
+def test_bad_usage_exits_2(cli, capsys, argv, message):
+    with pytest.raises(SystemExit) as info:
+        cli.main(argv)
+    assert info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_bad_checkpoint_exits_1_with_one_line(tmp_path):
+    broken = tmp_path / "ckpt"
+    broken.mkdir()
+    (broken / "config.json").write_text('{"model_type": "whisper"}')
+    result = run_cli("bart", "--checkpoint", str(broken), "--output-dir", str(tmp_path / "out"))
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("export_model: ") and str(broken) in last and "'whisper'" in last
+    assert not (tmp_path / "out").exists()
+
+
+def _check_artifacts(out_dir: Path, stem: str, layer_norms: int) -> dict:
+    coverage = json.loads((out_dir / f"{stem}.coverage.json").read_text())
+    pte = out_dir / f"{stem}.pte"
+    assert coverage["layer_norm_ops"] == coverage["delegated"] == layer_norms
+    assert coverage["not_delegated"] == []
+    assert coverage["pte_bytes"] == pte.stat().st_size > 0
+    assert coverage["export_seconds"] > 0
+    assert sorted(p.name for p in out_dir.iterdir()) == sorted([pte.name, f"{stem}.coverage.json"])
+    return coverage
+
+
+@pytest.mark.slow
+def test_export_whisper_tiny(tmp_path):
+    result = run_cli("whisper", "--variant", "tiny", "--output-dir", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    coverage = _check_artifacts(tmp_path, "whisper-tiny", 9)
+    assert (coverage["model"], coverage["variant"]) == ("whisper", "tiny")
+
+
+def test_export_from_checkpoint_in_a_subprocess(tmp_path):
+    write_checkpoint("whisper", tmp_path / "ckpt")
+    result = run_cli("whisper", "--checkpoint", str(tmp_path / "ckpt"), "--output-dir", str(tmp_path / "out"))
+    assert result.returncode == 0, result.stderr
+    coverage = _check_artifacts(tmp_path / "out", "whisper-custom", 5)
+    assert coverage["checkpoint"] == str(tmp_path / "ckpt")
+    assert "5/5 LayerNorms delegated" in result.stdout
+    assert "lowering" in result.stderr
+
+
+@pytest.mark.parametrize(("name", "layer_norms", "extra"), [("bart", 7, ["--dynamic"]), ("florence2", 21, [])])
+def test_export_from_checkpoint(cli, capsys, tmp_path, name, layer_norms, extra):
+    write_checkpoint(name, tmp_path / "ckpt")
+    out_dir = tmp_path / "out"
+    assert cli.main([name, "--checkpoint", str(tmp_path / "ckpt"), "--output-dir", str(out_dir), *extra]) == 0
+    coverage = _check_artifacts(out_dir, f"{name}-custom", layer_norms)
+    assert coverage["checkpoint"] == str(tmp_path / "ckpt")
+    assert coverage["dynamic"] == ("--dynamic" in extra)
+    assert f"{layer_norms}/{layer_norms} LayerNorms delegated" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("name", "layer_norms"), [("bart", 19), ("florence2", 53), ("whisper", 13)])
+def test_export_default_variant(tmp_path, name, layer_norms):
+    result = run_cli(name, "--output-dir", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    _check_artifacts(tmp_path, f"{name}-base", layer_norms)
