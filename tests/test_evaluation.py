@@ -235,6 +235,22 @@ def test_report_files_hold_the_keys_and_an_embedded_png(gpu_info, blocks, tmp_pa
     assert "http" not in page  # self-contained
 
 
+def test_run_reports_writes_files_and_exits_1_on_a_failed_verdict(gpu_info, blocks, tmp_path, monkeypatch):
+    from pipeline.evaluation import runner
+
+    module, inputs, program = blocks
+    spec = SimpleNamespace(module=module, example_inputs=inputs, name="bart", variant="tiny")
+    monkeypatch.setattr(runner, "_build_and_lower", lambda name, variant, seed: (spec, program))
+    assert runner.run_reports("coverage", "bart", output_dir=tmp_path, progress=lambda line: None) == 0
+    real = runtime.native_layer_norm
+    monkeypatch.setattr(runtime, "native_layer_norm", lambda x, s, w=None, b=None, eps=1e-5: real(x, s, w, b, 0.0))
+    assert runner.run_reports("accuracy", "bart", output_dir=tmp_path, progress=lambda line: None) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        f"bart-tiny.{kind}.{ext}" for kind in ("accuracy", "coverage") for ext in ("html", "json", "md")
+    ]
+    assert json.loads((tmp_path / "bart-tiny.accuracy.json").read_text())["verdict"] == "fail"
+
+
 @pytest.mark.parametrize("script", ["coverage_audit", "accuracy_report"])
 def test_scripts_exit_2_on_bad_usage(script, capsys):
     import importlib.util
