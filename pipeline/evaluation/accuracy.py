@@ -1,0 +1,141 @@
+"""Accuracy: the delegated program against eager float32 and eager float64 (same weights).
+
+Verdict: outputs finite and delegated-vs-float64 max error <= 2 x eager-float32-vs-float64
+max error, i.e. delegation stays inside float32 eager's own error envelope.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+
+import torch
+from torch.utils._pytree import tree_leaves
+
+from pipeline.evaluation.coverage import match_calls, program_records
+from pipeline.evaluation.eager import run_eager, to_float64
+from pipeline.evaluation.metrics import compare, flatten_output
+
+ENVELOPE = 2.0
+
+
+@dataclass
+class LayerNormError:
+    """One delegated LayerNorm's output against eager's at the same module."""
+
+    module_path: str
+    node: str
+    delegate: str | None
+    origin: str
+    row_width: int
+    delegated_vs_fp64: float | None  # max abs error; None when not captured
+    delegated_vs_fp32: float | None
+    eager_fp32_vs_fp64: float | None
+    note: str = ""
+
+
+@dataclass
+class AccuracyReport:
+    model: str
+    variant: str | None
+    delegated_vs_fp64: dict
+    eager_fp32_vs_fp64: dict
+    layer_norms: list[LayerNormError] = field(default_factory=list)
+
+    @property
+    def worst_layer_norm(self) -> LayerNormError | None:
+        measured = [e for e in self.layer_norms if e.delegated_vs_fp64 is not None]
+        return max(measured, key=lambda e: _nan_high(e.delegated_vs_fp64), default=None)
+
+    @property
+    def passed(self) -> bool:
+        d, e = self.delegated_vs_fp64, self.eager_fp32_vs_fp64
+        return bool(d["finite"]) and d["max_abs"] <= ENVELOPE * e["max_abs"]
+
+    def as_dict(self) -> dict:
+        worst = self.worst_layer_norm
+        return {
+            "model": self.model,
+            "variant": self.variant,
+            "verdict": "pass" if self.passed else "fail",
+            "accuracy": {
+                "delegated_vs_fp64_max_abs": self.delegated_vs_fp64["max_abs"],
+                "eager_fp32_vs_fp64_max_abs": self.eager_fp32_vs_fp64["max_abs"],
+                "envelope": ENVELOPE,
+                "cosine": self.delegated_vs_fp64["cosine"],
+                "sqnr_db": self.delegated_vs_fp64["sqnr_db"],
+                "worst_layer_norm": None if worst is None else {
+                    "module_path": worst.module_path,
+                    "node": worst.node,
+                    "max_abs": worst.delegated_vs_fp64,
+                },
+                "delegated_vs_fp64": self.delegated_vs_fp64,
+                "eager_fp32_vs_fp64": self.eager_fp32_vs_fp64,
+            },
+            "layer_norms": [asdict(e) for e in self.layer_norms],
+        }
+
+
+def _nan_high(x: float) -> float:
+    return math.inf if math.isnan(x) else x
+
+
+def run_delegated(program, inputs: Sequence) -> tuple[object, dict[str, list[torch.Tensor]]]:
+    """Run the lowered program, capturing each delegate's flattened outputs by delegate name.
+
+    Relies on the executor's hook: `program(*inputs, on_delegate=fn)` calls
+    `fn(name, inputs, outputs)` after each delegate ran, `name` being the
+    `lowered_module_N` attribute of the edge graph.
+    """
+    captured: dict[str, list[torch.Tensor]] = {}
+
+    def on_delegate(name: str, args: Sequence, outputs: object) -> None:
+        captured[name] = [t.detach().clone() for t in tree_leaves(outputs) if isinstance(t, torch.Tensor)]
+
+    with torch.no_grad():
+        outputs = program(*inputs, on_delegate=on_delegate)
+    return outputs, captured
+
+
+def evaluate_accuracy(
+    module: torch.nn.Module,
+    inputs: Sequence,
+    program,
+    model: str = "",
+    variant: str | None = None,
+) -> AccuracyReport:
+    """Run eager float32, eager float64 and `program` on `inputs`; compare outputs and LayerNorms."""
+    fp32 = run_eager(module, inputs)
+    fp64 = run_eager(*to_float64(module, inputs))
+    delegated_out, captured = run_delegated(program, inputs)
+
+    reference = flatten_output(fp64.outputs)
+    report = AccuracyReport(
+        model=model,
+        variant=variant,
+        delegated_vs_fp64=compare(flatten_output(delegated_out), reference),
+        eager_fp32_vs_fp64=compare(flatten_output(fp32.outputs), reference),
+    )
+    records = program_records(program)
+    calls32, _ = match_calls(records, fp32.calls)
+    calls64, _ = match_calls(records, fp64.calls)
+    for rec, c32, c64 in zip(records, calls32, calls64):
+        if not rec.delegated:
+            continue
+        err = LayerNormError(rec.module_path, rec.node, rec.delegate, rec.origin, rec.row_width, None, None, None)
+        outputs = captured.get(rec.delegate, [])
+        if c32 is None or c64 is None:
+            err.note = "no eager call at this module"
+        elif rec.delegate_output_index is None or rec.delegate_output_index >= len(outputs):
+            err.note = "output not visible outside its delegate"
+        else:
+            got = outputs[rec.delegate_output_index]
+            if got.numel() != c64.reference.numel():
+                err.note = f"shape {list(got.shape)} vs eager {list(c64.reference.shape)}"
+            else:
+                err.delegated_vs_fp64 = compare(got, c64.reference)["max_abs"]
+                err.delegated_vs_fp32 = compare(got, c32.reference)["max_abs"]
+                err.eager_fp32_vs_fp64 = compare(c32.reference, c64.reference)["max_abs"]
+        report.layer_norms.append(err)
+    return report

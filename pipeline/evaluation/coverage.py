@@ -1,0 +1,111 @@
+"""Coverage audit: eager LayerNorm/GroupNorm calls vs LayerNorm ops in the lowered graph vs delegated."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from pipeline.evaluation.eager import NormCall, run_eager
+from pipeline.evaluation.graph import LayerNormRecord, layer_norm_records
+
+
+@dataclass
+class CoverageAudit:
+    """Verdict "complete" iff eager calls == graph ops == delegated (and the program agrees)."""
+
+    model: str
+    variant: str | None
+    eager_calls: int
+    eager_by_op: dict[str, int]
+    graph_ops: int
+    delegated: int
+    layer_norms: list[LayerNormRecord]
+    # Eager calls with no LayerNorm op at that module in the graph: "path (op)".
+    missing_from_graph: list[str] = field(default_factory=list)
+    # The lowered program's own counts, when they disagree with ours.
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def complete(self) -> bool:
+        return self.eager_calls == self.graph_ops == self.delegated and not self.notes
+
+    def as_dict(self) -> dict:
+        return {
+            "model": self.model,
+            "variant": self.variant,
+            "verdict": "complete" if self.complete else "incomplete",
+            "coverage": {
+                "eager_calls": self.eager_calls,
+                "eager_by_op": self.eager_by_op,
+                "graph_ops": self.graph_ops,
+                "delegated": self.delegated,
+            },
+            "missing_from_graph": self.missing_from_graph,
+            "notes": self.notes,
+            "layer_norms": [r.as_dict() for r in self.layer_norms],
+        }
+
+
+def program_records(program) -> list[LayerNormRecord]:
+    """Every LayerNorm of a lowered program (`pipeline.lower`'s result), in execution order."""
+    reasons = {_node_name(node): str(reason) for node, reason in program.coverage.not_delegated}
+    return layer_norm_records(program.edge.exported_program().graph_module, reasons)
+
+
+def _node_name(node) -> str:
+    return node if isinstance(node, str) else node.name
+
+
+def match_calls(
+    records: Sequence[LayerNormRecord], calls: Sequence[NormCall]
+) -> tuple[list[NormCall | None], list[NormCall]]:
+    """Pair each graph LayerNorm with the eager call at the same module and the same origin.
+
+    The k-th op at a module pairs with the k-th call there (a module may run twice).
+    Returns the call for each record (None when eager made no such call) and the
+    eager calls left over.
+    """
+    pending: dict[tuple[str, str], list[NormCall]] = {}
+    for call in calls:
+        pending.setdefault((call.module_path, call.op), []).append(call)
+    matched = []
+    for rec in records:
+        queue = pending.get((rec.module_path, rec.origin))
+        matched.append(queue.pop(0) if queue else None)
+    leftover = [c for queue in pending.values() for c in queue]
+    return matched, leftover
+
+
+def audit_coverage(
+    module: torch.nn.Module,
+    example_inputs: Sequence,
+    program,
+    model: str = "",
+    variant: str | None = None,
+) -> CoverageAudit:
+    """Hold what eager `module(*example_inputs)` runs against the lowered `program`'s LayerNorms."""
+    eager = run_eager(module, example_inputs, keep_tensors=False)
+    records = program_records(program)
+    _, leftover = match_calls(records, eager.calls)
+    delegated = sum(r.delegated for r in records)
+    notes = []
+    reported = program.coverage
+    if (reported.total, reported.delegated) != (len(records), delegated):
+        notes.append(
+            f"the program reports {reported.delegated}/{reported.total} delegated, "
+            f"the graph shows {delegated}/{len(records)}"
+        )
+    return CoverageAudit(
+        model=model,
+        variant=variant,
+        eager_calls=eager.count(),
+        eager_by_op=dict(Counter(c.op for c in eager.calls)),
+        graph_ops=len(records),
+        delegated=delegated,
+        layer_norms=records,
+        missing_from_graph=[f"{c.module_path or '<root>'} ({c.op})" for c in leftover],
+        notes=notes,
+    )

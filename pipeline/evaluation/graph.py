@@ -1,0 +1,177 @@
+"""Find every LayerNorm in a lowered program: the ones left in the edge graph and the
+ones inside each delegate.
+
+A delegated LayerNorm lives in a LoweredBackendModule's `original_module` graph; the
+edge graph holds an `executorch_call_delegate` node whose first argument is a
+`get_attr` of that module (`lowered_module_N`).
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from dataclasses import asdict, dataclass
+
+import torch
+
+DELEGATE_CALL = "executorch_call_delegate"
+
+
+@dataclass
+class LayerNormRecord:
+    """One native_layer_norm op of the lowered program, in execution order."""
+
+    module_path: str
+    input_shape: list[int | str]
+    row_width: int
+    affine: str  # "weight+bias", "weight", "bias" or "none"
+    origin: str  # "layer_norm" or "group_norm" (a reframed GroupNorm)
+    eps: float
+    delegated: bool
+    reason: str  # why it is not delegated; "" when it is
+    node: str  # the node's name in its graph
+    delegate: str | None = None  # the lowered_module_N attribute that runs it
+    # Where the op's output sits among the delegate's flattened outputs (None: not an output).
+    delegate_output_index: int | None = None
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def is_layer_norm(node: torch.fx.Node) -> bool:
+    """A call of aten.native_layer_norm.default, as an aten or an edge-dialect op."""
+    return node.op == "call_function" and _op_name(node.target) == "aten::native_layer_norm"
+
+
+def is_delegate_call(node: torch.fx.Node) -> bool:
+    return node.op == "call_function" and getattr(node.target, "__name__", "") == DELEGATE_CALL
+
+
+def _op_name(target) -> str:
+    schema = getattr(target, "_schema", None)
+    if schema is not None:
+        return schema.name
+    op = getattr(target, "_op", None)  # exir's EdgeOpOverload wraps the aten overload
+    return op._schema.name if op is not None else ""
+
+
+def layer_norm_records(
+    graph_module: torch.fx.GraphModule, not_delegated: dict[str, str] | None = None
+) -> list[LayerNormRecord]:
+    """Every native_layer_norm of `graph_module` (an edge program's), delegated or not.
+
+    `not_delegated` maps a node name to the reason the partitioner gave for leaving it
+    out (the lowered program's `coverage.not_delegated`).
+    """
+    reasons = not_delegated or {}
+    records: list[LayerNormRecord] = []
+    for node in graph_module.graph.nodes:
+        if is_layer_norm(node):
+            reason = reasons.get(node.name, "left in the edge graph (no reason recorded)")
+            records.append(_record(node, delegated=False, reason=reason))
+        elif is_delegate_call(node):
+            name = node.args[0].target
+            lowered = getattr(graph_module, name)
+            records.extend(delegated_records(name, lowered.original_module.graph_module))
+    return records
+
+
+def delegated_records(delegate: str, graph_module: torch.fx.GraphModule) -> list[LayerNormRecord]:
+    """The LayerNorms inside one delegate's original graph, with their output positions."""
+    positions = _output_leaf_positions(graph_module)
+    records = []
+    for node in graph_module.graph.nodes:
+        if is_layer_norm(node):
+            rec = _record(node, delegated=True, reason="")
+            rec.delegate = delegate
+            rec.delegate_output_index = positions.get(node.name)
+            records.append(rec)
+    return records
+
+
+def _output_leaf_positions(graph_module: torch.fx.GraphModule) -> dict[str, int]:
+    """Map a LayerNorm node name to the flat index of its normalized output among the graph's outputs.
+
+    A LayerNorm node returned whole contributes three leaves (out, mean, rstd); a
+    `getitem(ln, 0)` contributes one.
+    """
+    output = next(n for n in graph_module.graph.nodes if n.op == "output")
+    values = output.args[0]
+    values = values if isinstance(values, (list, tuple)) else [values]
+    positions: dict[str, int] = {}
+    index = 0
+    for value in values:
+        if isinstance(value, torch.fx.Node) and is_layer_norm(value):
+            positions.setdefault(value.name, index)
+        elif (
+            isinstance(value, torch.fx.Node)
+            and value.op == "call_function"
+            and value.target is operator.getitem
+            and isinstance(value.args[0], torch.fx.Node)
+            and is_layer_norm(value.args[0])
+            and value.args[1] == 0
+        ):
+            positions.setdefault(value.args[0].name, index)
+        index += _leaf_count(value)
+    return positions
+
+
+def _leaf_count(value) -> int:
+    val = value.meta.get("val") if isinstance(value, torch.fx.Node) else value
+    if isinstance(val, (list, tuple)):
+        return sum(_leaf_count(v) for v in val)
+    return 1
+
+
+def _record(node: torch.fx.Node, delegated: bool, reason: str) -> LayerNormRecord:
+    x, shape, weight, bias, eps = (list(node.args) + [None] * 5)[:5]
+    input_shape = [_dim(d) for d in x.meta["val"].shape]
+    affine = {(True, True): "weight+bias", (True, False): "weight", (False, True): "bias"}.get(
+        (weight is not None, bias is not None), "none"
+    )
+    return LayerNormRecord(
+        module_path=module_path(node),
+        input_shape=input_shape,
+        row_width=math.prod(int(d) for d in shape),
+        affine=affine,
+        origin=origin(node),
+        eps=float(eps),
+        delegated=delegated,
+        reason=reason,
+        node=node.name,
+    )
+
+
+def _dim(d) -> int | str:
+    return int(d) if isinstance(d, int) else str(d)  # a symbolic (dynamic) dim stays by name
+
+
+def module_path(node: torch.fx.Node) -> str:
+    """The innermost module that called this op, as a dotted path ('' for the root)."""
+    stack = node.meta.get("nn_module_stack") or {}
+    if not stack:
+        return ""
+    return list(stack.values())[-1][0]
+
+
+def origin(node: torch.fx.Node) -> str:
+    """'group_norm' when the op is a reframed GroupNorm, else 'layer_norm'.
+
+    A reframe keeps the group_norm's node metadata: its original aten op, its source
+    function, or the GroupNorm module that ran it.
+    """
+    original = node.meta.get("original_aten")
+    if original is not None and "group_norm" in str(original):
+        return "group_norm"
+    sources = node.meta.get("source_fn_stack") or []
+    if sources and "group_norm" in _source_name(sources[-1]).lower():
+        return "group_norm"
+    stack = node.meta.get("nn_module_stack") or {}
+    if stack and "GroupNorm" in str(list(stack.values())[-1][1]):
+        return "group_norm"
+    return "layer_norm"
+
+
+def _source_name(source) -> str:
+    fn = source[1] if isinstance(source, (list, tuple)) and len(source) > 1 else source
+    return getattr(fn, "__name__", str(fn))

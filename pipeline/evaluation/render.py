@@ -1,0 +1,133 @@
+"""Coverage audit and accuracy report as Markdown, HTML and a one-screen summary."""
+
+from __future__ import annotations
+
+import html
+
+from pipeline.evaluation.report import error_plot, fmt, html_page, html_table, markdown_table, png_img
+
+_COVERAGE_HEADERS = ["#", "module", "input shape", "row width", "affine", "origin", "delegated", "reason"]
+_ACCURACY_HEADERS = ["#", "module", "origin", "row width", "delegated vs fp64", "delegated vs fp32",
+                     "eager fp32 vs fp64", "note"]
+
+
+def _title(data: dict, kind: str) -> str:
+    variant = f" ({data['variant']})" if data.get("variant") else ""
+    return f"{kind}: {data['model']}{variant}"
+
+
+def _env_lines(env: dict) -> list[str]:
+    versions = ", ".join(f"{k} {v}" for k, v in env.get("versions", {}).items())
+    return [
+        f"adapter: {env.get('adapter', '?')} ({env.get('backend', '?')})",
+        f"seed: {env.get('seed')}",
+        f"versions: {versions}",
+    ]
+
+
+def _coverage_rows(data: dict) -> list[list[object]]:
+    return [
+        [i, r["module_path"] or "<root>", "x".join(str(d) for d in r["input_shape"]), r["row_width"],
+         r["affine"], r["origin"], "yes" if r["delegated"] else "NO", r["reason"]]
+        for i, r in enumerate(data["layer_norms"])
+    ]
+
+
+def _coverage_summary(data: dict) -> list[str]:
+    c = data["coverage"]
+    lines = [
+        f"verdict: {data['verdict']}",
+        f"eager calls: {c['eager_calls']} {c['eager_by_op']}  graph ops: {c['graph_ops']}  "
+        f"delegated: {c['delegated']}",
+    ]
+    lines += [f"eager call missing from graph: {m}" for m in data["missing_from_graph"]]
+    lines += [f"note: {n}" for n in data["notes"]]
+    return lines
+
+
+def coverage_markdown(data: dict) -> str:
+    parts = [f"# {_title(data, 'Coverage audit')}", ""]
+    parts += [f"- {line}" for line in _coverage_summary(data) + _env_lines(data["environment"])]
+    parts += ["", markdown_table(_COVERAGE_HEADERS, _coverage_rows(data)), ""]
+    return "\n".join(parts)
+
+
+def coverage_html(data: dict) -> str:
+    cls = "pass" if data["verdict"] == "complete" else "fail"
+    summary = "".join(f"<li>{html.escape(line)}</li>" for line in
+                      _coverage_summary(data) + _env_lines(data["environment"]))
+    return html_page(
+        _title(data, "Coverage audit"),
+        [f"<h2 class='{cls}'>{html.escape(data['verdict'])}</h2><ul>{summary}</ul>",
+         html_table(_COVERAGE_HEADERS, _coverage_rows(data))],
+    )
+
+
+def coverage_line(data: dict) -> str:
+    c = data["coverage"]
+    return (f"{data['model']:<10} {data['verdict']:<10} eager {c['eager_calls']:>3}  graph {c['graph_ops']:>3}  "
+            f"delegated {c['delegated']:>3}")
+
+
+def _accuracy_rows(data: dict) -> list[list[object]]:
+    return [
+        [i, e["module_path"] or "<root>", e["origin"], e["row_width"], e["delegated_vs_fp64"],
+         e["delegated_vs_fp32"], e["eager_fp32_vs_fp64"], e["note"]]
+        for i, e in enumerate(data["layer_norms"])
+    ]
+
+
+def _accuracy_summary(data: dict) -> list[str]:
+    a = data["accuracy"]
+    d, e = a["delegated_vs_fp64"], a["eager_fp32_vs_fp64"]
+    worst = a["worst_layer_norm"]
+    return [
+        f"verdict: {data['verdict']} (delegated max error <= {fmt(a['envelope'])} x eager fp32's, outputs finite)",
+        f"delegated vs fp64: max abs {fmt(d['max_abs'])}, rel L2 {fmt(d['rel_l2'])}, "
+        f"cosine {d['cosine']:.9f}, SQNR {fmt(d['sqnr_db'])} dB, finite {d['finite']}",
+        f"eager fp32 vs fp64: max abs {fmt(e['max_abs'])}, rel L2 {fmt(e['rel_l2'])}, "
+        f"cosine {e['cosine']:.9f}, SQNR {fmt(e['sqnr_db'])} dB",
+        "worst LayerNorm: " + ("–" if worst is None else f"{worst['module_path'] or '<root>'} "
+                                                          f"({worst['node']}) max abs {fmt(worst['max_abs'])}"),
+    ]
+
+
+def accuracy_plot(data: dict) -> bytes:
+    rows = data["layer_norms"]
+    return error_plot(
+        [e["module_path"] for e in rows],
+        {
+            "delegated vs eager fp64": [e["delegated_vs_fp64"] for e in rows],
+            "eager fp32 vs eager fp64": [e["eager_fp32_vs_fp64"] for e in rows],
+            "delegated vs eager fp32": [e["delegated_vs_fp32"] for e in rows],
+        },
+        f"per-LayerNorm error: {data['model']}",
+    )
+
+
+def accuracy_markdown(data: dict) -> str:
+    parts = [f"# {_title(data, 'Accuracy report')}", ""]
+    parts += [f"- {line}" for line in _accuracy_summary(data) + _env_lines(data["environment"])]
+    parts += ["", "Per-LayerNorm max abs error (the HTML page has the plot):", "",
+              markdown_table(_ACCURACY_HEADERS, _accuracy_rows(data)), ""]
+    return "\n".join(parts)
+
+
+def accuracy_html(data: dict) -> str:
+    cls = "pass" if data["verdict"] == "pass" else "fail"
+    summary = "".join(f"<li>{html.escape(line)}</li>" for line in
+                      _accuracy_summary(data) + _env_lines(data["environment"]))
+    return html_page(
+        _title(data, "Accuracy report"),
+        [f"<h2 class='{cls}'>{html.escape(data['verdict'])}</h2><ul>{summary}</ul>",
+         png_img(accuracy_plot(data), "per-LayerNorm max abs error"),
+         html_table(_ACCURACY_HEADERS, _accuracy_rows(data))],
+    )
+
+
+def accuracy_line(data: dict) -> str:
+    a = data["accuracy"]
+    worst = a["worst_layer_norm"]
+    return (f"{data['model']:<10} {data['verdict']:<5} delegated {fmt(a['delegated_vs_fp64_max_abs']):>8}  "
+            f"eager fp32 {fmt(a['eager_fp32_vs_fp64_max_abs']):>8}  cos {a['cosine']:.7f}  "
+            f"SQNR {fmt(a['sqnr_db'])} dB  worst LN {'–' if worst is None else worst['module_path']}")

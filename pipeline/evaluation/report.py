@@ -1,0 +1,103 @@
+"""Write reports: JSON, Markdown and one self-contained HTML page (plot embedded as PNG)."""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import math
+from pathlib import Path
+
+from pipeline.ioutil import write_bytes_atomic, write_json_atomic, write_text_atomic
+
+
+def json_safe(obj: object) -> object:
+    """Non-finite floats become the strings "inf", "-inf", "nan" (strict JSON has no such numbers)."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    return obj
+
+
+def fmt(x: object) -> str:
+    if x is None:
+        return "–"
+    if isinstance(x, float):
+        return f"{x:.3g}"
+    return str(x)
+
+
+def markdown_table(headers: list[str], rows: list[list[object]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    for row in rows:
+        lines.append("| " + " | ".join(fmt(c).replace("|", "\\|") for c in row) + " |")
+    return "\n".join(lines)
+
+
+def html_table(headers: list[str], rows: list[list[object]]) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(fmt(c))}</td>" for c in row) + "</tr>" for row in rows
+    )
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+_CSS = (
+    "body{font-family:sans-serif;margin:2em;max-width:80em}"
+    "table{border-collapse:collapse;font-size:0.85em}"
+    "td,th{border:1px solid #ccc;padding:2px 6px;text-align:left}"
+    ".pass{color:#070}.fail{color:#b00}"
+)
+
+
+def html_page(title: str, sections: list[str]) -> str:
+    """A complete page with no outside references (styles inline, images as data: URLs)."""
+    return (
+        "<!DOCTYPE html>\n<html><head><meta charset='utf-8'>"
+        f"<title>{html.escape(title)}</title><style>{_CSS}</style></head>"
+        f"<body><h1>{html.escape(title)}</h1>{''.join(sections)}</body></html>\n"
+    )
+
+
+def png_img(png: bytes, alt: str) -> str:
+    data = base64.b64encode(png).decode("ascii")
+    return f"<img alt='{html.escape(alt)}' src='data:image/png;base64,{data}'>"
+
+
+def error_plot(labels: list[str], series: dict[str, list[float | None]], title: str) -> bytes:
+    """A PNG of per-LayerNorm errors (log scale), one line of markers per series."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display: render to memory
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.12 * len(labels) + 4), 4), dpi=100)
+    x = list(range(len(labels)))
+    for (name, values), marker in zip(series.items(), "os^"):
+        # Zero errors cannot sit on a log axis; show them at the axis floor.
+        ys = [math.nan if v is None else max(v, 1e-12) for v in values]
+        ax.plot(x, ys, marker=marker, linestyle="none", markersize=4, label=name)
+    ax.set_yscale("log")
+    ax.set_xlabel("LayerNorm (execution order)")
+    ax.set_ylabel("max abs error")
+    ax.set_title(title)
+    ax.legend(loc="best", fontsize="small")
+    ax.grid(True, which="major", alpha=0.3)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def write_report(out_dir: str | Path, stem: str, data: dict, markdown: str, page: str) -> list[Path]:
+    """Write STEM.json, STEM.md and STEM.html under `out_dir`, each atomically."""
+    out = Path(out_dir)
+    paths = [out / f"{stem}.json", out / f"{stem}.md", out / f"{stem}.html"]
+    write_json_atomic(paths[0], json_safe(data))
+    write_text_atomic(paths[1], markdown)
+    write_bytes_atomic(paths[2], page.encode("utf-8"))
+    return paths

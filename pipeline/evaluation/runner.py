@@ -1,0 +1,121 @@
+"""What the report scripts do: build each model, lower it, evaluate, write files, summarise."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from importlib import metadata
+from pathlib import Path
+
+import torch
+
+from pipeline.evaluation.accuracy import evaluate_accuracy
+from pipeline.evaluation.coverage import audit_coverage
+from pipeline.evaluation.render import (
+    accuracy_html,
+    accuracy_line,
+    accuracy_markdown,
+    coverage_html,
+    coverage_line,
+    coverage_markdown,
+)
+from pipeline.evaluation.report import write_report
+
+MODEL_NAMES = ("bart", "florence2", "whisper")
+DEFAULT_OUTPUT_DIR = Path("out/reports")
+
+
+def environment(seed: int) -> dict:
+    """Adapter, backend, seed and the versions of what the result depends on."""
+    from pipeline import runtime
+
+    info = runtime.device_info()
+    versions = {}
+    for package in ("torch", "executorch", "transformers", "wgpu", "numpy"):
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            versions[package] = "not installed"
+    return {"adapter": info["adapter"], "backend": info["backend"], "seed": seed, "versions": versions}
+
+
+def resolve_models(name: str) -> list[str]:
+    """`all` or one model name; ValueError naming the argument otherwise."""
+    if name == "all":
+        return list(MODEL_NAMES)
+    if name not in MODEL_NAMES:
+        raise ValueError(f"model must be one of {', '.join(MODEL_NAMES)} or 'all', got {name!r}")
+    return [name]
+
+
+def _build_and_lower(name: str, variant: str | None, seed: int):
+    import pipeline
+
+    torch.manual_seed(seed)
+    spec = pipeline.models.build(name, variant=variant, seed=seed)
+    program = pipeline.lower(spec.module, spec.example_inputs, spec.dynamic_shapes)
+    return spec, program
+
+
+def _stem(model: str, variant: str | None, kind: str) -> str:
+    return f"{model}-{variant}.{kind}" if variant else f"{model}.{kind}"
+
+
+def coverage_for(spec, program, seed: int) -> dict:
+    """The coverage audit of one built model and its lowered program, as a report dict."""
+    audit = audit_coverage(spec.module, spec.example_inputs, program, model=spec.name, variant=spec.variant)
+    env = environment(seed)
+    return {**audit.as_dict(), "adapter": env["adapter"], "environment": env}
+
+
+def accuracy_for(spec, program, seed: int) -> dict:
+    """The accuracy report (with its coverage counts) of one built model, as a report dict."""
+    audit = audit_coverage(spec.module, spec.example_inputs, program, model=spec.name, variant=spec.variant)
+    report = evaluate_accuracy(spec.module, spec.example_inputs, program, model=spec.name, variant=spec.variant)
+    env = environment(seed)
+    return {**report.as_dict(), "coverage": audit.as_dict()["coverage"], "adapter": env["adapter"],
+            "environment": env}
+
+
+def run_reports(
+    kind: str,
+    model: str,
+    variant: str | None = None,
+    output_dir: str | Path = DEFAULT_OUTPUT_DIR,
+    seed: int = 0,
+    progress: Callable[[str], None] = print,
+) -> int:
+    """Run the coverage audit (`kind="coverage"`) or accuracy report (`"accuracy"`) for `model` or `all`.
+
+    Writes MODEL[-VARIANT].KIND.{json,md,html} under `output_dir`, prints one summary
+    line per model, and returns the exit status: 0 when every verdict passes, 1 otherwise.
+    """
+    if kind not in ("coverage", "accuracy"):
+        raise ValueError(f"kind must be 'coverage' or 'accuracy', got {kind!r}")
+    names = resolve_models(model)
+    lines, failed = [], []
+    for name in names:
+        progress(f"[{name}] building and lowering ...")
+        spec, program = _build_and_lower(name, variant, seed)
+        progress(f"[{name}] evaluating {kind} ...")
+        if kind == "coverage":
+            data = coverage_for(spec, program, seed)
+            markdown, page, line, ok = (coverage_markdown(data), coverage_html(data), coverage_line(data),
+                                        data["verdict"] == "complete")
+        else:
+            data = accuracy_for(spec, program, seed)
+            markdown, page, line, ok = (accuracy_markdown(data), accuracy_html(data), accuracy_line(data),
+                                        data["verdict"] == "pass")
+        paths = write_report(output_dir, _stem(name, spec.variant, kind), data, markdown, page)
+        progress(f"[{name}] wrote {', '.join(str(p) for p in paths)}")
+        lines.append(line)
+        if not ok:
+            failed.append(name)
+    env = environment(seed)
+    progress("")
+    progress(f"{kind} on {env['adapter']} ({env['backend']}), seed {seed}")
+    for line in lines:
+        progress(line)
+    if failed:
+        print(f"{kind}: verdict failed for {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0

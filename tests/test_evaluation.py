@@ -1,0 +1,265 @@
+"""The evaluator: dispatcher counting, graph walk, metrics, reports, and a broken delegate caught."""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils._pytree import tree_leaves
+
+from pipeline import runtime
+from pipeline.evaluation import audit_coverage, compare, evaluate_accuracy, flatten_output, run_eager
+from pipeline.evaluation.graph import origin
+from pipeline.evaluation.render import accuracy_html
+from pipeline.evaluation.report import write_report
+from pipeline.evaluation.runner import accuracy_for
+
+
+class Counted(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ln = nn.LayerNorm(8)
+        self.gn = nn.GroupNorm(2, 4)
+        self.unused = nn.LayerNorm(8)
+
+    def forward(self, x, y):
+        h = F.layer_norm(self.ln(x), (8,), eps=1e-6)
+        return h, self.gn(y)
+
+
+def test_dispatcher_counts_functional_calls_and_group_norm_not_uncalled_modules():
+    run = run_eager(Counted(), (torch.randn(2, 3, 8), torch.randn(2, 4, 5)))
+    assert [(c.op, c.module_path) for c in run.calls] == [
+        ("layer_norm", "ln"),
+        ("layer_norm", ""),  # F.layer_norm in the root's forward
+        ("group_norm", "gn"),
+    ]
+
+
+def test_group_norm_reference_is_the_pre_affine_normalization():
+    m = Counted()
+    nn.init.normal_(m.gn.weight)
+    y = torch.randn(2, 4, 5)
+    call = run_eager(m, (torch.randn(2, 3, 8), y)).calls[2]
+    expected = F.group_norm(y, 2, eps=m.gn.eps).reshape(2, 2, 10)
+    torch.testing.assert_close(call.reference, expected)
+
+
+def test_metrics_against_hand_computed_values():
+    m = compare(torch.tensor([1.0, 2.0, 3.0]), torch.tensor([1.0, 2.0, 2.0]))
+    assert m["max_abs"] == 1.0
+    assert m["rel_l2"] == pytest.approx(1 / 3)
+    assert m["cosine"] == pytest.approx(11 / (3 * math.sqrt(14)))
+    assert m["sqnr_db"] == pytest.approx(10 * math.log10(9))
+    same = compare(torch.ones(4), torch.ones(4))
+    assert (same["max_abs"], same["cosine"], same["sqnr_db"]) == (0.0, 1.0, math.inf)
+    assert compare(torch.tensor([math.nan]), torch.tensor([1.0]))["finite"] is False
+    with pytest.raises(ValueError, match="elements"):
+        compare(torch.ones(3), torch.ones(4))
+
+
+def test_flatten_output_takes_floating_leaves_only():
+    out = flatten_output({"a": torch.ones(2), "b": (torch.zeros(1, 2), torch.arange(3))})
+    assert out.tolist() == [1.0, 1.0, 0.0, 0.0] and out.dtype == torch.float64
+
+
+def test_origin_recognises_a_reframed_group_norm():
+    graph = torch.fx.Graph()
+    node = graph.call_function(torch.ops.aten.native_layer_norm.default, ())
+    assert origin(node) == "layer_norm"
+    node.meta["original_aten"] = torch.ops.aten.native_group_norm.default
+    assert origin(node) == "group_norm"
+
+
+# A stand-in for the delegation branch: a partitioner tagging each native_layer_norm,
+# a backend that keeps the graph, and an executor that runs delegated LayerNorms on the
+# runtime kernel and reports each delegate call through `on_delegate`.
+
+
+class Blocks(nn.Module):
+    """Affine, weight-only and weight-less LayerNorms; eps=0.1 makes a dropped eps visible."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.proj = nn.Linear(32, 32)
+        self.norm = nn.LayerNorm(32, eps=0.1)
+        self.layers = nn.ModuleList([nn.LayerNorm(32, bias=False), nn.LayerNorm(32, elementwise_affine=False)])
+        with torch.no_grad():
+            self.norm.weight.normal_(1.0, 0.2)
+            self.norm.bias.normal_(0.0, 0.2)
+
+    def forward(self, x):
+        h = self.norm(self.proj(x))
+        for layer in self.layers:
+            h = layer(torch.tanh(h) * 3.0)
+        return self.proj(h)
+
+
+def _stand_in(module: nn.Module, inputs: tuple, skip_weightless: bool = False):
+    from executorch.exir import to_edge_transform_and_lower
+    from executorch.exir.backend.backend_details import BackendDetails, PreprocessResult
+    from executorch.exir.backend.partitioner import DelegationSpec, Partitioner, PartitionResult
+
+    from pipeline.evaluation.graph import is_delegate_call, is_layer_norm
+
+    class EvaluationTestBackend(BackendDetails):
+        @staticmethod
+        def preprocess(edge_program, compile_specs):
+            return PreprocessResult(processed_bytes=b"")
+
+    skipped = []
+
+    class EvaluationTestPartitioner(Partitioner):
+        def partition(self, ep):
+            spec = DelegationSpec(EvaluationTestBackend.__name__, [])
+            tags = {}
+            for i, node in enumerate(ep.graph_module.graph.nodes):
+                if not is_layer_norm(node):
+                    continue
+                if skip_weightless and node.args[2] is None:
+                    skipped.append((node, "weight-less LayerNorm refused by the test partitioner"))
+                    continue
+                node.meta["delegation_tag"] = f"ln{i}"
+                tags[f"ln{i}"] = spec
+            return PartitionResult(tagged_exported_program=ep, partition_tags=tags)
+
+    edge = to_edge_transform_and_lower(torch.export.export(module, inputs), partitioner=[EvaluationTestPartitioner()])
+    top = edge.exported_program().graph_module.graph.nodes
+    delegated = sum(
+        is_layer_norm(n)
+        for d in top if is_delegate_call(d)
+        for n in getattr(edge.exported_program().graph_module, d.args[0].target).original_module.graph.nodes
+    )
+
+    class Kernel(torch.fx.Interpreter):
+        def call_function(self, target, args, kwargs):
+            if is_layer_norm(SimpleNamespace(op="call_function", target=target)):
+                return runtime.native_layer_norm(*args)  # looked up per call, so tests can break it
+            return super().call_function(target, args, kwargs)
+
+    class Executor(torch.fx.Interpreter):
+        def __init__(self, gm, on_delegate):
+            super().__init__(gm)
+            self.on_delegate = on_delegate
+
+        def run_node(self, node):
+            if not is_delegate_call(node):
+                return super().run_node(node)
+            lowered, *xs = self.map_nodes_to_values(node.args, node)
+            outputs = tuple(tree_leaves(Kernel(lowered.original_module.module()).run(*xs)))
+            if self.on_delegate is not None:
+                self.on_delegate(node.args[0].target, xs, outputs)
+            return outputs
+
+    class Program:
+        coverage = SimpleNamespace(total=delegated + len(skipped), delegated=delegated, not_delegated=skipped)
+
+        def __init__(self):
+            self.edge = edge
+
+        def __call__(self, *args, on_delegate=None):
+            gm = edge.exported_program().module()
+            return Executor(gm, on_delegate).run(*args)
+
+    return Program()
+
+
+@pytest.fixture(scope="module")
+def blocks():
+    module = Blocks().eval()
+    inputs = (torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(1)) * 4,)
+    return module, inputs, _stand_in(module, inputs)
+
+
+def test_coverage_complete_with_per_layer_norm_table(blocks):
+    module, inputs, program = blocks
+    audit = audit_coverage(module, inputs, program, model="blocks")
+    assert audit.complete and (audit.eager_calls, audit.graph_ops, audit.delegated) == (3, 3, 3)
+    rows = [(r.module_path, r.input_shape, r.row_width, r.affine, r.origin, r.delegated) for r in audit.layer_norms]
+    assert rows == [
+        ("norm", [2, 5, 32], 32, "weight+bias", "layer_norm", True),
+        ("layers.0", [2, 5, 32], 32, "weight", "layer_norm", True),
+        ("layers.1", [2, 5, 32], 32, "none", "layer_norm", True),
+    ]
+
+
+def test_coverage_incomplete_names_the_reason_and_the_missing_eager_call():
+    module, inputs = Blocks().eval(), (torch.randn(1, 3, 32),)
+    audit = audit_coverage(module, inputs, _stand_in(module, inputs, skip_weightless=True))
+    assert not audit.complete and (audit.graph_ops, audit.delegated) == (3, 2)
+    assert audit.layer_norms[2].reason == "weight-less LayerNorm refused by the test partitioner"
+
+    counted = Counted()
+    pair = (torch.randn(2, 3, 8), torch.randn(2, 4, 5))
+    audit = audit_coverage(counted, pair, _stand_in(counted, pair))
+    assert (audit.eager_calls, audit.graph_ops, audit.delegated) == (3, 2, 2)
+    assert audit.missing_from_graph == ["gn (group_norm)"] and not audit.complete
+
+
+def test_accuracy_passes_and_names_the_worst_layer_norm(gpu_info, blocks):
+    report = evaluate_accuracy(*blocks, model="blocks")
+    assert report.passed, report.as_dict()["accuracy"]
+    assert [e.module_path for e in report.layer_norms] == ["norm", "layers.0", "layers.1"]
+    assert all(e.delegated_vs_fp64 is not None and e.delegated_vs_fp64 < 1e-4 for e in report.layer_norms)
+    assert report.worst_layer_norm is not None
+
+
+def test_a_delegate_with_eps_dropped_fails_the_verdict(gpu_info, blocks, monkeypatch):
+    real = runtime.native_layer_norm
+    monkeypatch.setattr(runtime, "native_layer_norm", lambda x, shape, w=None, b=None, eps=1e-5: real(x, shape, w, b, 0.0))
+    report = evaluate_accuracy(*blocks, model="blocks")
+    assert not report.passed
+    assert report.worst_layer_norm.module_path == "norm"  # the only LayerNorm with a large eps
+
+
+def test_report_files_hold_the_keys_and_an_embedded_png(gpu_info, blocks, tmp_path):
+    module, inputs, program = blocks
+    spec = SimpleNamespace(module=module, example_inputs=inputs, name="blocks", variant="tiny")
+    data = accuracy_for(spec, program, seed=0)
+    paths = write_report(tmp_path, "blocks-tiny.accuracy", data, "# md\n", accuracy_html(data))
+    saved = json.loads(paths[0].read_text())
+    assert {"model", "variant", "adapter", "coverage", "accuracy"} <= saved.keys()
+    assert {"eager_calls", "graph_ops", "delegated"} <= saved["coverage"].keys()
+    assert {"delegated_vs_fp64_max_abs", "eager_fp32_vs_fp64_max_abs", "cosine", "sqnr_db",
+            "worst_layer_norm"} <= saved["accuracy"].keys()
+    page = paths[2].read_text()
+    encoded = page.split("data:image/png;base64,")[1].split("'")[0]
+    assert base64.b64decode(encoded).startswith(b"\x89PNG\r\n\x1a\n")
+    assert "http" not in page  # self-contained
+
+
+def test_run_reports_writes_files_and_exits_1_on_a_failed_verdict(gpu_info, blocks, tmp_path, monkeypatch):
+    from pipeline.evaluation import runner
+
+    module, inputs, program = blocks
+    spec = SimpleNamespace(module=module, example_inputs=inputs, name="bart", variant="tiny")
+    monkeypatch.setattr(runner, "_build_and_lower", lambda name, variant, seed: (spec, program))
+    assert runner.run_reports("coverage", "bart", output_dir=tmp_path, progress=lambda line: None) == 0
+    real = runtime.native_layer_norm
+    monkeypatch.setattr(runtime, "native_layer_norm", lambda x, s, w=None, b=None, eps=1e-5: real(x, s, w, b, 0.0))
+    assert runner.run_reports("accuracy", "bart", output_dir=tmp_path, progress=lambda line: None) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        f"bart-tiny.{kind}.{ext}" for kind in ("accuracy", "coverage") for ext in ("html", "json", "md")
+    ]
+    assert json.loads((tmp_path / "bart-tiny.accuracy.json").read_text())["verdict"] == "fail"
+
+
+@pytest.mark.parametrize("script", ["coverage_audit", "accuracy_report"])
+def test_scripts_exit_2_on_bad_usage(script, capsys):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "scripts" / f"{script}.py"
+    spec = importlib.util.spec_from_file_location(script, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    with pytest.raises(SystemExit) as exc:
+        mod.main(["llama"])
+    assert exc.value.code == 2
