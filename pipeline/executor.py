@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -47,9 +47,21 @@ class Coverage:
 class _DelegatingInterpreter(torch.fx.Interpreter):
     """Runs the lowered graph eagerly, sending each delegate call to its decoded blob."""
 
-    def __init__(self, gm: torch.fx.GraphModule, delegates: dict[int, LayerNormDelegate]) -> None:
+    def __init__(
+        self,
+        gm: torch.fx.GraphModule,
+        delegates: dict[int, LayerNormDelegate],
+        on_delegate: Callable[[str, tuple, tuple], None] | None = None,
+    ) -> None:
         super().__init__(gm, garbage_collect_values=True)
         self.delegates = delegates
+        self.on_delegate = on_delegate
+
+    def run_node(self, n: torch.fx.Node):
+        result = super().run_node(n)
+        if self.on_delegate is not None and n.op == "call_function" and n.target is _CALL_DELEGATE:
+            self.on_delegate(n.args[0].target, self.fetch_args_kwargs_from_env(n)[0][1:], result)
+        return result
 
     def call_function(self, target, args, kwargs):
         if target is _CALL_DELEGATE:
@@ -92,8 +104,13 @@ class LoweredProgram:
     def num_delegates(self) -> int:
         return len(self._delegates)
 
-    def __call__(self, *inputs):
-        """Run the program; returns outputs structured like `module(*inputs)`."""
+    def __call__(self, *inputs, on_delegate: Callable[[str, tuple, tuple], None] | None = None):
+        """Run the program; returns outputs structured like `module(*inputs)`.
+
+        `on_delegate(name, inputs, outputs)` is called after each delegate ran, `name` being
+        its `lowered_module_N` attribute in the edge graph (the evaluator compares each
+        delegated LayerNorm's output with eager's through it).
+        """
         call_spec = self._program.call_spec
         flat, spec = pytree.tree_flatten((inputs, {}))
         if call_spec.in_spec is not None and spec != call_spec.in_spec:
@@ -114,7 +131,7 @@ class LoweredProgram:
                 raise NotImplementedError(f"exported input kind {kind.name} is not supported")
         with torch.no_grad():
             # A fresh interpreter per call: it keeps per-run state, so calls stay independent.
-            interpreter = _DelegatingInterpreter(self._program.graph_module, self._delegates)
+            interpreter = _DelegatingInterpreter(self._program.graph_module, self._delegates, on_delegate)
             results = interpreter.run(*args, enable_io_processing=False)
         outputs = []
         for (kind, target), value in zip(self._output_kinds, results):
