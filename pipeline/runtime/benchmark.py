@@ -58,14 +58,10 @@ def candidate_configs(width: int, subgroup_size: int, affine: bool = True) -> li
                 continue
             if threads > 2 * row_vecs:
                 continue
-            for rows_per_thread in (1, 2):
-                if rows_per_thread * slots * vec > MAX_FLOATS_PER_THREAD:
-                    continue
-                config = replace(default, threads_per_row=threads, slots=slots, workgroup=workgroup,
-                                 row_in_subgroup=0 < threads <= subgroup_size, cached=True,
-                                 rows_per_thread=rows_per_thread)
-                if config not in configs:
-                    configs.append(config)
+            config = replace(default, threads_per_row=threads, slots=slots, workgroup=workgroup,
+                             row_in_subgroup=0 < threads <= subgroup_size, cached=True)
+            if config not in configs:
+                configs.append(config)
     return configs
 
 
@@ -319,7 +315,7 @@ def run_benchmark(shapes: list[tuple[int, int]], repeats: int = 100, sweep: bool
             result["config"] = asdict(configs[0])
             result["sweep"] = sorted(
                 ({"us": round(t[0], 2), "isolated_us": round(t[1], 2), "threads_per_row": c.threads_per_row,
-                  "workgroup": c.workgroup, "slots": c.slots, "rows_per_thread": c.rows_per_thread} for c, t in zip(configs, times)),
+                  "workgroup": c.workgroup, "slots": c.slots} for c, t in zip(configs, times)),
                 key=lambda r: r["us"])
         results.append(result)
         best = f" | best of sweep {min(t[0] for t in times):9.2f} us" if sweep else ""

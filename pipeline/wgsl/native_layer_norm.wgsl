@@ -10,7 +10,6 @@
 //   const CACHED: bool      false for rows too wide for registers: x is then re-read
 //   const HAS_WEIGHT, HAS_BIAS: bool
 //   const ROW_IN_SUBGROUP: bool all threads of a row share one subgroup (subgroup reduction)
-//   const ROWS_PER_THREAD: u32  rows each thread holds at once (their loads overlap)
 //
 // Statistics: each thread takes an exact two-pass (count, mean, M2) over the values it holds,
 // then the row's threads merge those triples pairwise (Chan et al.) in one reduction.
@@ -33,8 +32,7 @@ struct Params {
 @group(0) @binding(5) var<storage, read_write> rstd: array<f32>;
 @group(0) @binding(6) var<uniform> params: Params;
 
-// Rows that one pass of the workgroup covers; a workgroup takes ROWS_PER_THREAD such blocks.
-const ROWS_PER_BLOCK: u32 = WORKGROUP / THREADS_PER_ROW;
+const ROWS_PER_WORKGROUP: u32 = WORKGROUP / THREADS_PER_ROW;
 
 fn is_finite(value: f32) -> bool {
     return (bitcast<u32>(value) & 0x7f800000u) != 0x7f800000u;
@@ -55,93 +53,78 @@ fn merge(a: vec3<f32>, b: vec3<f32>) -> vec3<f32> {
     return vec3<f32>(n, a.y + delta * share, a.z + b.z + delta * delta * a.x * share);
 }
 
-// The entry point `main` and `row_stats(local, tid, lane, part)` (the merged (count, mean,
-// M2) of the row's threads, given to each of them; `part` < ROWS_PER_THREAD keeps the rows of
-// one thread apart; called by every thread of the workgroup, it may hold barriers) come from
-// reduce_subgroup.wgsl or reduce_workgroup.wgsl.
+// The entry point `main` and `row_stats(local, tid, lane)` (the merged (count, mean, M2) of
+// the row's threads, given to each of them; called by every thread of the workgroup, it may
+// hold barriers) come from reduce_subgroup.wgsl or reduce_workgroup.wgsl.
 fn normalize_rows(tid: u32, group: vec3<u32>, groups: vec3<u32>) {
-    // A workgroup owns ROWS_PER_THREAD blocks of ROWS_PER_BLOCK rows; rows past 65,535
-    // workgroups come through the y dimension of the grid.
-    let first = (group.x + group.y * groups.x) * ROWS_PER_BLOCK * ROWS_PER_THREAD + tid / THREADS_PER_ROW;
+    // Rows past 65,535 workgroups come through the y dimension of the grid.
+    let row = (group.x + group.y * groups.x) * ROWS_PER_WORKGROUP + tid / THREADS_PER_ROW;
     let lane = tid % THREADS_PER_ROW;
+    // Threads past the last row still take part in the reduction; they only skip memory.
+    let live = row < params.rows;
     let row_vecs = params.row_vecs;
-    // Cached rows loop to the constant SLOTS (unrolled: the cache stays in registers, the
-    // loads of all the thread's rows in flight at once); uncached rows (ROWS_PER_THREAD is 1)
-    // walk the row in strides of THREADS_PER_ROW and read it again from memory.
+    let base = row * row_vecs;
+    // Cached rows loop to the constant SLOTS (unrolled: the cache stays in registers, all
+    // loads in flight at once); uncached rows walk the row in strides of THREADS_PER_ROW.
     let slots = select((row_vecs + THREADS_PER_ROW - 1u) / THREADS_PER_ROW, SLOTS, CACHED);
 
-    var cache: array<V, SLOTS * ROWS_PER_THREAD>;
+    var cache: array<V, SLOTS>;
+    var count = 0.0;
+    var sum = 0.0;
     if (CACHED) {
-        for (var j = 0u; j < ROWS_PER_THREAD; j++) {
-            let row = first + j * ROWS_PER_BLOCK;
-            for (var k = 0u; k < SLOTS; k++) {
-                let i = lane + k * THREADS_PER_ROW;
-                let valid = row < params.rows && i < row_vecs;
-                cache[j * SLOTS + k] = select(V(0.0), x[min(row * row_vecs + i, arrayLength(&x) - 1u)], valid);
-            }
+        for (var k = 0u; k < SLOTS; k++) {
+            let i = lane + k * THREADS_PER_ROW;
+            let valid = live && i < row_vecs;
+            cache[k] = select(V(0.0), x[min(base + i, arrayLength(&x) - 1u)], valid);
+            count += select(0.0, f32(VEC), valid);
         }
-    }
-
-    // Each thread's exact two-pass (count, mean, M2) over what it holds of each row.
-    var local: array<vec3<f32>, ROWS_PER_THREAD>;
-    for (var j = 0u; j < ROWS_PER_THREAD; j++) {
-        let row = first + j * ROWS_PER_BLOCK;
-        let live = row < params.rows;
-        var count = 0.0;
-        var sum = 0.0;
+        for (var k = 0u; k < SLOTS; k++) {
+            sum += hsum(cache[k]);
+        }
+    } else {
         for (var k = 0u; k < slots; k++) {
             let i = lane + k * THREADS_PER_ROW;
             if (live && i < row_vecs) {
-                var v: V;
-                if (CACHED) { v = cache[j * SLOTS + k]; } else { v = x[row * row_vecs + i]; }
-                sum += hsum(v);
+                sum += hsum(x[base + i]);
                 count += f32(VEC);
             }
         }
-        let local_mean = select(0.0, sum / count, count > 0.0);
-        var m2 = 0.0;
-        for (var k = 0u; k < slots; k++) {
-            let i = lane + k * THREADS_PER_ROW;
-            if (live && i < row_vecs) {
-                var v: V;
-                if (CACHED) { v = cache[j * SLOTS + k]; } else { v = x[row * row_vecs + i]; }
-                let d = v - V(local_mean);
-                m2 += hsum(d * d);
-            }
-        }
-        local[j] = vec3<f32>(count, local_mean, m2);
     }
-
-    // Threads past the last row take part in the merge too; they only skip memory.
-    var stats: array<vec3<f32>, ROWS_PER_THREAD>;
-    for (var j = 0u; j < ROWS_PER_THREAD; j++) {
-        stats[j] = row_stats(local[j], tid, lane, j);
+    let local_mean = select(0.0, sum / count, count > 0.0);
+    var m2 = 0.0;
+    for (var k = 0u; k < slots; k++) {
+        let i = lane + k * THREADS_PER_ROW;
+        if (live && i < row_vecs) {
+            var v: V;
+            if (CACHED) { v = cache[k]; } else { v = x[base + i]; }
+            let d = v - V(local_mean);
+            m2 += hsum(d * d);
+        }
     }
+    let stats = row_stats(vec3<f32>(count, local_mean, m2), tid, lane);
 
-    for (var j = 0u; j < ROWS_PER_THREAD; j++) {
-        let row = first + j * ROWS_PER_BLOCK;
-        if (row >= params.rows) {
-            continue;
-        }
-        // A row holding NaN or an infinity gives NaN out and rstd, like aten; its mean is
-        // +-inf or NaN. Tested on bits, since compilers may assume finite floats.
-        let finite = is_finite(stats[j].y) && is_finite(stats[j].z);
-        let mean_row = stats[j].y;
-        let rstd_row = select(params.nan, 1.0 / sqrt(stats[j].z / f32(params.width) + params.eps), finite);
-        if (lane == 0u) {
-            mean[row] = mean_row;
-            rstd[row] = rstd_row;
-        }
-        for (var k = 0u; k < slots; k++) {
-            let i = lane + k * THREADS_PER_ROW;
-            if (i < row_vecs) {
-                var v: V;
-                if (CACHED) { v = cache[j * SLOTS + k]; } else { v = x[row * row_vecs + i]; }
-                var y = (v - V(mean_row)) * rstd_row;  // NaN throughout for a non-finite row
-                if (HAS_WEIGHT) { y = y * weight[i]; }
-                if (HAS_BIAS) { y = y + bias[i]; }
-                out[row * row_vecs + i] = y;
-            }
+    // A row holding NaN or an infinity gives NaN out and rstd, like aten; its mean is
+    // +-inf or NaN. Tested on bits, since compilers may assume finite floats.
+    let finite = is_finite(stats.y) && is_finite(stats.z);
+    let mean_row = stats.y;
+    let rstd_row = select(params.nan, 1.0 / sqrt(stats.z / f32(params.width) + params.eps), finite);
+
+    if (!live) {
+        return;
+    }
+    if (lane == 0u) {
+        mean[row] = mean_row;
+        rstd[row] = rstd_row;
+    }
+    for (var k = 0u; k < slots; k++) {
+        let i = lane + k * THREADS_PER_ROW;
+        if (i < row_vecs) {
+            var v: V;
+            if (CACHED) { v = cache[k]; } else { v = x[base + i]; }
+            var y = (v - V(mean_row)) * rstd_row;  // NaN throughout for a non-finite row
+            if (HAS_WEIGHT) { y = y * weight[i]; }
+            if (HAS_BIAS) { y = y + bias[i]; }
+            out[base + i] = y;
         }
     }
 }
