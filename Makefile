@@ -1,12 +1,24 @@
 # `make run` and `make test` each set up a fresh machine first (scripts/setup.sh is idempotent).
 PY := .venv/bin/python
+REPORTS := out/ci-reports
 
-.PHONY: setup run test
+.PHONY: setup run test reports
 setup:
 	@scripts/setup.sh
 
 run: setup
-	$(PY) scripts/demo_layer_norm.py
+	$(PY) scripts/export_model.py bart
 
+# The test suite, then the coverage audit and accuracy report on the smallest variant of
+# each model: their verdicts gate like tests do (exit status 1 when one fails).
 test: setup
 	PIPELINE_REQUIRE_GPU=1 $(PY) -m pytest -q
+	$(MAKE) --no-print-directory reports
+
+reports:
+	$(PY) scripts/coverage_audit.py whisper --variant tiny --output-dir $(REPORTS)
+	$(PY) scripts/coverage_audit.py bart --output-dir $(REPORTS)
+	$(PY) scripts/coverage_audit.py florence2 --output-dir $(REPORTS)
+	$(PY) scripts/accuracy_report.py whisper --variant tiny --output-dir $(REPORTS)
+	$(PY) scripts/accuracy_report.py bart --output-dir $(REPORTS)
+	$(PY) scripts/accuracy_report.py florence2 --output-dir $(REPORTS)
