@@ -1,5 +1,7 @@
 """The native_layer_norm kernel against a float64 reference, with eager float32 as the yardstick."""
 
+import dataclasses
+import importlib
 import subprocess
 import sys
 
@@ -12,6 +14,9 @@ from hypothesis import strategies as st
 import pipeline
 from pipeline import runtime
 from pipeline.runtime import device as runtime_device
+
+# The module, not the function that pipeline.runtime re-exports under the same name.
+native_layer_norm_module = importlib.import_module("pipeline.runtime.native_layer_norm")
 
 pytestmark = pytest.mark.usefixtures("gpu_info")
 
@@ -33,10 +38,16 @@ def reference(x, shape, weight, bias, eps):
 
 
 def assert_close_to_reference(x, shape, weight=None, bias=None, eps=1e-5, factor=4.0):
-    """Kernel error vs float64 must be at most `factor` x eager float32's own error (plus a few ulp)."""
+    """Kernel error vs float64 must be at most `factor` x eager float32's own error, plus a floor:
+    a few ulp of the value, and for `out` one float32 ulp of the row's mean carried through
+    rstd and weight (no float32 mean is closer; over a few elements eager can be luckier)."""
     ours = pipeline.layer_norm(x, shape, weight, bias, eps)
     eager = ATEN(x, list(shape), weight, bias, eps)
     truth = reference(x, shape, weight, bias, eps)
+    mean_ulp = np.spacing(truth[1].float().abs().numpy()).astype(np.float64) * truth[2].numpy()
+    gain = 1.0 if weight is None else max(1.0, weight.abs().max().item())
+    finite_rows = np.isfinite(mean_ulp)
+    mean_floor = float(mean_ulp[finite_rows].max()) * gain if finite_rows.any() else 0.0
     for name, o, e, t in zip(("out", "mean", "rstd"), ours, eager, truth):
         assert o.dtype == torch.float32 and o.shape == e.shape, name
         # PyTorch's mean of a row holding one infinity is +-inf or NaN depending on where
@@ -49,22 +60,31 @@ def assert_close_to_reference(x, shape, weight=None, bias=None, eps=1e-5, factor
         scale = t[finite].abs().max().item()
         err = (o.double() - t)[finite].abs().max().item()
         eager_err = (e.double() - t)[finite].abs().max().item()
-        floor = 8 * np.finfo(np.float32).eps * max(scale, 1.0)
+        floor = 8 * np.finfo(np.float32).eps * max(scale, 1.0) + (mean_floor if name == "out" else 0.0)
         assert err <= factor * eager_err + floor, (
             f"{name}: error {err:.3g} vs float64, eager float32 {eager_err:.3g} (x{factor} + {floor:.3g})"
         )
     return ours
 
 
-@pytest.fixture(params=["subgroup", "workgroup"])
+@pytest.fixture(params=["subgroup", "workgroup", "three-blocks"])
 def reduction(request, monkeypatch):
-    """Run under each row-sum strategy: subgroup shuffles where the adapter has them, and the
-    workgroup-memory path that adapters without the `subgroup` feature take."""
+    """Run under each row-merge strategy: subgroup shuffles where the adapter has them, the
+    workgroup-memory path that adapters without the `subgroup` feature take, and workgroups
+    that normalize three blocks of rows in turn (prefetching the next)."""
     g = runtime_device.gpu()
-    if request.param == "subgroup" and not g.subgroup_size:
+    if request.param != "workgroup" and not g.subgroup_size:
         pytest.skip("adapter has no subgroup operations")
     if request.param == "workgroup":
         monkeypatch.setattr(g, "subgroup_size", 0)
+    if request.param == "three-blocks":
+        choose = native_layer_norm_module.choose_config
+
+        def three_blocks(*args, **kwargs):
+            config = choose(*args, **kwargs)
+            return dataclasses.replace(config, blocks_per_workgroup=3) if config.cached else config
+
+        monkeypatch.setattr(native_layer_norm_module, "choose_config", three_blocks)
     return request.param
 
 
@@ -150,7 +170,7 @@ def test_non_contiguous_input():
     assert_close_to_reference(torch.randn(96, 40).t(), (96,))
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(
     rows=st.integers(1, 300),
     width=st.integers(1, 2100),

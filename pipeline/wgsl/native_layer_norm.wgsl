@@ -8,6 +8,8 @@
 //   const THREADS_PER_ROW   threads sharing one row, a power of two dividing WORKGROUP
 //   const SLOTS: u32        V values each thread keeps in registers (row held on chip)
 //   const CACHED: bool      false for rows too wide for registers: x is then re-read
+//   const BLOCKS_PER_WORKGROUP: u32  blocks of rows one workgroup normalizes in turn (1 when
+//                           not CACHED)
 //   const HAS_WEIGHT, HAS_BIAS: bool
 //   const ROW_IN_SUBGROUP: bool all threads of a row share one subgroup (subgroup reduction)
 //
@@ -32,7 +34,8 @@ struct Params {
 @group(0) @binding(5) var<storage, read_write> rstd: array<f32>;
 @group(0) @binding(6) var<uniform> params: Params;
 
-const ROWS_PER_WORKGROUP: u32 = WORKGROUP / THREADS_PER_ROW;
+// Rows one pass of the workgroup covers; a workgroup takes BLOCKS_PER_WORKGROUP such blocks.
+const ROWS_PER_BLOCK: u32 = WORKGROUP / THREADS_PER_ROW;
 
 fn is_finite(value: f32) -> bool {
     return (bitcast<u32>(value) & 0x7f800000u) != 0x7f800000u;
@@ -53,78 +56,127 @@ fn merge(a: vec3<f32>, b: vec3<f32>) -> vec3<f32> {
     return vec3<f32>(n, a.y + delta * share, a.z + b.z + delta * delta * a.x * share);
 }
 
-// The entry point `main` and `row_stats(local, tid, lane)` (the merged (count, mean, M2) of
-// the row's threads, given to each of them; called by every thread of the workgroup, it may
-// hold barriers) come from reduce_subgroup.wgsl or reduce_workgroup.wgsl.
+// The entry point `main` and `row_stats(local, tid, lane, part)` (the merged (count, mean,
+// M2) of the row's threads, given to each of them; called by every thread of the workgroup,
+// it may hold barriers; consecutive calls alternate `part` 0/1 so they need no barrier
+// between them) come from reduce_subgroup.wgsl or reduce_workgroup.wgsl.
 fn normalize_rows(tid: u32, group: vec3<u32>, groups: vec3<u32>) {
     // Rows past 65,535 workgroups come through the y dimension of the grid.
-    let row = (group.x + group.y * groups.x) * ROWS_PER_WORKGROUP + tid / THREADS_PER_ROW;
-    let lane = tid % THREADS_PER_ROW;
-    // Threads past the last row still take part in the reduction; they only skip memory.
-    let live = row < params.rows;
-    let row_vecs = params.row_vecs;
-    let base = row * row_vecs;
-    // Cached rows loop to the constant SLOTS (unrolled: the cache stays in registers, all
-    // loads in flight at once); uncached rows walk the row in strides of THREADS_PER_ROW.
-    let slots = select((row_vecs + THREADS_PER_ROW - 1u) / THREADS_PER_ROW, SLOTS, CACHED);
+    let block = (group.x + group.y * groups.x) * BLOCKS_PER_WORKGROUP;
+    if (CACHED) {
+        normalize_cached(tid, block);
+    } else {
+        normalize_streamed(tid, block * ROWS_PER_BLOCK + tid / THREADS_PER_ROW);
+    }
+}
 
-    var cache: array<V, SLOTS>;
+// The thread's share of one row: V values lane, lane + THREADS_PER_ROW, ...; zeros past the
+// row's end or past the last row. The loads are independent, so all are in flight at once.
+fn load_share(row: u32, lane: u32) -> array<V, SLOTS> {
+    var share: array<V, SLOTS>;
+    let live = row < params.rows;
+    for (var k = 0u; k < SLOTS; k++) {
+        let i = lane + k * THREADS_PER_ROW;
+        let at = min(row * params.row_vecs + i, arrayLength(&x) - 1u);
+        share[k] = select(V(0.0), x[at], live && i < params.row_vecs);
+    }
+    return share;
+}
+
+// Exact two-pass (count, mean, M2) of the valid values of a share.
+fn share_stats(share: array<V, SLOTS>, live: bool, lane: u32) -> vec3<f32> {
     var count = 0.0;
     var sum = 0.0;
-    if (CACHED) {
-        for (var k = 0u; k < SLOTS; k++) {
-            let i = lane + k * THREADS_PER_ROW;
-            let valid = live && i < row_vecs;
-            cache[k] = select(V(0.0), x[min(base + i, arrayLength(&x) - 1u)], valid);
-            count += select(0.0, f32(VEC), valid);
-        }
-        for (var k = 0u; k < SLOTS; k++) {
-            sum += hsum(cache[k]);
-        }
-    } else {
-        for (var k = 0u; k < slots; k++) {
-            let i = lane + k * THREADS_PER_ROW;
-            if (live && i < row_vecs) {
-                sum += hsum(x[base + i]);
-                count += f32(VEC);
-            }
+    for (var k = 0u; k < SLOTS; k++) {
+        if (live && lane + k * THREADS_PER_ROW < params.row_vecs) {
+            count += f32(VEC);
+            sum += hsum(share[k]);
         }
     }
     let local_mean = select(0.0, sum / count, count > 0.0);
     var m2 = 0.0;
-    for (var k = 0u; k < slots; k++) {
-        let i = lane + k * THREADS_PER_ROW;
-        if (live && i < row_vecs) {
-            var v: V;
-            if (CACHED) { v = cache[k]; } else { v = x[base + i]; }
-            let d = v - V(local_mean);
+    for (var k = 0u; k < SLOTS; k++) {
+        if (live && lane + k * THREADS_PER_ROW < params.row_vecs) {
+            let d = share[k] - V(local_mean);
             m2 += hsum(d * d);
         }
     }
-    let stats = row_stats(vec3<f32>(count, local_mean, m2), tid, lane);
+    return vec3<f32>(count, local_mean, m2);
+}
 
-    // A row holding NaN or an infinity gives NaN out and rstd, like aten; its mean is
-    // +-inf or NaN. Tested on bits, since compilers may assume finite floats.
+// Writes mean and rstd of `row` from its merged statistics; returns (mean, rstd). A row
+// holding NaN or an infinity gives NaN out and rstd, like aten, and a mean of +-inf or NaN.
+// Tested on bits, since compilers may assume finite floats.
+fn finish_row(row: u32, lane: u32, stats: vec3<f32>) -> vec2<f32> {
     let finite = is_finite(stats.y) && is_finite(stats.z);
-    let mean_row = stats.y;
     let rstd_row = select(params.nan, 1.0 / sqrt(stats.z / f32(params.width) + params.eps), finite);
+    if (lane == 0u) {
+        mean[row] = stats.y;
+        rstd[row] = rstd_row;
+    }
+    return vec2<f32>(stats.y, rstd_row);
+}
 
+fn normalized(v: V, i: u32, mean_rstd: vec2<f32>) -> V {
+    var y = (v - V(mean_rstd.x)) * mean_rstd.y;  // NaN throughout for a non-finite row
+    if (HAS_WEIGHT) { y = y * weight[i]; }
+    if (HAS_BIAS) { y = y + bias[i]; }
+    return y;
+}
+
+// Rows held in registers. A workgroup takes BLOCKS_PER_WORKGROUP consecutive blocks of
+// ROWS_PER_BLOCK rows; the next block's loads are issued before this block's merge, so
+// memory stays busy while the row's threads wait on each other.
+fn normalize_cached(tid: u32, first_block: u32) {
+    let lane = tid % THREADS_PER_ROW;
+    var row = first_block * ROWS_PER_BLOCK + tid / THREADS_PER_ROW;
+    var share = load_share(row, lane);
+    for (var b = 0u; b < BLOCKS_PER_WORKGROUP; b++) {
+        var next: array<V, SLOTS>;
+        if (b + 1u < BLOCKS_PER_WORKGROUP) {
+            next = load_share(row + ROWS_PER_BLOCK, lane);
+        }
+        let live = row < params.rows;
+        // Threads past the last row take part in the merge too; they only skip memory.
+        let stats = row_stats(share_stats(share, live, lane), tid, lane, b & 1u);
+        if (live) {
+            let mean_rstd = finish_row(row, lane, stats);
+            for (var k = 0u; k < SLOTS; k++) {
+                let i = lane + k * THREADS_PER_ROW;
+                if (i < params.row_vecs) {
+                    out[row * params.row_vecs + i] = normalized(share[k], i, mean_rstd);
+                }
+            }
+        }
+        share = next;
+        row += ROWS_PER_BLOCK;
+    }
+}
+
+// Rows too wide for registers: each thread walks its strided share of the row three times
+// (sum, centered squares, output), reading x from memory each time.
+fn normalize_streamed(tid: u32, row: u32) {
+    let lane = tid % THREADS_PER_ROW;
+    let live = row < params.rows;
+    let base = row * params.row_vecs;
+    var count = 0.0;
+    var sum = 0.0;
+    for (var i = lane; live && i < params.row_vecs; i += THREADS_PER_ROW) {
+        count += f32(VEC);
+        sum += hsum(x[base + i]);
+    }
+    let local_mean = select(0.0, sum / count, count > 0.0);
+    var m2 = 0.0;
+    for (var i = lane; live && i < params.row_vecs; i += THREADS_PER_ROW) {
+        let d = x[base + i] - V(local_mean);
+        m2 += hsum(d * d);
+    }
+    let stats = row_stats(vec3<f32>(count, local_mean, m2), tid, lane, 0u);
     if (!live) {
         return;
     }
-    if (lane == 0u) {
-        mean[row] = mean_row;
-        rstd[row] = rstd_row;
-    }
-    for (var k = 0u; k < slots; k++) {
-        let i = lane + k * THREADS_PER_ROW;
-        if (i < row_vecs) {
-            var v: V;
-            if (CACHED) { v = cache[k]; } else { v = x[base + i]; }
-            var y = (v - V(mean_row)) * rstd_row;  // NaN throughout for a non-finite row
-            if (HAS_WEIGHT) { y = y * weight[i]; }
-            if (HAS_BIAS) { y = y + bias[i]; }
-            out[base + i] = y;
-        }
+    let mean_rstd = finish_row(row, lane, stats);
+    for (var i = lane; i < params.row_vecs; i += THREADS_PER_ROW) {
+        out[base + i] = normalized(x[base + i], i, mean_rstd);
     }
 }
