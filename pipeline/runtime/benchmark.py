@@ -46,8 +46,7 @@ def _copies(nbytes: int) -> int:
 
 
 def candidate_configs(width: int, subgroup_size: int, affine: bool = True) -> list[KernelConfig]:
-    """The default choice first, then threads-per-row x workgroup-size x blocks-per-workgroup
-    variants around it."""
+    """The default choice first, then threads-per-row x workgroup-size variants around it."""
     default = choose_config(width, affine, affine, subgroup_size)
     configs = [default]
     row_vecs = width // default.vec
@@ -56,12 +55,10 @@ def candidate_configs(width: int, subgroup_size: int, affine: bool = True) -> li
             slots = math.ceil(row_vecs / threads)
             if threads > workgroup or threads > 2 * row_vecs or slots * default.vec > MAX_FLOATS_PER_THREAD:
                 continue
-            for blocks in (1, 2, 4, 8):
-                config = replace(default, threads_per_row=threads, slots=slots, workgroup=workgroup,
-                                 row_in_subgroup=0 < threads <= subgroup_size, cached=True,
-                                 blocks_per_workgroup=blocks)
-                if config not in configs:
-                    configs.append(config)
+            config = replace(default, threads_per_row=threads, slots=slots, workgroup=workgroup,
+                             row_in_subgroup=0 < threads <= subgroup_size, cached=True)
+            if config not in configs:
+                configs.append(config)
     return configs
 
 
@@ -315,8 +312,7 @@ def run_benchmark(shapes: list[tuple[int, int]], repeats: int = 100, sweep: bool
             result["config"] = asdict(configs[0])
             result["sweep"] = sorted(
                 ({"us": round(t[0], 2), "isolated_us": round(t[1], 2), "threads_per_row": c.threads_per_row,
-                  "workgroup": c.workgroup, "slots": c.slots,
-                  "blocks": c.blocks_per_workgroup} for c, t in zip(configs, times)),
+                  "workgroup": c.workgroup, "slots": c.slots} for c, t in zip(configs, times)),
                 key=lambda r: r["us"])
         results.append(result)
         best = f" | best of sweep {min(t[0] for t in times):9.2f} us" if sweep else ""

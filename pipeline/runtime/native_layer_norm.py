@@ -43,12 +43,10 @@ class KernelConfig:
     subgroups: bool = False
     row_in_subgroup: bool = False
     workgroup: int = MIN_WORKGROUP
-    blocks_per_workgroup: int = 1
 
     @property
     def rows_per_workgroup(self) -> int:
-        """Rows one workgroup normalizes, in blocks of workgroup / threads_per_row."""
-        return self.workgroup // self.threads_per_row * self.blocks_per_workgroup
+        return self.workgroup // self.threads_per_row
 
     def prelude(self) -> str:
         """WGSL constant declarations that specialise the kernel file."""
@@ -63,7 +61,6 @@ class KernelConfig:
             f"const HAS_WEIGHT: bool = {str(self.has_weight).lower()};\n"
             f"const HAS_BIAS: bool = {str(self.has_bias).lower()};\n"
             f"const ROW_IN_SUBGROUP: bool = {str(self.row_in_subgroup).lower()};\n"
-            f"const BLOCKS_PER_WORKGROUP: u32 = {self.blocks_per_workgroup}u;\n"
         )
 
     def source(self, g: Gpu) -> str:

@@ -8,8 +8,6 @@
 //   const THREADS_PER_ROW   threads sharing one row, a power of two dividing WORKGROUP
 //   const SLOTS: u32        V values each thread keeps in registers (row held on chip)
 //   const CACHED: bool      false for rows too wide for registers: x is then re-read
-//   const BLOCKS_PER_WORKGROUP: u32  blocks of rows one workgroup normalizes in turn (1 when
-//                           not CACHED)
 //   const HAS_WEIGHT, HAS_BIAS: bool
 //   const ROW_IN_SUBGROUP: bool all threads of a row share one subgroup (subgroup reduction)
 //
@@ -34,8 +32,7 @@ struct Params {
 @group(0) @binding(5) var<storage, read_write> rstd: array<f32>;
 @group(0) @binding(6) var<uniform> params: Params;
 
-// Rows one pass of the workgroup covers; a workgroup takes BLOCKS_PER_WORKGROUP such blocks.
-const ROWS_PER_BLOCK: u32 = WORKGROUP / THREADS_PER_ROW;
+const ROWS_PER_WORKGROUP: u32 = WORKGROUP / THREADS_PER_ROW;
 
 fn is_finite(value: f32) -> bool {
     return (bitcast<u32>(value) & 0x7f800000u) != 0x7f800000u;
@@ -56,17 +53,16 @@ fn merge(a: vec3<f32>, b: vec3<f32>) -> vec3<f32> {
     return vec3<f32>(n, a.y + delta * share, a.z + b.z + delta * delta * a.x * share);
 }
 
-// The entry point `main` and `row_stats(local, tid, lane, part)` (the merged (count, mean,
-// M2) of the row's threads, given to each of them; called by every thread of the workgroup,
-// it may hold barriers; consecutive calls alternate `part` 0/1 so they need no barrier
-// between them) come from reduce_subgroup.wgsl or reduce_workgroup.wgsl.
+// The entry point `main` and `row_stats(local, tid, lane)` (the merged (count, mean, M2) of
+// the row's threads, given to each of them; called once by every thread of the workgroup,
+// it may hold barriers) come from reduce_subgroup.wgsl or reduce_workgroup.wgsl.
 fn normalize_rows(tid: u32, group: vec3<u32>, groups: vec3<u32>) {
     // Rows past 65,535 workgroups come through the y dimension of the grid.
-    let block = (group.x + group.y * groups.x) * BLOCKS_PER_WORKGROUP;
+    let row = (group.x + group.y * groups.x) * ROWS_PER_WORKGROUP + tid / THREADS_PER_ROW;
     if (CACHED) {
-        normalize_cached(tid, block);
+        normalize_cached(tid, row);
     } else {
-        normalize_streamed(tid, block * ROWS_PER_BLOCK + tid / THREADS_PER_ROW);
+        normalize_streamed(tid, row);
     }
 }
 
@@ -124,32 +120,22 @@ fn normalized(v: V, i: u32, mean_rstd: vec2<f32>) -> V {
     return y;
 }
 
-// Rows held in registers. A workgroup takes BLOCKS_PER_WORKGROUP consecutive blocks of
-// ROWS_PER_BLOCK rows; the next block's loads are issued before this block's merge, so
-// memory stays busy while the row's threads wait on each other.
-fn normalize_cached(tid: u32, first_block: u32) {
+// Rows held in registers: x is read once.
+fn normalize_cached(tid: u32, row: u32) {
     let lane = tid % THREADS_PER_ROW;
-    var row = first_block * ROWS_PER_BLOCK + tid / THREADS_PER_ROW;
-    var share = load_share(row, lane);
-    for (var b = 0u; b < BLOCKS_PER_WORKGROUP; b++) {
-        var next: array<V, SLOTS>;
-        if (b + 1u < BLOCKS_PER_WORKGROUP) {
-            next = load_share(row + ROWS_PER_BLOCK, lane);
+    let live = row < params.rows;
+    let share = load_share(row, lane);
+    // Threads past the last row take part in the merge too; they only skip memory.
+    let stats = row_stats(share_stats(share, live, lane), tid, lane);
+    if (!live) {
+        return;
+    }
+    let mean_rstd = finish_row(row, lane, stats);
+    for (var k = 0u; k < SLOTS; k++) {
+        let i = lane + k * THREADS_PER_ROW;
+        if (i < params.row_vecs) {
+            out[row * params.row_vecs + i] = normalized(share[k], i, mean_rstd);
         }
-        let live = row < params.rows;
-        // Threads past the last row take part in the merge too; they only skip memory.
-        let stats = row_stats(share_stats(share, live, lane), tid, lane, b & 1u);
-        if (live) {
-            let mean_rstd = finish_row(row, lane, stats);
-            for (var k = 0u; k < SLOTS; k++) {
-                let i = lane + k * THREADS_PER_ROW;
-                if (i < params.row_vecs) {
-                    out[row * params.row_vecs + i] = normalized(share[k], i, mean_rstd);
-                }
-            }
-        }
-        share = next;
-        row += ROWS_PER_BLOCK;
     }
 }
 
@@ -171,7 +157,7 @@ fn normalize_streamed(tid: u32, row: u32) {
         let d = x[base + i] - V(local_mean);
         m2 += hsum(d * d);
     }
-    let stats = row_stats(vec3<f32>(count, local_mean, m2), tid, lane, 0u);
+    let stats = row_stats(vec3<f32>(count, local_mean, m2), tid, lane);
     if (!live) {
         return;
     }

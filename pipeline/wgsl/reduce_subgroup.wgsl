@@ -4,8 +4,7 @@
 // subgroup and a butterfly merges them without barriers. Otherwise each subgroup merges its
 // part, and the parts meet in workgroup memory behind one barrier.
 
-// Two regions, so that consecutive calls (part 0, 1, 0, ...) need no barrier between them.
-var<workgroup> partial: array<vec3<f32>, 2 * WORKGROUP>;
+var<workgroup> partial: array<vec3<f32>, WORKGROUP>;
 var<private> subgroup_lanes: u32;
 var<private> subgroup_lane: u32;
 
@@ -20,19 +19,18 @@ fn butterfly(local: vec3<f32>, span: u32) -> vec3<f32> {
     return stats;
 }
 
-fn row_stats(local: vec3<f32>, tid: u32, lane: u32, part: u32) -> vec3<f32> {
+fn row_stats(local: vec3<f32>, tid: u32, lane: u32) -> vec3<f32> {
     if (ROW_IN_SUBGROUP) {
         return butterfly(local, THREADS_PER_ROW);
     }
-    let at = part * WORKGROUP;
     let merged = butterfly(local, subgroup_lanes);
     if (subgroup_lane == 0u) {
-        partial[at + tid / subgroup_lanes] = merged;
+        partial[tid / subgroup_lanes] = merged;
     }
     workgroupBarrier();
     // Every thread of the row merges the row's parts in the same order.
     let parts = THREADS_PER_ROW / subgroup_lanes;
-    let first = at + (tid / THREADS_PER_ROW) * parts;
+    let first = (tid / THREADS_PER_ROW) * parts;
     var stats = partial[first];
     for (var i = 1u; i < parts; i++) {
         stats = merge(stats, partial[first + i]);

@@ -1,20 +1,18 @@
 // Row statistics merged through workgroup memory, for adapters without subgroup operations:
 // a tree over the THREADS_PER_ROW threads of each row, log2(THREADS_PER_ROW) barriers.
 
-// Two regions, so that consecutive calls (part 0, 1, 0, ...) need no barrier between them.
-var<workgroup> partial: array<vec3<f32>, 2 * WORKGROUP>;
+var<workgroup> partial: array<vec3<f32>, WORKGROUP>;
 
-fn row_stats(local: vec3<f32>, tid: u32, lane: u32, part: u32) -> vec3<f32> {
-    let at = part * WORKGROUP + tid;
-    partial[at] = local;
+fn row_stats(local: vec3<f32>, tid: u32, lane: u32) -> vec3<f32> {
+    partial[tid] = local;
     workgroupBarrier();
     for (var stride = THREADS_PER_ROW / 2u; stride > 0u; stride = stride / 2u) {
         if (lane < stride) {
-            partial[at] = merge(partial[at], partial[at + stride]);
+            partial[tid] = merge(partial[tid], partial[tid + stride]);
         }
         workgroupBarrier();
     }
-    return partial[at - lane];
+    return partial[tid - lane];
 }
 
 @compute @workgroup_size(WORKGROUP)
