@@ -8,26 +8,9 @@ most 2x eager float32's.
 
 from __future__ import annotations
 
-import argparse
 import sys
 
-from pipeline.evaluation.runner import DEFAULT_OUTPUT_DIR, MODEL_NAMES, run_reports
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("model", choices=[*MODEL_NAMES, "all"], help="which model, or all of them")
-    parser.add_argument("--variant", help="model variant (default: each model's default)")
-    parser.add_argument("--output-dir", default=str(DEFAULT_OUTPUT_DIR), help=f"default {DEFAULT_OUTPUT_DIR}")
-    parser.add_argument("--seed", type=int, default=0, help="seed of weights and inputs (default 0)")
-    args = parser.parse_args(argv)
-    try:
-        return run_reports("accuracy", args.model, args.variant, args.output_dir, args.seed,
-                           progress=lambda line: print(line, flush=True))
-    except Exception as exc:  # one line for the user, status 1
-        print(f"{parser.prog}: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
-
+from pipeline.evaluation.runner import report_main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(report_main("accuracy", __doc__))

@@ -11,9 +11,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils._pytree import tree_leaves
 
-from pipeline import runtime
+import pipeline
+from pipeline.runtime import delegate
 from pipeline.evaluation import audit_coverage, compare, evaluate_accuracy, flatten_output, run_eager
 from pipeline.evaluation.graph import origin
 from pipeline.evaluation.render import accuracy_html
@@ -77,11 +77,6 @@ def test_origin_recognises_a_reframed_group_norm():
     assert origin(node) == "group_norm"
 
 
-# A stand-in for the delegation branch: a partitioner tagging each native_layer_norm,
-# a backend that keeps the graph, and an executor that runs delegated LayerNorms on the
-# runtime kernel and reports each delegate call through `on_delegate`.
-
-
 class Blocks(nn.Module):
     """Affine, weight-only and weight-less LayerNorms; eps=0.1 makes a dropped eps visible."""
 
@@ -102,80 +97,23 @@ class Blocks(nn.Module):
         return self.proj(h)
 
 
-def _stand_in(module: nn.Module, inputs: tuple, skip_weightless: bool = False):
-    from executorch.exir import to_edge_transform_and_lower
-    from executorch.exir.backend.backend_details import BackendDetails, PreprocessResult
-    from executorch.exir.backend.partitioner import DelegationSpec, Partitioner, PartitionResult
+class Mixed(nn.Module):
+    """A float32 LayerNorm and a float64 one, which the partitioner must refuse."""
 
-    from pipeline.evaluation.graph import is_delegate_call, is_layer_norm
+    def __init__(self) -> None:
+        super().__init__()
+        self.ln = nn.LayerNorm(32)
+        self.ln64 = nn.LayerNorm(32).double()
 
-    class EvaluationTestBackend(BackendDetails):
-        @staticmethod
-        def preprocess(edge_program, compile_specs):
-            return PreprocessResult(processed_bytes=b"")
-
-    skipped = []
-
-    class EvaluationTestPartitioner(Partitioner):
-        def partition(self, ep):
-            spec = DelegationSpec(EvaluationTestBackend.__name__, [])
-            tags = {}
-            for i, node in enumerate(ep.graph_module.graph.nodes):
-                if not is_layer_norm(node):
-                    continue
-                if skip_weightless and node.args[2] is None:
-                    skipped.append((node, "weight-less LayerNorm refused by the test partitioner"))
-                    continue
-                node.meta["delegation_tag"] = f"ln{i}"
-                tags[f"ln{i}"] = spec
-            return PartitionResult(tagged_exported_program=ep, partition_tags=tags)
-
-    edge = to_edge_transform_and_lower(torch.export.export(module, inputs), partitioner=[EvaluationTestPartitioner()])
-    top = edge.exported_program().graph_module.graph.nodes
-    delegated = sum(
-        is_layer_norm(n)
-        for d in top if is_delegate_call(d)
-        for n in getattr(edge.exported_program().graph_module, d.args[0].target).original_module.graph.nodes
-    )
-
-    class Kernel(torch.fx.Interpreter):
-        def call_function(self, target, args, kwargs):
-            if is_layer_norm(SimpleNamespace(op="call_function", target=target)):
-                return runtime.native_layer_norm(*args)  # looked up per call, so tests can break it
-            return super().call_function(target, args, kwargs)
-
-    class Executor(torch.fx.Interpreter):
-        def __init__(self, gm, on_delegate):
-            super().__init__(gm)
-            self.on_delegate = on_delegate
-
-        def run_node(self, node):
-            if not is_delegate_call(node):
-                return super().run_node(node)
-            lowered, *xs = self.map_nodes_to_values(node.args, node)
-            outputs = tuple(tree_leaves(Kernel(lowered.original_module.module()).run(*xs)))
-            if self.on_delegate is not None:
-                self.on_delegate(node.args[0].target, xs, outputs)
-            return outputs
-
-    class Program:
-        coverage = SimpleNamespace(total=delegated + len(skipped), delegated=delegated, not_delegated=skipped)
-
-        def __init__(self):
-            self.edge = edge
-
-        def __call__(self, *args, on_delegate=None):
-            gm = edge.exported_program().module()
-            return Executor(gm, on_delegate).run(*args)
-
-    return Program()
+    def forward(self, x):
+        return self.ln64(self.ln(x).double()).float()
 
 
 @pytest.fixture(scope="module")
 def blocks():
     module = Blocks().eval()
     inputs = (torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(1)) * 4,)
-    return module, inputs, _stand_in(module, inputs)
+    return module, inputs, pipeline.lower(module, inputs)
 
 
 def test_coverage_complete_with_per_layer_norm_table(blocks):
@@ -190,17 +128,32 @@ def test_coverage_complete_with_per_layer_norm_table(blocks):
     ]
 
 
-def test_coverage_incomplete_names_the_reason_and_the_missing_eager_call():
-    module, inputs = Blocks().eval(), (torch.randn(1, 3, 32),)
-    audit = audit_coverage(module, inputs, _stand_in(module, inputs, skip_weightless=True))
-    assert not audit.complete and (audit.graph_ops, audit.delegated) == (3, 2)
-    assert audit.layer_norms[2].reason == "weight-less LayerNorm refused by the test partitioner"
+def test_coverage_incomplete_names_the_reason(gpu_info):
+    module, inputs = Mixed().eval(), (torch.randn(1, 3, 32),)
+    audit = audit_coverage(module, inputs, pipeline.lower(module, inputs))
+    assert not audit.complete and (audit.eager_calls, audit.graph_ops, audit.delegated) == (2, 2, 1)
+    assert audit.layer_norms[1].module_path == "ln64" and "float32" in audit.layer_norms[1].reason
 
-    counted = Counted()
+
+def test_coverage_incomplete_names_an_eager_call_missing_from_the_graph(gpu_info):
+    class WithoutGroupNorm(Counted):
+        def forward(self, x, y):
+            return F.layer_norm(self.ln(x), (8,), eps=1e-6), y
+
+    counted = Counted().eval()
     pair = (torch.randn(2, 3, 8), torch.randn(2, 4, 5))
-    audit = audit_coverage(counted, pair, _stand_in(counted, pair))
+    program = pipeline.lower(WithoutGroupNorm().eval(), pair)
+    audit = audit_coverage(counted, pair, program)
     assert (audit.eager_calls, audit.graph_ops, audit.delegated) == (3, 2, 2)
     assert audit.missing_from_graph == ["gn (group_norm)"] and not audit.complete
+
+
+def test_coverage_counts_a_reframed_group_norm(gpu_info):
+    counted = Counted().eval()
+    pair = (torch.randn(2, 3, 8), torch.randn(2, 4, 5))
+    audit = audit_coverage(counted, pair, pipeline.lower(counted, pair))
+    assert audit.complete and (audit.eager_calls, audit.graph_ops, audit.delegated) == (3, 3, 3)
+    assert [r.origin for r in audit.layer_norms].count("group_norm") == 1
 
 
 def test_accuracy_passes_and_names_the_worst_layer_norm(gpu_info, blocks):
@@ -211,9 +164,14 @@ def test_accuracy_passes_and_names_the_worst_layer_norm(gpu_info, blocks):
     assert report.worst_layer_norm is not None
 
 
+def drop_eps(monkeypatch) -> None:
+    """Break the kernel the delegates call: eps is dropped."""
+    real = delegate.native_layer_norm
+    monkeypatch.setattr(delegate, "native_layer_norm", lambda x, shape, w=None, b=None, eps=1e-5: real(x, shape, w, b, 0.0))
+
+
 def test_a_delegate_with_eps_dropped_fails_the_verdict(gpu_info, blocks, monkeypatch):
-    real = runtime.native_layer_norm
-    monkeypatch.setattr(runtime, "native_layer_norm", lambda x, shape, w=None, b=None, eps=1e-5: real(x, shape, w, b, 0.0))
+    drop_eps(monkeypatch)
     report = evaluate_accuracy(*blocks, model="blocks")
     assert not report.passed
     assert report.worst_layer_norm.module_path == "norm"  # the only LayerNorm with a large eps
@@ -242,8 +200,7 @@ def test_run_reports_writes_files_and_exits_1_on_a_failed_verdict(gpu_info, bloc
     spec = SimpleNamespace(module=module, example_inputs=inputs, name="bart", variant="tiny")
     monkeypatch.setattr(runner, "_build_and_lower", lambda name, variant, seed: (spec, program))
     assert runner.run_reports("coverage", "bart", output_dir=tmp_path, progress=lambda line: None) == 0
-    real = runtime.native_layer_norm
-    monkeypatch.setattr(runtime, "native_layer_norm", lambda x, s, w=None, b=None, eps=1e-5: real(x, s, w, b, 0.0))
+    drop_eps(monkeypatch)
     assert runner.run_reports("accuracy", "bart", output_dir=tmp_path, progress=lambda line: None) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         f"bart-tiny.{kind}.{ext}" for kind in ("accuracy", "coverage") for ext in ("html", "json", "md")
@@ -252,14 +209,12 @@ def test_run_reports_writes_files_and_exits_1_on_a_failed_verdict(gpu_info, bloc
 
 
 @pytest.mark.parametrize("script", ["coverage_audit", "accuracy_report"])
-def test_scripts_exit_2_on_bad_usage(script, capsys):
-    import importlib.util
+def test_scripts_exit_2_on_bad_usage(script):
+    import subprocess
+    import sys
     from pathlib import Path
 
     path = Path(__file__).parents[1] / "scripts" / f"{script}.py"
-    spec = importlib.util.spec_from_file_location(script, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    with pytest.raises(SystemExit) as exc:
-        mod.main(["llama"])
-    assert exc.value.code == 2
+    done = subprocess.run([sys.executable, str(path), "llama"], capture_output=True, text=True)
+    assert done.returncode == 2
+    assert "invalid choice: 'llama'" in done.stderr

@@ -167,7 +167,8 @@ def origin(node: torch.fx.Node) -> str:
     if sources and "group_norm" in _source_name(sources[-1]).lower():
         return "group_norm"
     stack = node.meta.get("nn_module_stack") or {}
-    if stack and "GroupNorm" in str(list(stack.values())[-1][1]):
+    # The innermost module's class, e.g. "torch.nn.modules.normalization.GroupNorm".
+    if stack and str(list(stack.values())[-1][1]).rsplit(".", 1)[-1].strip("'>") == "GroupNorm":
         return "group_norm"
     return "layer_norm"
 

@@ -119,3 +119,22 @@ def run_reports(
     if failed:
         print(f"{kind}: verdict failed for {', '.join(failed)}", file=sys.stderr)
     return 1 if failed else 0
+
+
+def report_main(kind: str, description: str, argv: list[str] | None = None) -> int:
+    """The command line of scripts/coverage_audit.py ("coverage") and accuracy_report.py
+    ("accuracy"): parse arguments, run the reports, one line on stderr on failure."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("model", choices=[*MODEL_NAMES, "all"], help="which model, or all of them")
+    parser.add_argument("--variant", help="model variant (default: each model's default)")
+    parser.add_argument("--output-dir", default=str(DEFAULT_OUTPUT_DIR), help=f"default {DEFAULT_OUTPUT_DIR}")
+    parser.add_argument("--seed", type=int, default=0, help="seed of weights and inputs (default 0)")
+    args = parser.parse_args(argv)
+    try:
+        return run_reports(kind, args.model, args.variant, args.output_dir, args.seed,
+                           progress=lambda line: print(line, flush=True))
+    except Exception as exc:  # one line for the user, status 1
+        print(f"{parser.prog}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
