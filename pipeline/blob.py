@@ -10,7 +10,10 @@ Layout, all little-endian:
     data     raw float32 constants (weight, bias), each 16-byte aligned
 
 One blob describes one `native_layer_norm`: the partitioner makes one partition per
-LayerNorm. Row counts are not stored; the runtime reads them from the input tensor.
+LayerNorm. Row counts are not stored; the runtime reads them from the input tensor. A
+normalized dim stored as DYNAMIC (-1) is read from the input too: that is how a
+weight-less LayerNorm over a dynamic length (a GroupNorm reframed over a dynamic time
+or spatial dim) runs at any size.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ BYTE_ORDER_MARK = 0x01020304
 HEADER = struct.Struct("<4sHHIIIIII")  # magic, version, header size, BOM, params/data (offset, size), total size
 ALIGN = 16
 
+DYNAMIC = -1  # a normalized dim taken from the input at run time
 NONE = "none"
 CONSTANT = "constant"
 INPUT = "input"
@@ -98,11 +102,18 @@ class LayerNormParams:
     weight: Operand = field(default_factory=Operand)
     bias: Operand = field(default_factory=Operand)
     outputs: tuple[int, ...] = (0,)  # which of (out, mean, rstd) the delegate returns, in order
+    # Delegate arguments in all: x, input weight/bias, and sizes of dynamic dims, which the
+    # partition receives as inputs too (the runtime reads those from x instead).
+    arguments: int = 1
 
     def __post_init__(self) -> None:
         shape = self.normalized_shape
-        if not shape or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in shape):
-            raise ValueError(f"normalized_shape must be non-empty positive ints, got {shape!r}")
+        if not shape or not all(isinstance(d, int) and not isinstance(d, bool) and (d >= 1 or d == DYNAMIC)
+                                 for d in shape):
+            raise ValueError(f"normalized_shape must be non-empty positive ints or {DYNAMIC}, got {shape!r}")
+        if DYNAMIC in shape and (self.weight.source != NONE or self.bias.source != NONE):
+            raise ValueError(f"normalized_shape {list(shape)} has a dynamic dim, which only a LayerNorm "
+                             "without weight and bias can have")
         if not isinstance(self.eps, float) or not math.isfinite(self.eps) or self.eps < 0:
             raise ValueError(f"eps must be a finite non-negative float, got {self.eps!r}")
         if not isinstance(self.input_index, int) or self.input_index < 0:
@@ -110,12 +121,18 @@ class LayerNormParams:
         if not self.outputs or any(o not in (0, 1, 2) for o in self.outputs):
             raise ValueError(f"outputs must be indices into (out, mean, rstd), got {self.outputs!r}")
         indices = [self.input_index] + [op.index for op in (self.weight, self.bias) if op.source == INPUT]
-        if sorted(indices) != list(range(len(indices))):
-            raise ValueError(f"delegate argument indices must be 0..{len(indices) - 1}, got {indices}")
+        if not isinstance(self.arguments, int) or len(set(indices)) != len(indices) or max(indices) >= self.arguments:
+            raise ValueError(f"delegate argument indices {indices} must be distinct and below {self.arguments!r}")
 
-    @property
-    def num_inputs(self) -> int:
-        return 1 + sum(op.source == INPUT for op in (self.weight, self.bias))
+    def resolve(self, input_shape: tuple[int, ...]) -> tuple[int, ...]:
+        """normalized_shape with dynamic dims read from the trailing dims of `input_shape`."""
+        trailing = tuple(input_shape[len(input_shape) - len(self.normalized_shape):])
+        if len(trailing) != len(self.normalized_shape) or any(
+            d != DYNAMIC and d != t for d, t in zip(self.normalized_shape, trailing)
+        ):
+            raise ValueError(f"input shape {list(input_shape)} does not end in normalized_shape "
+                             f"{list(self.normalized_shape)}")
+        return trailing
 
 
 @dataclass(frozen=True)
@@ -163,6 +180,7 @@ def encode(blob: DelegateBlob) -> bytes:
         "weight": {"source": p.weight.source, "index": p.weight.index},
         "bias": {"source": p.bias.source, "index": p.bias.index},
         "outputs": list(p.outputs),
+        "arguments": p.arguments,
         "constants": constants,
     }, sort_keys=True).encode()
     params_offset = HEADER.size
@@ -191,6 +209,7 @@ def decode(blob: bytes | bytearray | memoryview) -> DelegateBlob:
             weight=Operand(**doc["weight"]),
             bias=Operand(**doc["bias"]),
             outputs=tuple(doc["outputs"]),
+            arguments=doc["arguments"],
         )
     except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError, ValueError) as exc:
         raise ValueError(f"delegate blob params corrupt: {exc}") from exc

@@ -31,15 +31,19 @@ def unsupported_reason(node: torch.fx.Node) -> str | None:
         return f"input dtype {x_val.dtype}; the kernel is float32 only"
     if not isinstance(shape, (list, tuple)) or not shape:
         return f"normalized_shape {shape!r} is not a non-empty list"
-    if not all(type(d) is int for d in shape):
-        return f"normalized_shape {list(shape)} is not static"
-    if any(d < 1 for d in shape):
+    static = all(type(d) is int for d in shape)
+    # A dynamic normalized dim is read from the input at run time; weight and bias would need
+    # that length fixed (a reframed GroupNorm has neither).
+    if not static and (weight is not None or bias is not None):
+        return f"normalized_shape {list(shape)} is not static and the LayerNorm has weight or bias"
+    if static and any(d < 1 for d in shape):
         return f"normalized_shape {list(shape)} has non-positive dims"
-    if x_val.dim() < len(shape) or tuple(x_val.shape[x_val.dim() - len(shape):]) != tuple(shape):
-        return f"normalized_shape {list(shape)} does not match input shape {list(x_val.shape)}"
-    row_bytes = math.prod(shape) * 4
-    if row_bytes > MAX_ROW_BYTES:
-        return f"a row of {row_bytes} bytes exceeds WebGPU's guaranteed binding size of {MAX_ROW_BYTES}"
+    # Symbolic dims arrive as nodes computing a size; compare their expressions.
+    dims = [str(d.meta.get("val")) if isinstance(d, torch.fx.Node) else str(d) for d in shape]
+    if x_val.dim() < len(shape) or [str(d) for d in x_val.shape[x_val.dim() - len(shape):]] != dims:
+        return f"normalized_shape {dims} does not match input shape {list(x_val.shape)}"
+    if static and math.prod(shape) * 4 > MAX_ROW_BYTES:
+        return f"a row of {math.prod(shape) * 4} bytes exceeds WebGPU's guaranteed binding size of {MAX_ROW_BYTES}"
     for role, t in (("weight", weight), ("bias", bias)):
         if t is None:
             continue

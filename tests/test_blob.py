@@ -19,7 +19,8 @@ def make_blob(shape=(4, 3), weight=CONSTANT, bias=CONSTANT, outputs=(0, 1, 2), e
     next_index = iter(range(1, 3))
     operands = {r: Operand(s, next(next_index) if s == INPUT else None) for r, s in (("weight", weight), ("bias", bias))}
     constants = {r: rng.standard_normal(shape).astype(np.float32) for r, op in operands.items() if op.source == CONSTANT}
-    params = LayerNormParams(shape, eps, 0, operands["weight"], operands["bias"], outputs)
+    arguments = 1 + sum(op.source == INPUT for op in operands.values())
+    params = LayerNormParams(shape, eps, 0, operands["weight"], operands["bias"], outputs, arguments)
     return DelegateBlob(params, constants)
 
 
@@ -33,6 +34,20 @@ def test_round_trip_every_operand_source(weight, bias):
     for role, arr in original.constants.items():
         np.testing.assert_array_equal(decoded.constants[role], arr)
         assert decoded.constants[role].dtype == np.float32
+
+
+def test_round_trip_dynamic_dims_and_extra_arguments():
+    params = LayerNormParams((blob.DYNAMIC, 4), 1e-5, input_index=1, outputs=(0, 1, 2), arguments=2)
+    decoded = decode(encode(DelegateBlob(params)))
+    assert decoded.params == params
+    assert decoded.params.resolve((3, 7, 4)) == (7, 4)
+    with pytest.raises(ValueError, match="does not end in normalized_shape"):
+        decoded.params.resolve((3, 7, 5))
+
+
+def test_dynamic_dims_refuse_weight_and_bias():
+    with pytest.raises(ValueError, match="without weight and bias"):
+        LayerNormParams((blob.DYNAMIC,), 1e-5, weight=Operand(INPUT, 1), arguments=2)
 
 
 @pytest.mark.parametrize("shape, eps, outputs", [((1,), 1e-12, (0,)), ((7,), 1 / 3, (2, 0)), ((2, 3, 5), 0.0, (1,))])

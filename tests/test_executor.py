@@ -202,6 +202,29 @@ def test_decoder_with_dynamic_sequence_length():
         prog(tokens(65, 3))
 
 
+class AudioFeatures(nn.Module):
+    """A wav2vec-style feature encoder: strided Conv1d + GroupNorm(C, C) over a dynamic length."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv0 = nn.Conv1d(1, 8, 10, stride=5)
+        self.norm0 = nn.GroupNorm(8, 8)
+        self.conv1 = nn.Conv1d(8, 8, 3, stride=2)
+        self.norm1 = nn.GroupNorm(2, 8, affine=False)
+
+    def forward(self, wave):
+        h = F.gelu(self.norm0(self.conv0(wave)))
+        return self.norm1(self.conv1(h))
+
+
+def test_group_norm_over_a_dynamic_length():
+    wave = lambda n, seed: randn(2, 1, n, seed=seed)  # noqa: E731
+    lower_and_compare(
+        seeded(AudioFeatures()), (wave(400, 0),), [(wave(163, 1),), (wave(1001, 2),)],
+        dynamic_shapes=({2: Dim("samples", min=100, max=2000)},), layer_norms=2,
+    )
+
+
 class NormStatistics(nn.Module):
     """Uses the statistics outputs: LayerNorm's (N, T, 1) and GroupNorm's (N, G)."""
 

@@ -70,14 +70,23 @@ def test_non_float32_layer_norms_are_refused_with_a_reason(dtype, reason, caplog
     assert reason in why and name in caplog.text and why in caplog.text
 
 
-def test_dynamic_normalized_shape_is_refused():
-    # GroupNorm over a dynamic length normalizes rows whose width is only known at run time.
-    model = nn.GroupNorm(2, 4)
-    program = edge_program(model, (torch.randn(2, 4, 6),), dynamic_shapes=({2: Dim("length", min=2, max=32)},))
+def test_dynamic_normalized_shape_is_taken_without_affine_only():
+    # GroupNorm over a dynamic length normalizes rows whose width is only known at run time;
+    # the reframed LayerNorm has no weight or bias, so the runtime can read the width.
+    program = edge_program(nn.GroupNorm(2, 4), (torch.randn(2, 4, 6),), dynamic_shapes=({2: Dim("length", min=2, max=32)},))
     partitioner = LayerNormPartitioner()
+    assert len(partitioner.partition(program).partition_tags) == 1 and partitioner.rejected == []
+
+    class AffineOverDynamic(nn.Module):
+        def forward(self, x, w):
+            return torch.native_layer_norm(x, [x.shape[-1]], w, None, 1e-5)[0]
+
+    x, w = torch.randn(2, 6), torch.randn(6)
+    length = Dim("length", min=2, max=32)
+    program = edge_program(AffineOverDynamic(), (x, w), dynamic_shapes=({1: length}, {0: length}))
     partitioner.partition(program)
     [(_, why)] = partitioner.rejected
-    assert "not static" in why
+    assert "not static and the LayerNorm has weight" in why
 
 
 def test_rejections_reset_per_partition_call():

@@ -51,9 +51,8 @@ def describe_partition(edge_program: ExportedProgram) -> blob_format.DelegateBlo
     x, shape, weight, bias, eps = layer_norm_args(norm)
     if x not in arg_index:
         raise ValueError(f"{norm.name}: input {x.name} must be a runtime input of the partition")
-    if not all(isinstance(d, int) for d in shape):
-        raise ValueError(f"{norm.name}: normalized_shape {shape} is not static")
-    shape = tuple(int(d) for d in shape)
+    # Symbolic dims (a dynamic length) are read from the input at run time.
+    shape = tuple(int(d) if isinstance(d, int) else blob_format.DYNAMIC for d in shape)
 
     operands: dict[str, blob_format.Operand] = {}
     constants: dict[str, np.ndarray] = {}
@@ -80,6 +79,7 @@ def describe_partition(edge_program: ExportedProgram) -> blob_format.DelegateBlo
         weight=operands["weight"],
         bias=operands["bias"],
         outputs=tuple(outputs),
+        arguments=len(user_inputs),
     )
     return blob_format.DelegateBlob(params, constants)
 

@@ -12,8 +12,8 @@ from pipeline.runtime.native_layer_norm import native_layer_norm
 
 
 class LayerNormDelegate:
-    """One decoded delegate. Row counts come from the input at each call, so any
-    leading shape (a dynamic sequence length, a new batch size) runs."""
+    """One decoded delegate. Row counts (and dynamic normalized dims) come from the input at
+    each call, so any leading shape (a dynamic sequence length, a new batch size) runs."""
 
     def __init__(self, processed_bytes: bytes) -> None:
         decoded = blob_format.decode(processed_bytes)
@@ -31,9 +31,10 @@ class LayerNormDelegate:
     def __call__(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """The delegate's outputs (a subset of out, mean, rstd, in the blob's order)."""
         p = self.params
-        if len(args) != p.num_inputs:
-            raise ValueError(f"delegate expects {p.num_inputs} inputs, got {len(args)}")
+        if len(args) != p.arguments:
+            raise ValueError(f"delegate expects {p.arguments} inputs, got {len(args)}")
+        x = args[p.input_index]
         results = native_layer_norm(
-            args[p.input_index], p.normalized_shape, self._operand("weight", args), self._operand("bias", args), p.eps
+            x, p.resolve(tuple(x.shape)), self._operand("weight", args), self._operand("bias", args), p.eps
         )
         return tuple(results[i] for i in p.outputs)
