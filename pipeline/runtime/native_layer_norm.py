@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -19,7 +19,7 @@ from pipeline.runtime.device import Gpu, gpu
 SHADER = "native_layer_norm.wgsl"
 MIN_WORKGROUP = 128
 MAX_THREADS_PER_ROW = 256
-LOADS_PER_THREAD = 3
+LOADS_PER_THREAD = 4
 # Floats one thread may hold in registers; wider rows are re-read from memory.
 MAX_FLOATS_PER_THREAD = 64
 MAX_GRID_X = 65535
@@ -70,29 +70,35 @@ class KernelConfig:
 
 
 def choose_config(width: int, has_weight: bool, has_bias: bool, subgroup_size: int = 0) -> KernelConfig:
-    """Vector loads when the width allows; threads per row so each holds about 3 loads;
-    workgroups of at least MIN_WORKGROUP threads (narrow rows share one).
+    """Vector loads when the width allows; threads per row so each makes about
+    LOADS_PER_THREAD loads; workgroups of at least MIN_WORKGROUP threads (narrow rows share
+    one); rows streamed twice rather than held in registers.
 
-    Measured on the H200 (benchmarks/NOTES.md): 2-3 vec4 loads per thread and 128-thread
-    workgroups were fastest or within 3% at every model shape.
+    Streaming won at every model shape but one on the H200 (benchmarks/NOTES.md).
     `subgroup_size` 0 means the adapter has no subgroup operations (workgroup-memory merges).
     """
     vec = 4 if width % 4 == 0 else 1
-    row_vecs = width // vec
-    threads = min(MAX_THREADS_PER_ROW, _next_pow2(math.ceil(row_vecs / LOADS_PER_THREAD)))
-    slots = math.ceil(row_vecs / threads)
-    cached = slots * vec <= MAX_FLOATS_PER_THREAD
+    threads = min(MAX_THREADS_PER_ROW, _next_pow2(math.ceil(width // vec / LOADS_PER_THREAD)))
     return KernelConfig(
         vec=vec,
         threads_per_row=threads,
-        slots=slots if cached else 1,
-        cached=cached,
+        slots=1,
+        cached=False,
         has_weight=has_weight,
         has_bias=has_bias,
         subgroups=subgroup_size > 0,
         row_in_subgroup=0 < threads <= subgroup_size,
         workgroup=max(MIN_WORKGROUP, threads),
     )
+
+
+def held_config(config: KernelConfig, width: int) -> KernelConfig | None:
+    """`config` with each thread's share of the row held in registers (x read once), or None
+    when the share exceeds MAX_FLOATS_PER_THREAD."""
+    slots = math.ceil(width // config.vec / config.threads_per_row)
+    if slots * config.vec > MAX_FLOATS_PER_THREAD:
+        return None
+    return replace(config, cached=True, slots=slots)
 
 
 def _next_pow2(n: int) -> int:

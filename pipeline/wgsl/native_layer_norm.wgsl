@@ -139,25 +139,25 @@ fn normalize_cached(tid: u32, row: u32) {
     }
 }
 
-// Rows too wide for registers: each thread walks its strided share of the row three times
-// (sum, centered squares, output), reading x from memory each time.
+// (count, mean, M2) of one V, exact.
+fn value_stats(v: V) -> vec3<f32> {
+    let m = hsum(v) / f32(VEC);
+    let d = v - V(m);
+    return vec3<f32>(f32(VEC), m, hsum(d * d));
+}
+
+// Rows not held: each thread walks its strided share of the row twice, merging each V's
+// statistics into its own as it goes (Welford, by pairwise merges), then writing the output
+// from a second read, which the L2 cache mostly serves. Few registers, so many rows in flight.
 fn normalize_streamed(tid: u32, row: u32) {
     let lane = tid % THREADS_PER_ROW;
     let live = row < params.rows;
     let base = row * params.row_vecs;
-    var count = 0.0;
-    var sum = 0.0;
+    var local = vec3<f32>(0.0, 0.0, 0.0);
     for (var i = lane; live && i < params.row_vecs; i += THREADS_PER_ROW) {
-        count += f32(VEC);
-        sum += hsum(x[base + i]);
+        local = merge(local, value_stats(x[base + i]));
     }
-    let local_mean = select(0.0, sum / count, count > 0.0);
-    var m2 = 0.0;
-    for (var i = lane; live && i < params.row_vecs; i += THREADS_PER_ROW) {
-        let d = x[base + i] - V(local_mean);
-        m2 += hsum(d * d);
-    }
-    let stats = row_stats(vec3<f32>(count, local_mean, m2), tid, lane);
+    let stats = row_stats(local, tid, lane);
     if (!live) {
         return;
     }
