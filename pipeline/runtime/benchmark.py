@@ -45,10 +45,10 @@ def _copies(nbytes: int) -> int:
     return max(2, min(MAX_COPIES, math.ceil(ROTATE_BYTES / max(nbytes, 1))))
 
 
-def candidate_configs(width: int, subgroup_size: int, affine: bool = True) -> list[KernelConfig]:
+def candidate_configs(rows: int, width: int, subgroup_size: int, affine: bool = True) -> list[KernelConfig]:
     """The default choice first, then threads-per-row x workgroup-size variants around it,
     each streamed and, where the share fits in registers, held."""
-    default = choose_config(width, affine, affine, subgroup_size)
+    default = choose_config(width, affine, affine, subgroup_size, rows)
     configs = [default]
     row_vecs = width // default.vec
     for workgroup in (64, 128, 256, 512):
@@ -68,7 +68,7 @@ def time_kernel(rows: int, width: int, configs: list[KernelConfig] | None = None
     """GPU microseconds of one launch over (rows, width) for each config (default: the
     runtime's own choice), as (batched, isolated) medians; returns (times, clock)."""
     g = gpu()
-    configs = configs or [choose_config(width, affine, affine, g.subgroup_size)]
+    configs = configs or [choose_config(width, affine, affine, g.subgroup_size, rows)]
     nbytes = rows * width * 4
     copies = _copies(nbytes)
     rng = np.random.default_rng(0)
@@ -292,7 +292,7 @@ def run_benchmark(shapes: list[tuple[int, int]], repeats: int = 100, sweep: bool
     results = []
     for rows, width in shapes:
         g = gpu()
-        configs = candidate_configs(width, g.subgroup_size) if sweep else None
+        configs = candidate_configs(rows, width, g.subgroup_size) if sweep else None
         times, clock = time_kernel(rows, width, configs, repeats=repeats)
         wgpu_us, isolated_us = times[0]
         torch_us, torch_clock = time_torch(rows, width, repeats=repeats)

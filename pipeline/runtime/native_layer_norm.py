@@ -17,9 +17,10 @@ import wgpu
 from pipeline.runtime.device import Gpu, gpu
 
 SHADER = "native_layer_norm.wgsl"
-MIN_WORKGROUP = 128
+MIN_WORKGROUP = 64
 MAX_THREADS_PER_ROW = 256
-LOADS_PER_THREAD = 4
+# Threads a launch should have to keep a large GPU's memory busy (an H200: 132 SMs).
+MIN_THREADS = 1 << 17
 # Floats one thread may hold in registers; wider rows are re-read from memory.
 MAX_FLOATS_PER_THREAD = 64
 MAX_GRID_X = 65535
@@ -69,16 +70,26 @@ class KernelConfig:
         return g.shader_source(reduce) + self.prelude() + g.shader_source(SHADER)
 
 
-def choose_config(width: int, has_weight: bool, has_bias: bool, subgroup_size: int = 0) -> KernelConfig:
-    """Vector loads when the width allows; threads per row so each makes about
-    LOADS_PER_THREAD loads; workgroups of at least MIN_WORKGROUP threads (narrow rows share
-    one); rows streamed twice rather than held in registers.
+def choose_config(
+    width: int, has_weight: bool, has_bias: bool, subgroup_size: int = 0, rows: int | None = None
+) -> KernelConfig:
+    """Vector loads when the width allows; rows streamed twice rather than held in registers;
+    threads per row so each makes about 4 loads (2 on rows of at most 64 loads), doubled
+    while the launch has fewer than MIN_THREADS threads (down to ~1.5 loads a thread);
+    workgroups of at least MIN_WORKGROUP threads (narrow rows share one).
 
-    Streaming won at every model shape but one on the H200 (benchmarks/NOTES.md).
-    `subgroup_size` 0 means the adapter has no subgroup operations (workgroup-memory merges).
+    Chosen from the H200 sweep (benchmarks/NOTES.md): within 5% of the best of ~50 variants
+    at every model shape. `subgroup_size` 0 means the adapter has no subgroup operations
+    (workgroup-memory merges).
     """
     vec = 4 if width % 4 == 0 else 1
-    threads = min(MAX_THREADS_PER_ROW, _next_pow2(math.ceil(width // vec / LOADS_PER_THREAD)))
+    row_vecs = width // vec
+    loads = 2 if row_vecs <= 64 else 4
+    threads = min(MAX_THREADS_PER_ROW, _next_pow2(math.ceil(row_vecs / loads)))
+    while rows is not None and rows * threads < MIN_THREADS and threads < MAX_THREADS_PER_ROW:
+        if threads * 2 * 3 > row_vecs * 2:  # would leave under 1.5 loads a thread
+            break
+        threads *= 2
     return KernelConfig(
         vec=vec,
         threads_per_row=threads,
@@ -208,7 +219,7 @@ def _run(g: Gpu, src, weight, bias, eps, out, mean, rstd, poison) -> None:
     limit = min(g.limits["max-storage-buffer-binding-size"], g.limits["max-buffer-size"])
     if row_bytes > limit:
         raise ValueError(f"a row of {width} floats exceeds the adapter's binding limit of {limit} bytes")
-    config = choose_config(width, weight is not None, bias is not None, g.subgroup_size)
+    config = choose_config(width, weight is not None, bias is not None, g.subgroup_size, rows)
     pipeline, layout = _pipeline(g, config)
 
     # Absent weight/bias bind a small placeholder that the specialised kernel never reads.
