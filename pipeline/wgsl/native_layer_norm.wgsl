@@ -6,14 +6,14 @@
 //   const VEC: u32          components in one V (4 or 1)
 //   const WORKGROUP: u32    threads per workgroup
 //   const THREADS_PER_ROW   threads sharing one row, a power of two dividing WORKGROUP
-//   const SLOTS: u32        V values each thread keeps in registers (row held on chip)
-//   const CACHED: bool      false for rows too wide for registers: x is then re-read
+//   const CACHED: bool      rows held in registers (x read once) instead of streamed twice
+//   const SLOTS: u32        V values each thread holds when CACHED
 //   const HAS_WEIGHT, HAS_BIAS: bool
 //   const ROW_IN_SUBGROUP: bool all threads of a row share one subgroup (subgroup reduction)
 //
-// Statistics: each thread takes an exact two-pass (count, mean, M2) over the values it holds,
-// then the row's threads merge those triples pairwise (Chan et al.) in one reduction.
-// Never E[x^2] - E[x]^2.
+// Statistics: each thread builds an exact (count, mean, M2) of its share of the row (two-pass
+// over held values, or per-V triples merged as it streams), then the row's threads merge
+// those triples pairwise (Chan et al.) in one reduction. Never E[x^2] - E[x]^2.
 
 struct Params {
     rows: u32,      // rows in this launch
