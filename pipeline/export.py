@@ -56,7 +56,8 @@ def export_model(
 
     coverage = prog.coverage
     out_dir = Path(output_dir)
-    stem = f"{name}-{spec.variant}"
+    # A dynamic export gets its own files: it must not replace the static one.
+    stem = f"{name}-{spec.variant}" + ("-dynamic" if dynamic else "")
     pte_path = out_dir / f"{stem}.pte"
     coverage_path = out_dir / f"{stem}.coverage.json"
     summary: dict[str, Any] = {

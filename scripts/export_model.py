@@ -4,7 +4,8 @@
     python scripts/export_model.py whisper --variant tiny --output-dir out/
     python scripts/export_model.py bart --checkpoint path/to/bart-base --dynamic
 
-Writes <output-dir>/<model>-<variant>.pte and <model>-<variant>.coverage.json.
+Writes <output-dir>/<model>-<variant>.pte and <model>-<variant>.coverage.json
+(<model>-<variant>-dynamic.* with --dynamic).
 Exit status: 0 done, 1 failed (one line on stderr), 2 bad usage.
 """
 

@@ -94,7 +94,8 @@ def test_export_from_checkpoint(cli, capsys, tmp_path, name, layer_norms, extra)
     write_checkpoint(name, tmp_path / "ckpt")
     out_dir = tmp_path / "out"
     assert cli.main([name, "--checkpoint", str(tmp_path / "ckpt"), "--output-dir", str(out_dir), *extra]) == 0
-    coverage = _check_artifacts(out_dir, f"{name}-custom", layer_norms)
+    stem = f"{name}-custom" + ("-dynamic" if "--dynamic" in extra else "")
+    coverage = _check_artifacts(out_dir, stem, layer_norms)
     assert coverage["checkpoint"] == str(tmp_path / "ckpt")
     assert coverage["dynamic"] == ("--dynamic" in extra)
     assert f"{layer_norms}/{layer_norms} LayerNorms delegated" in capsys.readouterr().out
