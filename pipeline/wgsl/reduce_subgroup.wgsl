@@ -2,7 +2,8 @@
 // the subgroup builtins (Naga takes them once the device has the `subgroup` feature).
 // With ROW_IN_SUBGROUP (THREADS_PER_ROW <= the subgroup size) a row's threads sit in one
 // subgroup and a butterfly merges them without barriers. Otherwise each subgroup merges its
-// part, and the parts meet in workgroup memory behind one barrier.
+// part, and the parts meet in workgroup memory behind one barrier, where each subgroup
+// merges them with another butterfly.
 
 var<workgroup> partial: array<vec3<f32>, WORKGROUP>;
 var<private> subgroup_lanes: u32;
@@ -28,9 +29,15 @@ fn row_stats(local: vec3<f32>, tid: u32, lane: u32) -> vec3<f32> {
         partial[tid / subgroup_lanes] = merged;
     }
     workgroupBarrier();
-    // Every thread of the row merges the row's parts in the same order.
+    // Every subgroup of the row merges the row's parts itself, in the same order in every
+    // subgroup, so all of the row's threads get the same statistics: lane j takes part
+    // j % parts and a butterfly over groups of `parts` lanes combines them, or, with more
+    // parts than lanes, each thread merges them in turn.
     let parts = THREADS_PER_ROW / subgroup_lanes;
     let first = (tid / THREADS_PER_ROW) * parts;
+    if (parts <= subgroup_lanes) {
+        return butterfly(partial[first + subgroup_lane % parts], parts);
+    }
     var stats = partial[first];
     for (var i = 1u; i < parts; i++) {
         stats = merge(stats, partial[first + i]);
