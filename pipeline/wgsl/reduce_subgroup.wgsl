@@ -30,19 +30,17 @@ fn row_stats(local: vec3<f32>, tid: u32, lane: u32) -> vec3<f32> {
     }
     workgroupBarrier();
     // Every subgroup of the row merges the row's parts itself, in the same order in every
-    // subgroup, so all of the row's threads get the same statistics: lane j takes part
-    // j % parts and a butterfly over groups of `parts` lanes combines them, or, with more
-    // parts than lanes, each thread merges them in turn.
+    // subgroup, so all of the row's threads get the same statistics: lane j takes the parts
+    // j, j + span, j + 2 span, ... and a butterfly over `span` lanes combines them. Rounding
+    // grows with log2(span) + parts / span, not with parts as a serial merge's would.
     let parts = THREADS_PER_ROW / subgroup_lanes;
     let first = (tid / THREADS_PER_ROW) * parts;
-    if (parts <= subgroup_lanes) {
-        return butterfly(partial[first + subgroup_lane % parts], parts);
+    let span = min(parts, subgroup_lanes);
+    var stats = partial[first + subgroup_lane % span];
+    for (var k = span; k < parts; k += span) {
+        stats = merge(stats, partial[first + subgroup_lane % span + k]);
     }
-    var stats = partial[first];
-    for (var i = 1u; i < parts; i++) {
-        stats = merge(stats, partial[first + i]);
-    }
-    return stats;
+    return butterfly(stats, span);
 }
 
 @compute @workgroup_size(WORKGROUP)
