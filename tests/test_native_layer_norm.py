@@ -1,6 +1,5 @@
 """The native_layer_norm kernel against a float64 reference, with eager float32 as the yardstick."""
 
-import importlib
 import subprocess
 import sys
 
@@ -13,9 +12,6 @@ from hypothesis import strategies as st
 import pipeline
 from pipeline import runtime
 from pipeline.runtime import device as runtime_device
-
-# The module, not the function that pipeline.runtime re-exports under the same name.
-native_layer_norm_module = importlib.import_module("pipeline.runtime.native_layer_norm")
 
 pytestmark = pytest.mark.usefixtures("gpu_info")
 
@@ -66,24 +62,15 @@ def assert_close_to_reference(x, shape, weight=None, bias=None, eps=1e-5, factor
     return ours
 
 
-@pytest.fixture(params=["subgroup", "workgroup", "held"])
+@pytest.fixture(params=["subgroup", "workgroup"])
 def reduction(request, monkeypatch):
-    """Run under each kernel variant: subgroup shuffles where the adapter has them, the
-    workgroup-memory path that adapters without the `subgroup` feature take, and rows held
-    in registers instead of streamed twice."""
+    """Run under each row-merge strategy: subgroup shuffles where the adapter has them, and the
+    workgroup-memory path that adapters without the `subgroup` feature take."""
     g = runtime_device.gpu()
-    if request.param != "workgroup" and not g.subgroup_size:
+    if request.param == "subgroup" and not g.subgroup_size:
         pytest.skip("adapter has no subgroup operations")
     if request.param == "workgroup":
         monkeypatch.setattr(g, "subgroup_size", 0)
-    if request.param == "held":
-        choose = native_layer_norm_module.choose_config
-
-        def held(width, *args):
-            config = choose(width, *args)
-            return native_layer_norm_module.held_config(config, width) or config
-
-        monkeypatch.setattr(native_layer_norm_module, "choose_config", held)
     return request.param
 
 

@@ -27,7 +27,6 @@ from pipeline.runtime.native_layer_norm import (
     _params,
     _pipeline,
     choose_config,
-    held_config,
     grid,
 )
 
@@ -46,8 +45,7 @@ def _copies(nbytes: int) -> int:
 
 
 def candidate_configs(rows: int, width: int, subgroup_size: int, affine: bool = True) -> list[KernelConfig]:
-    """The default choice first, then threads-per-row x workgroup-size variants around it,
-    each streamed and, where the share fits in registers, held."""
+    """The default choice first, then threads-per-row x workgroup-size variants around it."""
     default = choose_config(width, affine, affine, subgroup_size, rows)
     configs = [default]
     row_vecs = width // default.vec
@@ -55,11 +53,10 @@ def candidate_configs(rows: int, width: int, subgroup_size: int, affine: bool = 
         for threads in (2**i for i in range(11)):
             if threads > workgroup or threads > 2 * row_vecs:
                 continue
-            streamed = replace(default, threads_per_row=threads, workgroup=workgroup,
-                               row_in_subgroup=0 < threads <= subgroup_size)
-            for config in (streamed, held_config(streamed, width)):
-                if config is not None and config not in configs:
-                    configs.append(config)
+            config = replace(default, threads_per_row=threads, workgroup=workgroup,
+                             row_in_subgroup=0 < threads <= subgroup_size)
+            if config not in configs:
+                configs.append(config)
     return configs
 
 
@@ -313,7 +310,7 @@ def run_benchmark(shapes: list[tuple[int, int]], repeats: int = 100, sweep: bool
             result["config"] = asdict(configs[0])
             result["sweep"] = sorted(
                 ({"us": round(t[0], 2), "isolated_us": round(t[1], 2), "threads_per_row": c.threads_per_row,
-                  "workgroup": c.workgroup, "held": c.cached} for c, t in zip(configs, times)),
+                  "workgroup": c.workgroup} for c, t in zip(configs, times)),
                 key=lambda r: r["us"])
         results.append(result)
         best = f" | best of sweep {min(t[0] for t in times):9.2f} us" if sweep else ""

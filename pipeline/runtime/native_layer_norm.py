@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -21,8 +21,6 @@ MIN_WORKGROUP = 64
 MAX_THREADS_PER_ROW = 256
 # Threads a launch should have to keep a large GPU's memory busy (an H200: 132 SMs).
 MIN_THREADS = 1 << 17
-# Floats one thread may hold in registers; wider rows are re-read from memory.
-MAX_FLOATS_PER_THREAD = 64
 MAX_GRID_X = 65535
 PARAMS_BYTES = 32
 
@@ -37,8 +35,6 @@ class KernelConfig:
 
     vec: int
     threads_per_row: int
-    slots: int
-    cached: bool
     has_weight: bool
     has_bias: bool
     subgroups: bool = False
@@ -57,8 +53,6 @@ class KernelConfig:
             f"const VEC: u32 = {self.vec}u;\n"
             f"const WORKGROUP: u32 = {self.workgroup}u;\n"
             f"const THREADS_PER_ROW: u32 = {self.threads_per_row}u;\n"
-            f"const SLOTS: u32 = {self.slots}u;\n"
-            f"const CACHED: bool = {str(self.cached).lower()};\n"
             f"const HAS_WEIGHT: bool = {str(self.has_weight).lower()};\n"
             f"const HAS_BIAS: bool = {str(self.has_bias).lower()};\n"
             f"const ROW_IN_SUBGROUP: bool = {str(self.row_in_subgroup).lower()};\n"
@@ -73,7 +67,7 @@ class KernelConfig:
 def choose_config(
     width: int, has_weight: bool, has_bias: bool, subgroup_size: int = 0, rows: int | None = None
 ) -> KernelConfig:
-    """Vector loads when the width allows; rows streamed twice rather than held in registers;
+    """Vector loads when the width allows;
     threads per row so each makes about 4 loads (2 on rows of at most 64 loads), doubled
     while the launch has fewer than MIN_THREADS threads (down to ~1.5 loads a thread);
     workgroups of at least MIN_WORKGROUP threads (narrow rows share one).
@@ -93,8 +87,6 @@ def choose_config(
     return KernelConfig(
         vec=vec,
         threads_per_row=threads,
-        slots=1,
-        cached=False,
         has_weight=has_weight,
         has_bias=has_bias,
         subgroups=subgroup_size > 0,
@@ -103,23 +95,14 @@ def choose_config(
     )
 
 
-def held_config(config: KernelConfig, width: int) -> KernelConfig | None:
-    """`config` with each thread's share of the row held in registers (x read once), or None
-    when the share exceeds MAX_FLOATS_PER_THREAD."""
-    slots = math.ceil(width // config.vec / config.threads_per_row)
-    if slots * config.vec > MAX_FLOATS_PER_THREAD:
-        return None
-    return replace(config, cached=True, slots=slots)
-
-
 def _next_pow2(n: int) -> int:
     return 1 << max(0, math.ceil(math.log2(max(n, 1))))
 
 
 def _pipeline(g: Gpu, config: KernelConfig) -> tuple[wgpu.GPUComputePipeline, wgpu.GPUBindGroupLayout]:
-    cached = g.pipelines.get((SHADER, config))
-    if cached is not None:
-        return cached
+    known = g.pipelines.get((SHADER, config))
+    if known is not None:
+        return known
     source = config.source(g)
     try:
         module = g.device.create_shader_module(code=source, label=SHADER)
@@ -246,8 +229,11 @@ def _launch(g, pipeline, layout, config, src, affine, eps, poison, out, mean, rs
     mean_buf = g.buffer("mean", rows * 4, _STORAGE)
     rstd_buf = g.buffer("rstd", rows * 4, _STORAGE)
     params = g.buffer("params", PARAMS_BYTES, _UNIFORM)
-    stat_offset = (src.nbytes + 15) // 16 * 16
-    staging = g.buffer("staging", stat_offset + 2 * ((rows * 4 + 15) // 16 * 16), _STAGING)
+    # One read-back: out, then mean, then rstd, each at a 16-byte aligned offset.
+    stat_bytes = rows * 4
+    mean_at = _align16(src.nbytes)
+    rstd_at = mean_at + _align16(stat_bytes)
+    staging = g.buffer("staging", rstd_at + stat_bytes, _STAGING)
 
     g.upload(x_buf, src)
     g.upload(params, _params(rows, width // config.vec, width, eps))
@@ -268,18 +254,20 @@ def _launch(g, pipeline, layout, config, src, affine, eps, poison, out, mean, rs
     compute.set_bind_group(0, bind_group)
     compute.dispatch_workgroups(*grid(rows, config))
     compute.end()
-    stat_bytes = rows * 4
-    stat_stride = (stat_bytes + 15) // 16 * 16
     encoder.copy_buffer_to_buffer(out_buf, 0, staging, 0, src.nbytes)
-    encoder.copy_buffer_to_buffer(mean_buf, 0, staging, stat_offset, stat_bytes)
-    encoder.copy_buffer_to_buffer(rstd_buf, 0, staging, stat_offset + stat_stride, stat_bytes)
+    encoder.copy_buffer_to_buffer(mean_buf, 0, staging, mean_at, stat_bytes)
+    encoder.copy_buffer_to_buffer(rstd_buf, 0, staging, rstd_at, stat_bytes)
     g.device.queue.submit([encoder.finish()])
     g.stats.dispatches += 1
 
-    data = np.frombuffer(g.read(staging, stat_offset + stat_stride + stat_bytes), dtype=np.float32)
+    data = np.frombuffer(g.read(staging, rstd_at + stat_bytes), dtype=np.float32)
     out[...] = data[: src.size].reshape(rows, width)
-    mean[...] = data[stat_offset // 4 : stat_offset // 4 + rows]
-    rstd[...] = data[(stat_offset + stat_stride) // 4 : (stat_offset + stat_stride) // 4 + rows]
+    mean[...] = data[mean_at // 4 : mean_at // 4 + rows]
+    rstd[...] = data[rstd_at // 4 : rstd_at // 4 + rows]
+
+
+def _align16(n: int) -> int:
+    return (n + 15) // 16 * 16
 
 
 def _params(rows: int, row_vecs: int, width: int, eps: float) -> np.ndarray:

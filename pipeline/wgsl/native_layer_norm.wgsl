@@ -6,14 +6,13 @@
 //   const VEC: u32          components in one V (4 or 1)
 //   const WORKGROUP: u32    threads per workgroup
 //   const THREADS_PER_ROW   threads sharing one row, a power of two dividing WORKGROUP
-//   const CACHED: bool      rows held in registers (x read once) instead of streamed twice
-//   const SLOTS: u32        V values each thread holds when CACHED
 //   const HAS_WEIGHT, HAS_BIAS: bool
 //   const ROW_IN_SUBGROUP: bool all threads of a row share one subgroup (subgroup reduction)
 //
-// Statistics: each thread builds an exact (count, mean, M2) of its share of the row (two-pass
-// over held values, or per-V triples merged as it streams), then the row's threads merge
-// those triples pairwise (Chan et al.) in one reduction. Never E[x^2] - E[x]^2.
+// Each thread walks its strided share of the row twice: first merging every V's exact
+// (count, mean, M2) into its own (Welford, by pairwise merges), then, once the row's threads
+// have merged their triples (Chan et al.) in one reduction, re-reading x (mostly from L2) to
+// write the output. Few registers, so many rows in flight. Never E[x^2] - E[x]^2.
 
 struct Params {
     rows: u32,      // rows in this launch
@@ -59,45 +58,29 @@ fn merge(a: vec3<f32>, b: vec3<f32>) -> vec3<f32> {
 fn normalize_rows(tid: u32, group: vec3<u32>, groups: vec3<u32>) {
     // Rows past 65,535 workgroups come through the y dimension of the grid.
     let row = (group.x + group.y * groups.x) * ROWS_PER_WORKGROUP + tid / THREADS_PER_ROW;
-    if (CACHED) {
-        normalize_cached(tid, row);
-    } else {
-        normalize_streamed(tid, row);
-    }
-}
-
-// The thread's share of one row: V values lane, lane + THREADS_PER_ROW, ...; zeros past the
-// row's end or past the last row. The loads are independent, so all are in flight at once.
-fn load_share(row: u32, lane: u32) -> array<V, SLOTS> {
-    var share: array<V, SLOTS>;
+    let lane = tid % THREADS_PER_ROW;
     let live = row < params.rows;
-    for (var k = 0u; k < SLOTS; k++) {
-        let i = lane + k * THREADS_PER_ROW;
-        let at = min(row * params.row_vecs + i, arrayLength(&x) - 1u);
-        share[k] = select(V(0.0), x[at], live && i < params.row_vecs);
+    let base = row * params.row_vecs;
+    var local = vec3<f32>(0.0, 0.0, 0.0);
+    for (var i = lane; live && i < params.row_vecs; i += THREADS_PER_ROW) {
+        local = merge(local, value_stats(x[base + i]));
     }
-    return share;
+    // Threads past the last row take part in the merge too; they only skip memory.
+    let stats = row_stats(local, tid, lane);
+    if (!live) {
+        return;
+    }
+    let mean_rstd = finish_row(row, lane, stats);
+    for (var i = lane; i < params.row_vecs; i += THREADS_PER_ROW) {
+        out[base + i] = normalized(x[base + i], i, mean_rstd);
+    }
 }
 
-// Exact two-pass (count, mean, M2) of the valid values of a share.
-fn share_stats(share: array<V, SLOTS>, live: bool, lane: u32) -> vec3<f32> {
-    var count = 0.0;
-    var sum = 0.0;
-    for (var k = 0u; k < SLOTS; k++) {
-        if (live && lane + k * THREADS_PER_ROW < params.row_vecs) {
-            count += f32(VEC);
-            sum += hsum(share[k]);
-        }
-    }
-    let local_mean = select(0.0, sum / count, count > 0.0);
-    var m2 = 0.0;
-    for (var k = 0u; k < SLOTS; k++) {
-        if (live && lane + k * THREADS_PER_ROW < params.row_vecs) {
-            let d = share[k] - V(local_mean);
-            m2 += hsum(d * d);
-        }
-    }
-    return vec3<f32>(count, local_mean, m2);
+// (count, mean, M2) of one V, exact.
+fn value_stats(v: V) -> vec3<f32> {
+    let m = hsum(v) / f32(VEC);
+    let d = v - V(m);
+    return vec3<f32>(f32(VEC), m, hsum(d * d));
 }
 
 // Writes mean and rstd of `row` from its merged statistics; returns (mean, rstd). A row
@@ -118,51 +101,4 @@ fn normalized(v: V, i: u32, mean_rstd: vec2<f32>) -> V {
     if (HAS_WEIGHT) { y = y * weight[i]; }
     if (HAS_BIAS) { y = y + bias[i]; }
     return y;
-}
-
-// Rows held in registers: x is read once.
-fn normalize_cached(tid: u32, row: u32) {
-    let lane = tid % THREADS_PER_ROW;
-    let live = row < params.rows;
-    let share = load_share(row, lane);
-    // Threads past the last row take part in the merge too; they only skip memory.
-    let stats = row_stats(share_stats(share, live, lane), tid, lane);
-    if (!live) {
-        return;
-    }
-    let mean_rstd = finish_row(row, lane, stats);
-    for (var k = 0u; k < SLOTS; k++) {
-        let i = lane + k * THREADS_PER_ROW;
-        if (i < params.row_vecs) {
-            out[row * params.row_vecs + i] = normalized(share[k], i, mean_rstd);
-        }
-    }
-}
-
-// (count, mean, M2) of one V, exact.
-fn value_stats(v: V) -> vec3<f32> {
-    let m = hsum(v) / f32(VEC);
-    let d = v - V(m);
-    return vec3<f32>(f32(VEC), m, hsum(d * d));
-}
-
-// Rows not held: each thread walks its strided share of the row twice, merging each V's
-// statistics into its own as it goes (Welford, by pairwise merges), then writing the output
-// from a second read, which the L2 cache mostly serves. Few registers, so many rows in flight.
-fn normalize_streamed(tid: u32, row: u32) {
-    let lane = tid % THREADS_PER_ROW;
-    let live = row < params.rows;
-    let base = row * params.row_vecs;
-    var local = vec3<f32>(0.0, 0.0, 0.0);
-    for (var i = lane; live && i < params.row_vecs; i += THREADS_PER_ROW) {
-        local = merge(local, value_stats(x[base + i]));
-    }
-    let stats = row_stats(local, tid, lane);
-    if (!live) {
-        return;
-    }
-    let mean_rstd = finish_row(row, lane, stats);
-    for (var i = lane; i < params.row_vecs; i += THREADS_PER_ROW) {
-        out[base + i] = normalized(x[base + i], i, mean_rstd);
-    }
 }
