@@ -1,5 +1,7 @@
 """The native_layer_norm kernel against a float64 reference, with eager float32 as the yardstick."""
 
+import dataclasses
+import importlib
 import subprocess
 import sys
 
@@ -14,6 +16,7 @@ from pipeline import runtime
 from pipeline.runtime import device as runtime_device
 
 pytestmark = pytest.mark.usefixtures("gpu_info")
+kernel = importlib.import_module("pipeline.runtime.native_layer_norm")
 
 WIDTHS = [1, 3, 5, 7, 32, 128, 132, 384, 768, 1024, 1280, 3072, 4097]
 AFFINE = [(False, False), (True, False), (False, True), (True, True)]
@@ -62,15 +65,24 @@ def assert_close_to_reference(x, shape, weight=None, bias=None, eps=1e-5, factor
     return ours
 
 
-@pytest.fixture(params=["subgroup", "workgroup"])
+@pytest.fixture(params=["subgroup", "workgroup", "streamed"])
 def reduction(request, monkeypatch):
     """Run under each row-merge strategy: subgroup shuffles where the adapter has them, and the
-    workgroup-memory path that adapters without the `subgroup` feature take."""
+    workgroup-memory path that adapters without the `subgroup` feature take; and with rows
+    streamed, the path of rows too wide to hold, forced at every width."""
     g = runtime_device.gpu()
     if request.param == "subgroup" and not g.subgroup_size:
         pytest.skip("adapter has no subgroup operations")
     if request.param == "workgroup":
         monkeypatch.setattr(g, "subgroup_size", 0)
+    if request.param == "streamed":
+        chosen = kernel.choose_config
+
+        def streamed(*args, **kwargs):
+            config = chosen(*args, **kwargs)
+            return dataclasses.replace(config, hold=0, unroll=kernel.STREAM_UNROLL, affine_early=False)
+
+        monkeypatch.setattr(kernel, "choose_config", streamed)
     return request.param
 
 
@@ -233,3 +245,13 @@ def test_import_leaves_executorch_and_transformers_unloaded():
 def test_device_info(gpu_info):
     assert gpu_info["adapter"] and gpu_info["backend"]
     assert gpu_info["limits"]["max-storage-buffer-binding-size"] > 0
+
+
+def test_rows_are_held_where_they_fit_and_streamed_beyond():
+    held = kernel.choose_config(1024, True, True, 32)
+    assert (held.vec, held.threads_per_row, held.hold, held.affine_early) == (4, 64, 4, True)
+    narrow = kernel.choose_config(7, False, False, 0)
+    assert (narrow.vec, narrow.threads_per_row, narrow.hold) == (1, 1, 7)
+    wide = kernel.choose_config(4 * kernel.MAX_THREADS_PER_ROW * kernel.MAX_HOLD + 4, True, False, 32)
+    assert wide.hold == 0 and wide.unroll == kernel.STREAM_UNROLL
+    assert wide.threads_per_row == kernel.MAX_THREADS_PER_ROW

@@ -22,6 +22,7 @@ from pipeline.runtime.native_layer_norm import (
     _STAGING,
     _STORAGE,
     _UNIFORM,
+    MAX_HOLD,
     PARAMS_BYTES,
     KernelConfig,
     _params,
@@ -45,18 +46,29 @@ def _copies(nbytes: int) -> int:
 
 
 def candidate_configs(rows: int, width: int, subgroup_size: int, affine: bool = True) -> list[KernelConfig]:
-    """The default choice first, then threads-per-row x workgroup-size variants around it."""
+    """The default choice first; then rows held at half, the same and twice its threads per
+    row where that leaves at most MAX_HOLD values a thread, in workgroups of 64-256 threads,
+    weight and bias loaded before or after the merge; then rows streamed at the default's
+    threads per row, 1, 2 or 4 values a loop step."""
     default = choose_config(width, affine, affine, subgroup_size, rows)
     configs = [default]
+
+    def add(config: KernelConfig) -> None:
+        if config not in configs:
+            configs.append(config)
+
     row_vecs = width // default.vec
-    for workgroup in (64, 128, 256, 512):
-        for threads in (2**i for i in range(11)):
-            if threads > workgroup or threads > 2 * row_vecs:
-                continue
-            config = replace(default, threads_per_row=threads, workgroup=workgroup,
-                             row_in_subgroup=0 < threads <= subgroup_size)
-            if config not in configs:
-                configs.append(config)
+    base = default.threads_per_row
+    for threads in (base // 2, base, base * 2):
+        hold = math.ceil(row_vecs / max(threads, 1))
+        if threads < 1 or hold > MAX_HOLD or threads > 1024:
+            continue
+        for workgroup in sorted({max(64, threads), max(128, threads), max(256, threads)}):
+            for early in (True, False):
+                add(replace(default, threads_per_row=threads, workgroup=workgroup, hold=hold, unroll=1,
+                            affine_early=early, row_in_subgroup=0 < threads <= subgroup_size))
+    for unroll in (1, 2, 4):
+        add(replace(default, hold=0, unroll=unroll, affine_early=False))
     return configs
 
 
@@ -310,7 +322,9 @@ def run_benchmark(shapes: list[tuple[int, int]], repeats: int = 100, sweep: bool
             result["config"] = asdict(configs[0])
             result["sweep"] = sorted(
                 ({"us": round(t[0], 2), "isolated_us": round(t[1], 2), "threads_per_row": c.threads_per_row,
-                  "workgroup": c.workgroup} for c, t in zip(configs, times)),
+                  "workgroup": c.workgroup, "hold": c.hold, "unroll": c.unroll,
+                  "affine_early": c.affine_early}
+                 for c, t in zip(configs, times)),
                 key=lambda r: r["us"])
         results.append(result)
         best = f" | best of sweep {min(t[0] for t in times):9.2f} us" if sweep else ""

@@ -19,8 +19,10 @@ from pipeline.runtime.device import Gpu, gpu
 SHADER = "native_layer_norm.wgsl"
 MIN_WORKGROUP = 64
 MAX_THREADS_PER_ROW = 256
-# Threads a launch should have to keep a large GPU's memory busy (an H200: 132 SMs).
-MIN_THREADS = 1 << 17
+# Values of a row one thread holds in registers at most; wider rows are streamed.
+MAX_HOLD = 8
+# Values a streaming thread loads in one loop step.
+STREAM_UNROLL = 4
 MAX_GRID_X = 65535
 PARAMS_BYTES = 32
 
@@ -40,6 +42,12 @@ class KernelConfig:
     subgroups: bool = False
     row_in_subgroup: bool = False
     workgroup: int = MIN_WORKGROUP
+    # 0: rows streamed (read twice), `unroll` values a loop step; k > 0: each thread holds
+    # its k values of the row (read once), with weight and bias loaded before the merge
+    # when `affine_early`.
+    hold: int = 0
+    unroll: int = 1
+    affine_early: bool = False
 
     @property
     def rows_per_workgroup(self) -> int:
@@ -56,6 +64,9 @@ class KernelConfig:
             f"const HAS_WEIGHT: bool = {str(self.has_weight).lower()};\n"
             f"const HAS_BIAS: bool = {str(self.has_bias).lower()};\n"
             f"const ROW_IN_SUBGROUP: bool = {str(self.row_in_subgroup).lower()};\n"
+            f"const HOLD: u32 = {self.hold}u;\n"
+            + _streamed_source(self.unroll)
+            + _held_source(max(self.hold, 1), self.affine_early)
         )
 
     def source(self, g: Gpu) -> str:
@@ -64,26 +75,87 @@ class KernelConfig:
         return g.shader_source(reduce) + self.prelude() + g.shader_source(SHADER)
 
 
+def _each(count: int, template: str, start: str = "lane", indent: int = 4) -> str:
+    """`template` once per value k < count, as WGSL lines: {k} and {i}, the value's index in
+    the row (start + k * THREADS_PER_ROW), filled in."""
+    return "".join(
+        " " * indent + template.format(k=k, i=f"{start} + {k}u * THREADS_PER_ROW") + "\n" for k in range(count)
+    )
+
+
+def _streamed_source(unroll: int) -> str:
+    """Each thread walks its strided share twice, `unroll` values a step, all loads of a step
+    issued before any merge waits on one: Welford merges of exact per-V triples, the row's
+    merge, then a second read of x (mostly from L2) to write the output."""
+    step = f"{unroll}u * THREADS_PER_ROW"
+    return (
+        "fn normalize_streamed(tid: u32, row: u32) {\n"
+        "    let live = row < params.rows;\n"
+        "    let base = row * params.row_vecs;\n"
+        "    let lane = tid % THREADS_PER_ROW;\n"
+        "    var local = vec3<f32>(0.0, 0.0, 0.0);\n"
+        f"    for (var at = lane; live && at < params.row_vecs; at += {step}) {{\n"
+        + _each(unroll, "let v{k} = load_x(base, {i}, true);", "at", 8)
+        + _each(unroll, "local = merge(local, stats_at(v{k}, {i}, true));", "at", 8)
+        + "    }\n"
+        "    // Threads past the last row take part in the merge too; they only skip memory.\n"
+        "    let stats = row_stats(local, tid, lane);\n"
+        "    if (!live) {\n        return;\n    }\n"
+        "    let mean_rstd = finish_row(row, lane, stats);\n"
+        f"    for (var at = lane; at < params.row_vecs; at += {step}) {{\n"
+        + _each(unroll, "let v{k} = load_x(base, {i}, true);", "at", 8)
+        + _each(unroll, "store_out(base, {i}, v{k}, mean_rstd, weight_at({i}), bias_at({i}));", "at", 8)
+        + "    }\n}\n"
+    )
+
+
+def _held_source(hold: int, affine_early: bool) -> str:
+    """Each thread loads its `hold` values once into registers and takes a corrected two-pass
+    (count, mean, M2) of them; the row's merge follows and the output comes from registers."""
+    affine = _each(hold, "let w{k} = weight_at({i});") + _each(hold, "let b{k} = bias_at({i});")
+    return (
+        "fn normalize_held(tid: u32, row: u32) {\n"
+        "    let lane = tid % THREADS_PER_ROW;\n"
+        "    let live = row < params.rows;\n"
+        "    let base = row * params.row_vecs;\n"
+        + _each(hold, "let v{k} = load_x(base, {i}, live);")
+        + (affine if affine_early else "")
+        + "    var count = 0.0;\n    var sum = 0.0;\n"
+        + _each(hold, "count += count_at({i}, live);")
+        + _each(hold, "sum += hsum(v{k});")
+        + "    let first_mean = select(0.0, sum / count, count > 0.0);\n"
+        "    // Second pass about the first mean, corrected by the rounding of that mean.\n"
+        "    var dev = vec2<f32>(0.0);\n"
+        + _each(hold, "dev += deviation_at(v{k}, {i}, live, first_mean);")
+        + "    let shift = select(0.0, dev.x / count, count > 0.0);\n"
+        "    let local = vec3<f32>(count, first_mean + shift, max(0.0, dev.y - dev.x * shift));\n"
+        "    // Threads past the last row take part in the merge too; they only skip memory.\n"
+        "    let stats = row_stats(local, tid, lane);\n"
+        "    if (!live) {\n        return;\n    }\n"
+        "    let mean_rstd = finish_row(row, lane, stats);\n"
+        + ("" if affine_early else affine)
+        + _each(hold, "store_out(base, {i}, v{k}, mean_rstd, w{k}, b{k});")
+        + "}\n"
+    )
+
+
 def choose_config(
     width: int, has_weight: bool, has_bias: bool, subgroup_size: int = 0, rows: int | None = None
 ) -> KernelConfig:
-    """Vector loads when the width allows;
-    threads per row so each makes about 4 loads (2 on rows of at most 64 loads), doubled
-    while the launch has fewer than MIN_THREADS threads (down to ~1.5 loads a thread);
-    workgroups of at least MIN_WORKGROUP threads (narrow rows share one).
+    """Vector loads when the width allows. Rows held in registers when they fit: the most
+    threads per row (a power of two) that leave each at least 4 values, so 4 to 7 each,
+    weight and bias loaded with x. Rows wider than MAX_HOLD values for each of
+    MAX_THREADS_PER_ROW threads are streamed, 4 values a loop step. Workgroups of at least
+    MIN_WORKGROUP threads (narrow rows share one).
 
-    Chosen from the H200 sweep (benchmarks/NOTES.md): within 5% of the best of ~50 variants
-    at every model shape. `subgroup_size` 0 means the adapter has no subgroup operations
-    (workgroup-memory merges).
+    Chosen from the H200 sweep (benchmarks/NOTES.md). `subgroup_size` 0 means the adapter
+    has no subgroup operations (workgroup-memory merges). `rows` is accepted for callers
+    that know it; the choice does not depend on it.
     """
     vec = 4 if width % 4 == 0 else 1
     row_vecs = width // vec
-    loads = 2 if row_vecs <= 64 else 4
-    threads = min(MAX_THREADS_PER_ROW, _next_pow2(math.ceil(row_vecs / loads)))
-    while rows is not None and rows * threads < MIN_THREADS and threads < MAX_THREADS_PER_ROW:
-        if threads * 2 * 3 > row_vecs * 2:  # would leave under 1.5 loads a thread
-            break
-        threads *= 2
+    threads = min(MAX_THREADS_PER_ROW, _prev_pow2(max(1, row_vecs // 4)))
+    hold = math.ceil(row_vecs / threads)
     return KernelConfig(
         vec=vec,
         threads_per_row=threads,
@@ -92,11 +164,14 @@ def choose_config(
         subgroups=subgroup_size > 0,
         row_in_subgroup=0 < threads <= subgroup_size,
         workgroup=max(MIN_WORKGROUP, threads),
+        hold=hold if hold <= MAX_HOLD else 0,
+        unroll=1 if hold <= MAX_HOLD else STREAM_UNROLL,
+        affine_early=hold <= MAX_HOLD,
     )
 
 
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, math.ceil(math.log2(max(n, 1))))
+def _prev_pow2(n: int) -> int:
+    return 1 << (max(n, 1).bit_length() - 1)
 
 
 def _pipeline(g: Gpu, config: KernelConfig) -> tuple[wgpu.GPUComputePipeline, wgpu.GPUBindGroupLayout]:

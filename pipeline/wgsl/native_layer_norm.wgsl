@@ -8,11 +8,18 @@
 //   const THREADS_PER_ROW   threads sharing one row, a power of two dividing WORKGROUP
 //   const HAS_WEIGHT, HAS_BIAS: bool
 //   const ROW_IN_SUBGROUP: bool all threads of a row share one subgroup (subgroup reduction)
+//   const HOLD: u32         0: the row is streamed; k > 0: each thread holds its k values
+// and the two functions normalize_streamed and normalize_held, whose bodies it generates
+// with their per-value statements written out (unrolled): loops over a private array would
+// leave the array in local memory, and one load per loop iteration leaves one in flight.
 //
-// Each thread walks its strided share of the row twice: first merging every V's exact
-// (count, mean, M2) into its own (Welford, by pairwise merges), then, once the row's threads
-// have merged their triples (Chan et al.) in one reduction, re-reading x (mostly from L2) to
-// write the output. Few registers, so many rows in flight. Never E[x^2] - E[x]^2.
+// Streamed rows: each thread walks its strided share of the row twice, first merging every
+// V's exact (count, mean, M2) into its own (Welford, by pairwise merges), then, once the
+// row's threads have merged their triples (Chan et al.) in one reduction, re-reading x
+// (mostly from L2) to write the output. Few registers, so many rows in flight.
+// Held rows: each thread loads its share once into registers and takes a corrected two-pass
+// (count, mean, M2) of it; the same merge follows, and the output comes from the registers.
+// Never E[x^2] - E[x]^2.
 
 struct Params {
     rows: u32,      // rows in this launch
@@ -58,21 +65,10 @@ fn merge(a: vec3<f32>, b: vec3<f32>) -> vec3<f32> {
 fn normalize_rows(tid: u32, group: vec3<u32>, groups: vec3<u32>) {
     // Rows past 65,535 workgroups come through the y dimension of the grid.
     let row = (group.x + group.y * groups.x) * ROWS_PER_WORKGROUP + tid / THREADS_PER_ROW;
-    let lane = tid % THREADS_PER_ROW;
-    let live = row < params.rows;
-    let base = row * params.row_vecs;
-    var local = vec3<f32>(0.0, 0.0, 0.0);
-    for (var i = lane; live && i < params.row_vecs; i += THREADS_PER_ROW) {
-        local = merge(local, value_stats(x[base + i]));
-    }
-    // Threads past the last row take part in the merge too; they only skip memory.
-    let stats = row_stats(local, tid, lane);
-    if (!live) {
-        return;
-    }
-    let mean_rstd = finish_row(row, lane, stats);
-    for (var i = lane; i < params.row_vecs; i += THREADS_PER_ROW) {
-        out[base + i] = normalized(x[base + i], i, mean_rstd);
+    if (HOLD > 0u) {
+        normalize_held(tid, row);
+    } else {
+        normalize_streamed(tid, row);
     }
 }
 
@@ -96,9 +92,51 @@ fn finish_row(row: u32, lane: u32, stats: vec3<f32>) -> vec2<f32> {
     return vec2<f32>(stats.y, rstd_row);
 }
 
-fn normalized(v: V, i: u32, mean_rstd: vec2<f32>) -> V {
-    var y = (v - V(mean_rstd.x)) * mean_rstd.y;  // NaN throughout for a non-finite row
-    if (HAS_WEIGHT) { y = y * weight[i]; }
-    if (HAS_BIAS) { y = y + bias[i]; }
-    return y;
+
+
+// The V at index i of the row at `base`, zeros past the row's end or for a dead thread.
+fn load_x(base: u32, i: u32, live: bool) -> V {
+    if (live && i < params.row_vecs) {
+        return x[base + i];
+    }
+    return V(0.0);
+}
+
+// (count, mean, M2) of the V at index i, none past the row's end or for a dead thread.
+fn stats_at(v: V, i: u32, live: bool) -> vec3<f32> {
+    return select(vec3<f32>(0.0), value_stats(v), live && i < params.row_vecs);
+}
+
+// Components the V at index i counts for (0 past the row's end or for a dead thread).
+fn count_at(i: u32, live: bool) -> f32 {
+    return select(0.0, f32(VEC), live && i < params.row_vecs);
+}
+
+// (sum of d, sum of d^2) with d = v - center, for the V at index i (zeros when absent).
+fn deviation_at(v: V, i: u32, live: bool, center: f32) -> vec2<f32> {
+    let d = select(V(0.0), v - V(center), live && i < params.row_vecs);
+    return vec2<f32>(hsum(d), hsum(d * d));
+}
+
+fn weight_at(i: u32) -> V {
+    if (HAS_WEIGHT && i < params.row_vecs) {
+        return weight[i];
+    }
+    return V(1.0);
+}
+
+fn bias_at(i: u32) -> V {
+    if (HAS_BIAS && i < params.row_vecs) {
+        return bias[i];
+    }
+    return V(0.0);
+}
+
+fn store_out(base: u32, i: u32, v: V, mean_rstd: vec2<f32>, w: V, b: V) {
+    if (i < params.row_vecs) {
+        var y = (v - V(mean_rstd.x)) * mean_rstd.y;  // NaN throughout for a non-finite row
+        if (HAS_WEIGHT) { y = y * w; }
+        if (HAS_BIAS) { y = y + b; }
+        out[base + i] = y;
+    }
 }

@@ -1,0 +1,66 @@
+"""Row statistics against float64 on large-mean rows: the kernel's held and streamed paths
+next to eager PyTorch float32, in float32 ulps of the true value (mean: ulps of the mean;
+rstd: ulps of rstd; out: max abs error over the max abs true value, in float32 eps).
+
+    python benchmarks/stats_accuracy.py [OUT.json]
+"""
+import dataclasses
+import importlib
+import json
+import sys
+
+import numpy as np
+import torch
+
+from pipeline.ioutil import write_json_atomic
+from pipeline.runtime.device import device_info
+
+kernel = importlib.import_module("pipeline.runtime.native_layer_norm")
+ATEN = torch.ops.aten.native_layer_norm.default
+CASES = [(1.0, 1e-3), (1e4, 1e-2), (-50.0, 1.0)]
+WIDTHS = [96, 384, 768, 1024, 1280, 3072, 4097]
+chosen = kernel.choose_config
+
+
+def streamed(*args, **kwargs):
+    return dataclasses.replace(chosen(*args, **kwargs), hold=0, unroll=kernel.STREAM_UNROLL, affine_early=False)
+
+
+def ulps(got: torch.Tensor, truth: torch.Tensor) -> float:
+    spacing = np.spacing(truth.float().abs().numpy()).astype(np.float64)
+    return float(np.mean(np.abs(got.double().numpy() - truth.numpy()) / spacing))
+
+
+def main() -> None:
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for loc, scale in CASES:
+        for width in WIDTHS:
+            x = loc + scale * torch.randn(64, width, generator=gen)
+            w, b = torch.randn(width, generator=gen), torch.randn(width, generator=gen)
+            truth = ATEN(x.double(), [width], w.double(), b.double(), 1e-5)
+            row = {"loc": loc, "scale": scale, "width": width}
+            results = {"eager": ATEN(x, [width], w, b, 1e-5)}
+            for name, choose in (("held", chosen), ("streamed", streamed)):
+                kernel.choose_config = choose
+                results[name] = kernel.native_layer_norm(x, [width], w, b, 1e-5)
+            kernel.choose_config = chosen
+            for name, (out, mean, rstd) in results.items():
+                out_err = (out.double() - truth[0]).abs().max() / truth[0].abs().max()
+                row[name] = {"mean_ulps": round(ulps(mean, truth[1]), 3), "rstd_ulps": round(ulps(rstd, truth[2]), 3),
+                             "out_eps": round(float(out_err) / float(np.finfo(np.float32).eps), 2)}
+            rows.append(row)
+            print(row, flush=True)
+    summary = []
+    for loc, scale in CASES:
+        case = [r for r in rows if (r["loc"], r["scale"]) == (loc, scale)]
+        summary.append({"loc": loc, "scale": scale, **{
+            name: {key: round(float(np.mean([r[name][key] for r in case])), 3) for key in ("mean_ulps", "rstd_ulps", "out_eps")}
+            for name in ("eager", "held", "streamed")}})
+        print("mean over widths:", summary[-1])
+    if len(sys.argv) > 1:
+        write_json_atomic(sys.argv[1], {"adapter": device_info()["adapter"], "summary": summary, "cases": rows})
+
+
+if __name__ == "__main__":
+    main()
