@@ -9,14 +9,26 @@ var<workgroup> partial: array<vec3<f32>, WORKGROUP>;
 var<private> subgroup_lanes: u32;
 var<private> subgroup_lane: u32;
 
+// One butterfly level: lanes `mask` apart swap statistics and merge them; the lower lane
+// of each pair is `a` on both sides.
+fn butterfly_level(stats: vec3<f32>, mask: u32) -> vec3<f32> {
+    let other = subgroupShuffleXor(stats, mask);
+    let low = (subgroup_lane & mask) == 0u;
+    return merge(select(other, stats, low), select(stats, other, low));
+}
+
+// Merges the statistics of each `span` lanes (a power of two, at most 128, the largest
+// subgroup). The levels are written out rather than looped over: with `span` a constant
+// the unused ones fold away, and no loop bookkeeping sits between the shuffles.
 fn butterfly(local: vec3<f32>, span: u32) -> vec3<f32> {
     var stats = local;
-    for (var mask = 1u; mask < span; mask = mask * 2u) {
-        let other = subgroupShuffleXor(stats, mask);
-        // The lower lane of each pair is `a` on both sides.
-        let low = (subgroup_lane & mask) == 0u;
-        stats = merge(select(other, stats, low), select(stats, other, low));
-    }
+    if (span > 1u) { stats = butterfly_level(stats, 1u); }
+    if (span > 2u) { stats = butterfly_level(stats, 2u); }
+    if (span > 4u) { stats = butterfly_level(stats, 4u); }
+    if (span > 8u) { stats = butterfly_level(stats, 8u); }
+    if (span > 16u) { stats = butterfly_level(stats, 16u); }
+    if (span > 32u) { stats = butterfly_level(stats, 32u); }
+    if (span > 64u) { stats = butterfly_level(stats, 64u); }
     return stats;
 }
 
