@@ -99,7 +99,7 @@ def time_kernel(rows: int, width: int, configs: list[KernelConfig] | None = None
     times = []
     for config in configs:
         pipeline, layout = _pipeline(g, config)
-        g.device.queue.write_buffer(params, 0, _params(rows, width // config.vec, width, 1e-5))
+        g.device.queue.write_buffer(params, 0, _params(rows, 1e-5))
         bind_groups = [g.device.create_bind_group(
             layout=layout, entries=[{"binding": i, "resource": {"buffer": b}} for i, b in enumerate(bufs)])
             for bufs in sets]

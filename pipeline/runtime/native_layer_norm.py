@@ -24,7 +24,7 @@ MAX_HOLD = 8
 # Values a streaming thread loads in one loop step.
 STREAM_UNROLL = 4
 MAX_GRID_X = 65535
-PARAMS_BYTES = 32
+PARAMS_BYTES = 16
 
 _STORAGE = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC
 _UNIFORM = wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST
@@ -36,6 +36,7 @@ class KernelConfig:
     """What is fixed per pipeline: chosen from the row width and which affine parts exist."""
 
     vec: int
+    width: int  # elements per row, compiled in: a pipeline serves one width
     threads_per_row: int
     has_weight: bool
     has_bias: bool
@@ -64,6 +65,8 @@ class KernelConfig:
             f"const HAS_WEIGHT: bool = {str(self.has_weight).lower()};\n"
             f"const HAS_BIAS: bool = {str(self.has_bias).lower()};\n"
             f"const ROW_IN_SUBGROUP: bool = {str(self.row_in_subgroup).lower()};\n"
+            f"const WIDTH: u32 = {self.width}u;\n"
+            f"const ROW_VECS: u32 = {self.width // self.vec}u;\n"
             f"const HOLD: u32 = {self.hold}u;\n"
             + _streamed_source(self.unroll)
             + _held_source(max(self.hold, 1), self.affine_early)
@@ -91,10 +94,10 @@ def _streamed_source(unroll: int) -> str:
     return (
         "fn normalize_streamed(tid: u32, row: u32) {\n"
         "    let live = row < params.rows;\n"
-        "    let base = row * params.row_vecs;\n"
+        "    let base = row * ROW_VECS;\n"
         "    let lane = tid % THREADS_PER_ROW;\n"
         "    var local = vec3<f32>(0.0, 0.0, 0.0);\n"
-        f"    for (var at = lane; live && at < params.row_vecs; at += {step}) {{\n"
+        f"    for (var at = lane; live && at < ROW_VECS; at += {step}) {{\n"
         + _each(unroll, "let v{k} = load_x(base, {i}, true);", "at", 8)
         + _each(unroll, "local = merge(local, stats_at(v{k}, {i}, true));", "at", 8)
         + "    }\n"
@@ -102,7 +105,7 @@ def _streamed_source(unroll: int) -> str:
         "    let stats = row_stats(local, tid, lane);\n"
         "    if (!live) {\n        return;\n    }\n"
         "    let mean_rstd = finish_row(row, lane, stats);\n"
-        f"    for (var at = lane; at < params.row_vecs; at += {step}) {{\n"
+        f"    for (var at = lane; at < ROW_VECS; at += {step}) {{\n"
         + _each(unroll, "let v{k} = load_x(base, {i}, true);", "at", 8)
         + _each(unroll, "store_out(base, {i}, v{k}, mean_rstd, weight_at({i}), bias_at({i}));", "at", 8)
         + "    }\n}\n"
@@ -117,7 +120,7 @@ def _held_source(hold: int, affine_early: bool) -> str:
         "fn normalize_held(tid: u32, row: u32) {\n"
         "    let lane = tid % THREADS_PER_ROW;\n"
         "    let live = row < params.rows;\n"
-        "    let base = row * params.row_vecs;\n"
+        "    let base = row * ROW_VECS;\n"
         + _each(hold, "let v{k} = load_x(base, {i}, live);")
         + (affine if affine_early else "")
         + "    var count = 0.0;\n    var sum = 0.0;\n"
@@ -158,6 +161,7 @@ def choose_config(
     hold = math.ceil(row_vecs / threads)
     return KernelConfig(
         vec=vec,
+        width=width,
         threads_per_row=threads,
         has_weight=has_weight,
         has_bias=has_bias,
@@ -311,7 +315,7 @@ def _launch(g, pipeline, layout, config, src, affine, eps, poison, out, mean, rs
     staging = g.buffer("staging", rstd_at + stat_bytes, _STAGING)
 
     g.upload(x_buf, src)
-    g.upload(params, _params(rows, width // config.vec, width, eps))
+    g.upload(params, _params(rows, eps))
     if poison is not None:
         for buf, n in ((out_buf, src.size), (mean_buf, rows), (rstd_buf, rows)):
             g.upload(buf, np.full(n, poison, dtype=np.float32))
@@ -345,9 +349,9 @@ def _align16(n: int) -> int:
     return (n + 15) // 16 * 16
 
 
-def _params(rows: int, row_vecs: int, width: int, eps: float) -> np.ndarray:
-    """The kernel's Params struct: rows, row_vecs, width (u32), eps, nan (f32), padded to 32 bytes."""
+def _params(rows: int, eps: float) -> np.ndarray:
+    """The kernel's Params struct: rows (u32), eps, nan (f32), padded to 16 bytes."""
     packed = np.zeros(PARAMS_BYTES // 4, dtype=np.uint32)
-    packed[:3] = (rows, row_vecs, width)
-    packed[3:5] = np.array([eps, np.nan], dtype=np.float32).view(np.uint32)
+    packed[0] = rows
+    packed[1:3] = np.array([eps, np.nan], dtype=np.float32).view(np.uint32)
     return packed

@@ -8,6 +8,9 @@
 //   const THREADS_PER_ROW   threads sharing one row, a power of two dividing WORKGROUP
 //   const HAS_WEIGHT, HAS_BIAS: bool
 //   const ROW_IN_SUBGROUP: bool all threads of a row share one subgroup (subgroup reduction)
+//   const WIDTH: u32        elements per row (a pipeline serves one width: with the row's
+//                           length known, bounds checks on whole rows fold away)
+//   const ROW_VECS: u32     V values per row (WIDTH / VEC)
 //   const HOLD: u32         0: the row is streamed; k > 0: each thread holds its k values
 // and the two functions normalize_streamed and normalize_held, whose bodies it generates
 // with their per-value statements written out (unrolled): loops over a private array would
@@ -22,9 +25,7 @@
 // Never E[x^2] - E[x]^2.
 
 struct Params {
-    rows: u32,      // rows in this launch
-    row_vecs: u32,  // V values per row (width / VEC)
-    width: u32,     // elements per row
+    rows: u32,  // rows in this launch
     eps: f32,
     // A quiet NaN from the host: drivers may fold NaN-producing arithmetic in the shader.
     nan: f32,
@@ -84,7 +85,7 @@ fn value_stats(v: V) -> vec3<f32> {
 // Tested on bits, since compilers may assume finite floats.
 fn finish_row(row: u32, lane: u32, stats: vec3<f32>) -> vec2<f32> {
     let finite = is_finite(stats.y) && is_finite(stats.z);
-    let rstd_row = select(params.nan, 1.0 / sqrt(stats.z / f32(params.width) + params.eps), finite);
+    let rstd_row = select(params.nan, 1.0 / sqrt(stats.z / f32(WIDTH) + params.eps), finite);
     if (lane == 0u) {
         mean[row] = stats.y;
         rstd[row] = rstd_row;
@@ -96,7 +97,7 @@ fn finish_row(row: u32, lane: u32, stats: vec3<f32>) -> vec2<f32> {
 
 // The V at index i of the row at `base`, zeros past the row's end or for a dead thread.
 fn load_x(base: u32, i: u32, live: bool) -> V {
-    if (live && i < params.row_vecs) {
+    if (live && i < ROW_VECS) {
         return x[base + i];
     }
     return V(0.0);
@@ -104,36 +105,36 @@ fn load_x(base: u32, i: u32, live: bool) -> V {
 
 // (count, mean, M2) of the V at index i, none past the row's end or for a dead thread.
 fn stats_at(v: V, i: u32, live: bool) -> vec3<f32> {
-    return select(vec3<f32>(0.0), value_stats(v), live && i < params.row_vecs);
+    return select(vec3<f32>(0.0), value_stats(v), live && i < ROW_VECS);
 }
 
 // Components the V at index i counts for (0 past the row's end or for a dead thread).
 fn count_at(i: u32, live: bool) -> f32 {
-    return select(0.0, f32(VEC), live && i < params.row_vecs);
+    return select(0.0, f32(VEC), live && i < ROW_VECS);
 }
 
 // (sum of d, sum of d^2) with d = v - center, for the V at index i (zeros when absent).
 fn deviation_at(v: V, i: u32, live: bool, center: f32) -> vec2<f32> {
-    let d = select(V(0.0), v - V(center), live && i < params.row_vecs);
+    let d = select(V(0.0), v - V(center), live && i < ROW_VECS);
     return vec2<f32>(hsum(d), hsum(d * d));
 }
 
 fn weight_at(i: u32) -> V {
-    if (HAS_WEIGHT && i < params.row_vecs) {
+    if (HAS_WEIGHT && i < ROW_VECS) {
         return weight[i];
     }
     return V(1.0);
 }
 
 fn bias_at(i: u32) -> V {
-    if (HAS_BIAS && i < params.row_vecs) {
+    if (HAS_BIAS && i < ROW_VECS) {
         return bias[i];
     }
     return V(0.0);
 }
 
 fn store_out(base: u32, i: u32, v: V, mean_rstd: vec2<f32>, w: V, b: V) {
-    if (i < params.row_vecs) {
+    if (i < ROW_VECS) {
         var y = (v - V(mean_rstd.x)) * mean_rstd.y;  // NaN throughout for a non-finite row
         if (HAS_WEIGHT) { y = y * w; }
         if (HAS_BIAS) { y = y + b; }
