@@ -11,8 +11,8 @@ from pipeline.runtime.device import gpu
 g = gpu()
 out = []
 for rows, width in [(4096, 3072), (8192, 1024), (4096, 1024), (73728, 128), (1500, 1280)]:
-    aff = choose_config(width, True, True, g.subgroup_size, rows)
-    none = choose_config(width, False, False, g.subgroup_size, rows)
+    aff = choose_config(width, True, True, g.subgroup_size)
+    none = choose_config(width, False, False, g.subgroup_size)
     cfgs = [aff, none, replace(aff, row_in_subgroup=True), replace(none, row_in_subgroup=True)]
     t_aff, _ = time_kernel(rows, width, [aff, cfgs[2]], affine=True, repeats=200)
     t_none, _ = time_kernel(rows, width, [none, cfgs[3]], affine=False, repeats=200)

@@ -23,7 +23,7 @@ chosen = kernel.choose_config
 
 
 def streamed(*args, **kwargs):
-    return dataclasses.replace(chosen(*args, **kwargs), hold=0, unroll=kernel.STREAM_UNROLL, affine_early=False)
+    return dataclasses.replace(chosen(*args, **kwargs), hold=0, unroll=kernel.STREAM_UNROLL)
 
 
 def ulps(got: torch.Tensor, truth: torch.Tensor) -> float:

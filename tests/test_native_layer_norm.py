@@ -80,7 +80,7 @@ def reduction(request, monkeypatch):
 
         def streamed(*args, **kwargs):
             config = chosen(*args, **kwargs)
-            return dataclasses.replace(config, hold=0, unroll=kernel.STREAM_UNROLL, affine_early=False)
+            return dataclasses.replace(config, hold=0, unroll=kernel.STREAM_UNROLL)
 
         monkeypatch.setattr(kernel, "choose_config", streamed)
     return request.param
@@ -249,9 +249,17 @@ def test_device_info(gpu_info):
 
 def test_rows_are_held_where_they_fit_and_streamed_beyond():
     held = kernel.choose_config(1024, True, True, 32)
-    assert (held.vec, held.threads_per_row, held.hold, held.affine_early) == (4, 64, 4, True)
+    assert (held.vec, held.width, held.threads_per_row, held.hold) == (4, 1024, 64, 4)
     narrow = kernel.choose_config(7, False, False, 0)
     assert (narrow.vec, narrow.threads_per_row, narrow.hold) == (1, 1, 7)
     wide = kernel.choose_config(4 * kernel.MAX_THREADS_PER_ROW * kernel.MAX_HOLD + 4, True, False, 32)
     assert wide.hold == 0 and wide.unroll == kernel.STREAM_UNROLL
     assert wide.threads_per_row == kernel.MAX_THREADS_PER_ROW
+
+
+def test_marked_lines_are_written_out_once_per_value():
+    source = "fn f() {\n    let v_K = g(lane + K * T);  // each held value\n}"
+    assert kernel._written_out(source, "each held value", 3) == (
+        "fn f() {\n    let v_0 = g(lane + 0u * T);\n    let v_1 = g(lane + 1u * T);\n"
+        "    let v_2 = g(lane + 2u * T);\n}\n"
+    )

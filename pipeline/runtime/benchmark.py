@@ -45,12 +45,12 @@ def _copies(nbytes: int) -> int:
     return max(2, min(MAX_COPIES, math.ceil(ROTATE_BYTES / max(nbytes, 1))))
 
 
-def candidate_configs(rows: int, width: int, subgroup_size: int, affine: bool = True) -> list[KernelConfig]:
+def candidate_configs(width: int, subgroup_size: int, affine: bool = True) -> list[KernelConfig]:
     """The default choice first; then rows held at half, the same and twice its threads per
-    row where that leaves at most MAX_HOLD values a thread, in workgroups of 64-256 threads,
-    weight and bias loaded before or after the merge; then rows streamed at the default's
+    row where that leaves at most MAX_HOLD values a thread, in workgroups of 64-256 threads;
+    then rows streamed at the default's
     threads per row, 1, 2 or 4 values a loop step."""
-    default = choose_config(width, affine, affine, subgroup_size, rows)
+    default = choose_config(width, affine, affine, subgroup_size)
     configs = [default]
 
     def add(config: KernelConfig) -> None:
@@ -64,11 +64,10 @@ def candidate_configs(rows: int, width: int, subgroup_size: int, affine: bool = 
         if threads < 1 or hold > MAX_HOLD or threads > 1024:
             continue
         for workgroup in sorted({max(64, threads), max(128, threads), max(256, threads)}):
-            for early in (True, False):
-                add(replace(default, threads_per_row=threads, workgroup=workgroup, hold=hold, unroll=1,
-                            affine_early=early, row_in_subgroup=0 < threads <= subgroup_size))
+            add(replace(default, threads_per_row=threads, workgroup=workgroup, hold=hold, unroll=1,
+                        row_in_subgroup=0 < threads <= subgroup_size))
     for unroll in (1, 2, 4):
-        add(replace(default, hold=0, unroll=unroll, affine_early=False))
+        add(replace(default, hold=0, unroll=unroll))
     return configs
 
 
@@ -77,7 +76,7 @@ def time_kernel(rows: int, width: int, configs: list[KernelConfig] | None = None
     """GPU microseconds of one launch over (rows, width) for each config (default: the
     runtime's own choice), as (batched, isolated) medians; returns (times, clock)."""
     g = gpu()
-    configs = configs or [choose_config(width, affine, affine, g.subgroup_size, rows)]
+    configs = configs or [choose_config(width, affine, affine, g.subgroup_size)]
     nbytes = rows * width * 4
     copies = _copies(nbytes)
     rng = np.random.default_rng(0)
@@ -301,7 +300,7 @@ def run_benchmark(shapes: list[tuple[int, int]], repeats: int = 100, sweep: bool
     results = []
     for rows, width in shapes:
         g = gpu()
-        configs = candidate_configs(rows, width, g.subgroup_size) if sweep else None
+        configs = candidate_configs(width, g.subgroup_size) if sweep else None
         times, clock = time_kernel(rows, width, configs, repeats=repeats)
         wgpu_us, isolated_us = times[0]
         torch_us, torch_clock = time_torch(rows, width, repeats=repeats)
@@ -322,8 +321,7 @@ def run_benchmark(shapes: list[tuple[int, int]], repeats: int = 100, sweep: bool
             result["config"] = asdict(configs[0])
             result["sweep"] = sorted(
                 ({"us": round(t[0], 2), "isolated_us": round(t[1], 2), "threads_per_row": c.threads_per_row,
-                  "workgroup": c.workgroup, "hold": c.hold, "unroll": c.unroll,
-                  "affine_early": c.affine_early}
+                  "workgroup": c.workgroup, "hold": c.hold, "unroll": c.unroll}
                  for c, t in zip(configs, times)),
                 key=lambda r: r["us"])
         results.append(result)

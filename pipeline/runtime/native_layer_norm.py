@@ -7,6 +7,7 @@ float32 input: the trailing `normalized_shape` dims are flattened into one row.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -44,11 +45,9 @@ class KernelConfig:
     row_in_subgroup: bool = False
     workgroup: int = MIN_WORKGROUP
     # 0: rows streamed (read twice), `unroll` values a loop step; k > 0: each thread holds
-    # its k values of the row (read once), with weight and bias loaded before the merge
-    # when `affine_early`.
+    # its k values of the row (read once), weight and bias loaded with them.
     hold: int = 0
     unroll: int = 1
-    affine_early: bool = False
 
     @property
     def rows_per_workgroup(self) -> int:
@@ -68,83 +67,32 @@ class KernelConfig:
             f"const WIDTH: u32 = {self.width}u;\n"
             f"const ROW_VECS: u32 = {self.width // self.vec}u;\n"
             f"const HOLD: u32 = {self.hold}u;\n"
-            + _streamed_source(self.unroll)
-            + _held_source(max(self.hold, 1), self.affine_early)
+            f"const STEP: u32 = {self.unroll}u;\n"
         )
 
     def source(self, g: Gpu) -> str:
-        """The WGSL module: the reduction file (it holds the entry point), constants, kernel."""
+        """The WGSL module: the reduction file (it holds the entry point), constants, kernel
+        with its per-value lines written out."""
         reduce = "reduce_subgroup.wgsl" if self.subgroups else "reduce_workgroup.wgsl"
-        return g.shader_source(reduce) + self.prelude() + g.shader_source(SHADER)
+        kernel = _written_out(g.shader_source(SHADER), "each held value", max(self.hold, 1))
+        kernel = _written_out(kernel, "each step value", self.unroll)
+        return g.shader_source(reduce) + self.prelude() + kernel
 
 
-def _each(count: int, template: str, start: str = "lane", indent: int = 4) -> str:
-    """`template` once per value k < count, as WGSL lines: {k} and {i}, the value's index in
-    the row (start + k * THREADS_PER_ROW), filled in."""
-    return "".join(
-        " " * indent + template.format(k=k, i=f"{start} + {k}u * THREADS_PER_ROW") + "\n" for k in range(count)
-    )
+def _written_out(source: str, marker: str, count: int) -> str:
+    """`source` with each line marked `// <marker>` repeated `count` times, its K (and the
+    suffix _K of names) becoming 0, 1, ...: per-value statements without a loop."""
+    lines = []
+    for line in source.splitlines():
+        if not line.endswith("// " + marker):
+            lines.append(line)
+            continue
+        code = line[: -len(marker) - 3].rstrip()
+        lines.extend(re.sub(r"_K\b", f"_{k}", re.sub(r"\bK\b", f"{k}u", code)) for k in range(count))
+    return "\n".join(lines) + "\n"
 
 
-def _streamed_source(unroll: int) -> str:
-    """Each thread walks its strided share twice, `unroll` values a step, all loads of a step
-    issued before any merge waits on one: Welford merges of exact per-V triples, the row's
-    merge, then a second read of x (mostly from L2) to write the output."""
-    step = f"{unroll}u * THREADS_PER_ROW"
-    return (
-        "fn normalize_streamed(tid: u32, row: u32) {\n"
-        "    let live = row < params.rows;\n"
-        "    let base = row * ROW_VECS;\n"
-        "    let lane = tid % THREADS_PER_ROW;\n"
-        "    var local = vec3<f32>(0.0, 0.0, 0.0);\n"
-        f"    for (var at = lane; live && at < ROW_VECS; at += {step}) {{\n"
-        + _each(unroll, "let v{k} = load_x(base, {i}, true);", "at", 8)
-        + _each(unroll, "local = merge(local, stats_at(v{k}, {i}, true));", "at", 8)
-        + "    }\n"
-        "    // Threads past the last row take part in the merge too; they only skip memory.\n"
-        "    let stats = row_stats(local, tid, lane);\n"
-        "    if (!live) {\n        return;\n    }\n"
-        "    let mean_rstd = finish_row(row, lane, stats);\n"
-        f"    for (var at = lane; at < ROW_VECS; at += {step}) {{\n"
-        + _each(unroll, "let v{k} = load_x(base, {i}, true);", "at", 8)
-        + _each(unroll, "store_out(base, {i}, v{k}, mean_rstd, weight_at({i}), bias_at({i}));", "at", 8)
-        + "    }\n}\n"
-    )
-
-
-def _held_source(hold: int, affine_early: bool) -> str:
-    """Each thread loads its `hold` values once into registers and takes a corrected two-pass
-    (count, mean, M2) of them; the row's merge follows and the output comes from registers."""
-    affine = _each(hold, "let w{k} = weight_at({i});") + _each(hold, "let b{k} = bias_at({i});")
-    return (
-        "fn normalize_held(tid: u32, row: u32) {\n"
-        "    let lane = tid % THREADS_PER_ROW;\n"
-        "    let live = row < params.rows;\n"
-        "    let base = row * ROW_VECS;\n"
-        + _each(hold, "let v{k} = load_x(base, {i}, live);")
-        + (affine if affine_early else "")
-        + "    var count = 0.0;\n    var sum = 0.0;\n"
-        + _each(hold, "count += count_at({i}, live);")
-        + _each(hold, "sum += hsum(v{k});")
-        + "    let first_mean = select(0.0, sum / count, count > 0.0);\n"
-        "    // Second pass about the first mean, corrected by the rounding of that mean.\n"
-        "    var dev = vec2<f32>(0.0);\n"
-        + _each(hold, "dev += deviation_at(v{k}, {i}, live, first_mean);")
-        + "    let shift = select(0.0, dev.x / count, count > 0.0);\n"
-        "    let local = vec3<f32>(count, first_mean + shift, max(0.0, dev.y - dev.x * shift));\n"
-        "    // Threads past the last row take part in the merge too; they only skip memory.\n"
-        "    let stats = row_stats(local, tid, lane);\n"
-        "    if (!live) {\n        return;\n    }\n"
-        "    let mean_rstd = finish_row(row, lane, stats);\n"
-        + ("" if affine_early else affine)
-        + _each(hold, "store_out(base, {i}, v{k}, mean_rstd, w{k}, b{k});")
-        + "}\n"
-    )
-
-
-def choose_config(
-    width: int, has_weight: bool, has_bias: bool, subgroup_size: int = 0, rows: int | None = None
-) -> KernelConfig:
+def choose_config(width: int, has_weight: bool, has_bias: bool, subgroup_size: int = 0) -> KernelConfig:
     """Vector loads when the width allows. Rows held in registers when they fit: the most
     threads per row (a power of two) that leave each at least 4 values, so 4 to 7 each,
     weight and bias loaded with x. Rows wider than MAX_HOLD values for each of
@@ -152,8 +100,7 @@ def choose_config(
     MIN_WORKGROUP threads (narrow rows share one).
 
     Chosen from the H200 sweep (benchmarks/NOTES.md). `subgroup_size` 0 means the adapter
-    has no subgroup operations (workgroup-memory merges). `rows` is accepted for callers
-    that know it; the choice does not depend on it.
+    has no subgroup operations (workgroup-memory merges).
     """
     vec = 4 if width % 4 == 0 else 1
     row_vecs = width // vec
@@ -170,7 +117,6 @@ def choose_config(
         workgroup=max(MIN_WORKGROUP, threads),
         hold=hold if hold <= MAX_HOLD else 0,
         unroll=1 if hold <= MAX_HOLD else STREAM_UNROLL,
-        affine_early=hold <= MAX_HOLD,
     )
 
 
@@ -281,7 +227,7 @@ def _run(g: Gpu, src, weight, bias, eps, out, mean, rstd, poison) -> None:
     limit = min(g.limits["max-storage-buffer-binding-size"], g.limits["max-buffer-size"])
     if row_bytes > limit:
         raise ValueError(f"a row of {width} floats exceeds the adapter's binding limit of {limit} bytes")
-    config = choose_config(width, weight is not None, bias is not None, g.subgroup_size, rows)
+    config = choose_config(width, weight is not None, bias is not None, g.subgroup_size)
     pipeline, layout = _pipeline(g, config)
 
     # Absent weight/bias bind a small placeholder that the specialised kernel never reads.

@@ -11,17 +11,20 @@
 //   const WIDTH: u32        elements per row (a pipeline serves one width: with the row's
 //                           length known, bounds checks on whole rows fold away)
 //   const ROW_VECS: u32     V values per row (WIDTH / VEC)
-//   const HOLD: u32         0: the row is streamed; k > 0: each thread holds its k values
-// and the two functions normalize_streamed and normalize_held, whose bodies it generates
-// with their per-value statements written out (unrolled): loops over a private array would
-// leave the array in local memory, and one load per loop iteration leaves one in flight.
+//   const HOLD: u32         0: rows streamed; k > 0: each thread holds k values of its row
+//   const STEP: u32         streamed rows: values a thread loads in one loop step
+// and writes out the lines marked `// each held value` HOLD times and those marked
+// `// each step value` STEP times, K (and the suffix _K of names) becoming 0, 1, ...:
+// loops over a private array, which Naga bounds with a counter of its own, were measured
+// much slower than the same statements written out (benchmarks/NOTES.md, v4).
 //
-// Streamed rows: each thread walks its strided share of the row twice, first merging every
-// V's exact (count, mean, M2) into its own (Welford, by pairwise merges), then, once the
-// row's threads have merged their triples (Chan et al.) in one reduction, re-reading x
-// (mostly from L2) to write the output. Few registers, so many rows in flight.
-// Held rows: each thread loads its share once into registers and takes a corrected two-pass
-// (count, mean, M2) of it; the same merge follows, and the output comes from the registers.
+// Held rows (the row fits: at most 8 values for each of 256 threads): each thread loads
+// its share once into registers, weight and bias with it, and takes a corrected two-pass
+// (count, mean, M2) of it; the row's threads merge their triples pairwise (Chan et al.) in
+// one reduction, and the output comes from the registers.
+// Streamed rows: each thread walks its strided share twice, first merging every V's exact
+// (count, mean, M2) into its own (Welford, by pairwise merges), then, after the same row
+// merge, re-reading x (mostly from L2) to write the output.
 // Never E[x^2] - E[x]^2.
 
 struct Params {
@@ -93,8 +96,6 @@ fn finish_row(row: u32, lane: u32, stats: vec3<f32>) -> vec2<f32> {
     return vec2<f32>(stats.y, rstd_row);
 }
 
-
-
 // The V at index i of the row at `base`, zeros past the row's end or for a dead thread.
 fn load_x(base: u32, i: u32, live: bool) -> V {
     if (live && i < ROW_VECS) {
@@ -139,5 +140,53 @@ fn store_out(base: u32, i: u32, v: V, mean_rstd: vec2<f32>, w: V, b: V) {
         if (HAS_WEIGHT) { y = y * w; }
         if (HAS_BIAS) { y = y + b; }
         out[base + i] = y;
+    }
+}
+
+fn normalize_held(tid: u32, row: u32) {
+    let lane = tid % THREADS_PER_ROW;
+    let live = row < params.rows;
+    let base = row * ROW_VECS;
+    let v_K = load_x(base, lane + K * THREADS_PER_ROW, live);  // each held value
+    let w_K = weight_at(lane + K * THREADS_PER_ROW);  // each held value
+    let b_K = bias_at(lane + K * THREADS_PER_ROW);  // each held value
+    var count = 0.0;
+    var sum = 0.0;
+    count += count_at(lane + K * THREADS_PER_ROW, live);  // each held value
+    sum += hsum(v_K);  // each held value
+    let first_mean = select(0.0, sum / count, count > 0.0);
+    // Second pass about the first mean, corrected by the rounding of that mean.
+    var dev = vec2<f32>(0.0);
+    dev += deviation_at(v_K, lane + K * THREADS_PER_ROW, live, first_mean);  // each held value
+    let shift = select(0.0, dev.x / count, count > 0.0);
+    let local = vec3<f32>(count, first_mean + shift, max(0.0, dev.y - dev.x * shift));
+    // Threads past the last row take part in the merge too; they only skip memory.
+    let stats = row_stats(local, tid, lane);
+    if (!live) {
+        return;
+    }
+    let mean_rstd = finish_row(row, lane, stats);
+    store_out(base, lane + K * THREADS_PER_ROW, v_K, mean_rstd, w_K, b_K);  // each held value
+}
+
+fn normalize_streamed(tid: u32, row: u32) {
+    let lane = tid % THREADS_PER_ROW;
+    let live = row < params.rows;
+    let base = row * ROW_VECS;
+    var local = vec3<f32>(0.0, 0.0, 0.0);
+    for (var at = lane; live && at < ROW_VECS; at += STEP * THREADS_PER_ROW) {
+        let v_K = load_x(base, at + K * THREADS_PER_ROW, true);  // each step value
+        local = merge(local, stats_at(v_K, at + K * THREADS_PER_ROW, true));  // each step value
+    }
+    // Threads past the last row take part in the merge too; they only skip memory.
+    let stats = row_stats(local, tid, lane);
+    if (!live) {
+        return;
+    }
+    let mean_rstd = finish_row(row, lane, stats);
+    for (var at = lane; at < ROW_VECS; at += STEP * THREADS_PER_ROW) {
+        let v_K = load_x(base, at + K * THREADS_PER_ROW, true);  // each step value
+        let i_K = at + K * THREADS_PER_ROW;  // each step value
+        store_out(base, i_K, v_K, mean_rstd, weight_at(i_K), bias_at(i_K));  // each step value
     }
 }

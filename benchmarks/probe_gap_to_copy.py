@@ -1,0 +1,43 @@
+"""Where the gap to a copy goes (H200): the chosen kernel; without the row merge (each
+thread's own statistics: wrong results, timing only); without weight and bias; both; and the
+held path's loads and stores with nothing between them (a copy in the kernel's pattern);
+against the plain WGSL copy of the same bytes.
+
+    OUT=dir python benchmarks/probe_gap_to_copy.py   # dir/gap_probe.json
+"""
+import json, os, re
+from dataclasses import dataclass, replace
+from pipeline.runtime.benchmark import time_kernel, time_copy
+from pipeline.runtime.native_layer_norm import choose_config, KernelConfig
+from pipeline.runtime.device import gpu
+
+@dataclass(frozen=True)
+class NoMerge(KernelConfig):
+    def source(self, g):
+        s = super().source(g)
+        return s.replace("fn row_stats(local: vec3<f32>, tid: u32, lane: u32) -> vec3<f32> {",
+                         "fn row_stats(local: vec3<f32>, tid: u32, lane: u32) -> vec3<f32> {\n    return local;")
+
+@dataclass(frozen=True)
+class HeldCopy(KernelConfig):
+    def source(self, g):
+        s = super().source(g)
+        # stores x straight back: loads and stores of the held path, nothing between
+        return re.sub(r"    let stats = row_stats\(local, tid, lane\);\n    if \(!live\) \{\n        return;\n    \}\n    let mean_rstd = finish_row\(row, lane, stats\);",
+                      "    if (!live) {\n        return;\n    }\n    let mean_rstd = vec2<f32>(0.0, 1.0);", s)
+
+g = gpu()
+res = []
+for rows, width in [(1024, 1024), (1500, 1024), (4096, 3072), (8192, 1024), (73728, 128)]:
+    d = choose_config(width, True, True, g.subgroup_size)
+    n = choose_config(width, False, False, g.subgroup_size)
+    f = {k: getattr(d, k) for k in d.__dataclass_fields__}
+    fn = {k: getattr(n, k) for k in n.__dataclass_fields__}
+    cfgs = {"default": d, "no_merge": NoMerge(**f), "no_affine": n, "no_affine_no_merge": NoMerge(**fn),
+            "held_copy": HeldCopy(**fn)}
+    t, _ = time_kernel(rows, width, list(cfgs.values()), repeats=200)
+    r = {"rows": rows, "width": width, **{k: round(v[0], 2) for k, v in zip(cfgs, t)},
+         "wgsl_copy": round(time_copy(rows, width, repeats=200), 2)}
+    print(r, flush=True)
+    res.append(r)
+json.dump(res, open(os.environ.get("OUT", "/tmp") + "/gap_probe.json", "w"), indent=1)
