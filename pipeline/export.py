@@ -71,7 +71,7 @@ def export_model(
         "example_input_shapes": [list(t.shape) for t in spec.example_inputs],
         "layer_norm_ops": coverage.total,
         "delegated": coverage.delegated,
-        "not_delegated": [{"node": _node_name(node), "reason": str(reason)} for node, reason in coverage.not_delegated],
+        "not_delegated": [{"node": node, "reason": reason} for node, reason in coverage.not_delegated],
         "pte": None,
         "pte_bytes": None,
         "export_seconds": None,
@@ -94,7 +94,3 @@ def export_model(
     summary["coverage_json"] = str(coverage_path)
     stage("done")
     return summary
-
-
-def _node_name(node: Any) -> str:
-    return getattr(node, "name", None) or str(node)

@@ -51,12 +51,7 @@ class CoverageAudit:
 
 def program_records(program) -> list[LayerNormRecord]:
     """Every LayerNorm of a lowered program (`pipeline.lower`'s result), in execution order."""
-    reasons = {_node_name(node): str(reason) for node, reason in program.coverage.not_delegated}
-    return layer_norm_records(program.edge.exported_program().graph_module, reasons)
-
-
-def _node_name(node) -> str:
-    return node if isinstance(node, str) else node.name
+    return layer_norm_records(program.edge.exported_program().graph_module, dict(program.coverage.not_delegated))
 
 
 def match_calls(

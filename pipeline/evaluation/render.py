@@ -45,22 +45,26 @@ def _coverage_summary(data: dict) -> list[str]:
     return lines
 
 
+def _markdown(data: dict, kind: str, summary: list[str], body: list[str]) -> str:
+    parts = [f"# {_title(data, kind)}", ""]
+    parts += [f"- {line}" for line in summary + _env_lines(data["environment"])]
+    return "\n".join(parts + ["", *body, ""])
+
+
+def _html(data: dict, kind: str, passed: bool, summary: list[str], sections: list[str]) -> str:
+    items = "".join(f"<li>{html.escape(line)}</li>" for line in summary + _env_lines(data["environment"]))
+    verdict = f"<h2 class='{'pass' if passed else 'fail'}'>{html.escape(data['verdict'])}</h2><ul>{items}</ul>"
+    return html_page(_title(data, kind), [verdict, *sections])
+
+
 def coverage_markdown(data: dict) -> str:
-    parts = [f"# {_title(data, 'Coverage audit')}", ""]
-    parts += [f"- {line}" for line in _coverage_summary(data) + _env_lines(data["environment"])]
-    parts += ["", markdown_table(_COVERAGE_HEADERS, _coverage_rows(data)), ""]
-    return "\n".join(parts)
+    return _markdown(data, "Coverage audit", _coverage_summary(data),
+                     [markdown_table(_COVERAGE_HEADERS, _coverage_rows(data))])
 
 
 def coverage_html(data: dict) -> str:
-    cls = "pass" if data["verdict"] == "complete" else "fail"
-    summary = "".join(f"<li>{html.escape(line)}</li>" for line in
-                      _coverage_summary(data) + _env_lines(data["environment"]))
-    return html_page(
-        _title(data, "Coverage audit"),
-        [f"<h2 class='{cls}'>{html.escape(data['verdict'])}</h2><ul>{summary}</ul>",
-         html_table(_COVERAGE_HEADERS, _coverage_rows(data))],
-    )
+    return _html(data, "Coverage audit", data["verdict"] == "complete", _coverage_summary(data),
+                 [html_table(_COVERAGE_HEADERS, _coverage_rows(data))])
 
 
 def coverage_line(data: dict) -> str:
@@ -106,23 +110,15 @@ def accuracy_plot(data: dict) -> bytes:
 
 
 def accuracy_markdown(data: dict) -> str:
-    parts = [f"# {_title(data, 'Accuracy report')}", ""]
-    parts += [f"- {line}" for line in _accuracy_summary(data) + _env_lines(data["environment"])]
-    parts += ["", "Per-LayerNorm max abs error (the HTML page has the plot):", "",
-              markdown_table(_ACCURACY_HEADERS, _accuracy_rows(data)), ""]
-    return "\n".join(parts)
+    return _markdown(data, "Accuracy report", _accuracy_summary(data),
+                     ["Per-LayerNorm max abs error (the HTML page has the plot):", "",
+                      markdown_table(_ACCURACY_HEADERS, _accuracy_rows(data))])
 
 
 def accuracy_html(data: dict) -> str:
-    cls = "pass" if data["verdict"] == "pass" else "fail"
-    summary = "".join(f"<li>{html.escape(line)}</li>" for line in
-                      _accuracy_summary(data) + _env_lines(data["environment"]))
-    return html_page(
-        _title(data, "Accuracy report"),
-        [f"<h2 class='{cls}'>{html.escape(data['verdict'])}</h2><ul>{summary}</ul>",
-         png_img(accuracy_plot(data), "per-LayerNorm max abs error"),
-         html_table(_ACCURACY_HEADERS, _accuracy_rows(data))],
-    )
+    return _html(data, "Accuracy report", data["verdict"] == "pass", _accuracy_summary(data),
+                 [png_img(accuracy_plot(data), "per-LayerNorm max abs error"),
+                  html_table(_ACCURACY_HEADERS, _accuracy_rows(data))])
 
 
 def accuracy_line(data: dict) -> str:

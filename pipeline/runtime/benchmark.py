@@ -48,8 +48,7 @@ def _copies(nbytes: int) -> int:
 def candidate_configs(width: int, subgroup_size: int, affine: bool = True) -> list[KernelConfig]:
     """The default choice first; then rows held at half, the same and twice its threads per
     row where that leaves at most MAX_HOLD values a thread, in workgroups of 64-256 threads;
-    then rows streamed at the default's
-    threads per row, 1, 2 or 4 values a loop step."""
+    then rows streamed at the default's threads per row, 1, 2 or 4 values a loop step."""
     default = choose_config(width, affine, affine, subgroup_size)
     configs = [default]
 
@@ -57,15 +56,13 @@ def candidate_configs(width: int, subgroup_size: int, affine: bool = True) -> li
         if config not in configs:
             configs.append(config)
 
-    row_vecs = width // default.vec
     base = default.threads_per_row
     for threads in (base // 2, base, base * 2):
-        hold = math.ceil(row_vecs / max(threads, 1))
+        hold = math.ceil(default.row_vecs / max(threads, 1))
         if threads < 1 or hold > MAX_HOLD or threads > 1024:
             continue
         for workgroup in sorted({max(64, threads), max(128, threads), max(256, threads)}):
-            add(replace(default, threads_per_row=threads, workgroup=workgroup, hold=hold, unroll=1,
-                        row_in_subgroup=0 < threads <= subgroup_size))
+            add(replace(default, threads_per_row=threads, workgroup=workgroup, hold=hold, unroll=1))
     for unroll in (1, 2, 4):
         add(replace(default, hold=0, unroll=unroll))
     return configs

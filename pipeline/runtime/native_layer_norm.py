@@ -36,18 +36,29 @@ _STAGING = wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST
 class KernelConfig:
     """What is fixed per pipeline: chosen from the row width and which affine parts exist."""
 
-    vec: int
     width: int  # elements per row, compiled in: a pipeline serves one width
     threads_per_row: int
     has_weight: bool
     has_bias: bool
-    subgroups: bool = False
-    row_in_subgroup: bool = False
+    subgroup_size: int = 0  # the adapter's (0: no subgroup operations, workgroup-memory merges)
     workgroup: int = MIN_WORKGROUP
     # 0: rows streamed (read twice), `unroll` values a loop step; k > 0: each thread holds
     # its k values of the row (read once), weight and bias loaded with them.
     hold: int = 0
     unroll: int = 1
+
+    @property
+    def vec(self) -> int:
+        return _vec(self.width)
+
+    @property
+    def row_vecs(self) -> int:
+        return self.width // self.vec
+
+    @property
+    def row_in_subgroup(self) -> bool:
+        """All threads of a row share one subgroup: the row merges without barriers."""
+        return 0 < self.threads_per_row <= self.subgroup_size
 
     @property
     def rows_per_workgroup(self) -> int:
@@ -65,7 +76,7 @@ class KernelConfig:
             f"const HAS_BIAS: bool = {str(self.has_bias).lower()};\n"
             f"const ROW_IN_SUBGROUP: bool = {str(self.row_in_subgroup).lower()};\n"
             f"const WIDTH: u32 = {self.width}u;\n"
-            f"const ROW_VECS: u32 = {self.width // self.vec}u;\n"
+            f"const ROW_VECS: u32 = {self.row_vecs}u;\n"
             f"const HOLD: u32 = {self.hold}u;\n"
             f"const STEP: u32 = {self.unroll}u;\n"
         )
@@ -73,7 +84,7 @@ class KernelConfig:
     def source(self, g: Gpu) -> str:
         """The WGSL module: the reduction file (it holds the entry point), constants, kernel
         with its per-value lines written out."""
-        reduce = "reduce_subgroup.wgsl" if self.subgroups else "reduce_workgroup.wgsl"
+        reduce = "reduce_subgroup.wgsl" if self.subgroup_size else "reduce_workgroup.wgsl"
         kernel = _written_out(g.shader_source(SHADER), "each held value", max(self.hold, 1))
         kernel = _written_out(kernel, "each step value", self.unroll)
         return g.shader_source(reduce) + self.prelude() + kernel
@@ -102,22 +113,24 @@ def choose_config(width: int, has_weight: bool, has_bias: bool, subgroup_size: i
     Chosen from the H200 sweep (benchmarks/NOTES.md). `subgroup_size` 0 means the adapter
     has no subgroup operations (workgroup-memory merges).
     """
-    vec = 4 if width % 4 == 0 else 1
-    row_vecs = width // vec
+    row_vecs = width // _vec(width)
     threads = min(MAX_THREADS_PER_ROW, _prev_pow2(max(1, row_vecs // 4)))
     hold = math.ceil(row_vecs / threads)
     return KernelConfig(
-        vec=vec,
         width=width,
         threads_per_row=threads,
         has_weight=has_weight,
         has_bias=has_bias,
-        subgroups=subgroup_size > 0,
-        row_in_subgroup=0 < threads <= subgroup_size,
+        subgroup_size=subgroup_size,
         workgroup=max(MIN_WORKGROUP, threads),
         hold=hold if hold <= MAX_HOLD else 0,
         unroll=1 if hold <= MAX_HOLD else STREAM_UNROLL,
     )
+
+
+def _vec(width: int) -> int:
+    """Components in one load: vec4 when the width allows, scalar otherwise."""
+    return 4 if width % 4 == 0 else 1
 
 
 def _prev_pow2(n: int) -> int:
