@@ -18,7 +18,7 @@ from pipeline.runtime import device as runtime_device
 pytestmark = pytest.mark.usefixtures("gpu_info")
 kernel = importlib.import_module("pipeline.runtime.native_layer_norm")
 
-WIDTHS = [1, 2, 3, 5, 6, 7, 32, 128, 132, 384, 766, 768, 1023, 1024, 1280, 3072, 4097]
+WIDTHS = [1, 2, 3, 5, 6, 7, 32, 128, 132, 384, 766, 768, 1023, 1024, 1280, 3072, 4097, 4098]
 AFFINE = [(False, False), (True, False), (False, True), (True, True)]
 ATEN = torch.ops.aten.native_layer_norm.default
 
@@ -69,8 +69,7 @@ def assert_close_to_reference(x, shape, weight=None, bias=None, eps=1e-5, factor
 def reduction(request, monkeypatch):
     """Run under each row-merge strategy: subgroup shuffles where the adapter has them, and the
     workgroup-memory path that adapters without the `subgroup` feature take; and with rows
-    streamed, the path of rows too wide to hold, forced at every width (scalar loads where
-    the width is not a multiple of 4, as blocks of rows are held only)."""
+    streamed, the path of rows too wide to hold, forced at every width."""
     g = runtime_device.gpu()
     if request.param == "subgroup" and not g.subgroup_size:
         pytest.skip("adapter has no subgroup operations")
@@ -81,7 +80,7 @@ def reduction(request, monkeypatch):
 
         def streamed(*args, **kwargs):
             config = chosen(*args, **kwargs)
-            return dataclasses.replace(config, hold=0, unroll=kernel.STREAM_UNROLL, rows_per_block=1)
+            return dataclasses.replace(config, hold=0, unroll=kernel.STREAM_UNROLL)
 
         monkeypatch.setattr(kernel, "choose_config", streamed)
     return request.param
@@ -162,9 +161,9 @@ def test_nan_and_inf_rows(width, reduction):
     assert torch.isnan(out[1:5]).all() and torch.isfinite(out[[0, 5]]).all()
 
 
-@pytest.mark.parametrize("width", [1, 7, 128, 766, 1280, 4097])
+@pytest.mark.parametrize("width", [1, 6, 7, 128, 766, 1280, 4097, 4098])
 def test_every_output_element_is_written(width, reduction):
-    x = torch.randn(301, width)  # a last block of 1 row where rows go 2 or 4 to a block
+    x = torch.randn(301, width)
     out, mean, rstd = runtime.native_layer_norm(x, [width], None, None, 1e-5, poison=float("nan"))
     assert torch.isfinite(out).all() and torch.isfinite(mean).all() and torch.isfinite(rstd).all()
     assert_close_to_reference(x, (width,))
@@ -259,26 +258,18 @@ def test_device_info(gpu_info):
 def test_rows_are_held_where_they_fit_and_streamed_beyond():
     held = kernel.choose_config(1024, True, True, 32)
     assert (held.vec, held.width, held.threads_per_row, held.hold) == (4, 1024, 64, 4)
+    narrow = kernel.choose_config(7, False, False, 0)
+    assert (narrow.vec, narrow.threads_per_row, narrow.hold) == (1, 1, 7)
     wide = kernel.choose_config(4 * kernel.MAX_THREADS_PER_ROW * kernel.MAX_HOLD + 4, True, False, 32)
     assert wide.hold == 0 and wide.unroll == kernel.STREAM_UNROLL
     assert wide.threads_per_row == kernel.MAX_THREADS_PER_ROW
 
 
-def test_widths_not_a_multiple_of_4_go_in_blocks_of_rows_that_span_whole_vec4s():
-    odd = kernel.choose_config(1023, True, True, 32)
-    assert (odd.rows_per_block, odd.vec, odd.row_vecs, odd.threads_per_row, odd.hold) == (4, 4, 1023, 128, 8)
-    assert odd.rows_per_workgroup == 4
-    narrow = kernel.choose_config(7, False, False, 0)
-    assert (narrow.rows_per_block, narrow.vec, narrow.threads_per_row, narrow.hold) == (4, 4, 1, 7)
-    assert narrow.rows_per_workgroup == 4 * kernel.MIN_WORKGROUP
-    assert kernel.choose_config(766, True, True, 32).rows_per_block == 2
-    # Too wide to hold: rows streamed with scalar loads.
-    wide = kernel.choose_config(4 * kernel.MAX_THREADS_PER_ROW * kernel.MAX_HOLD + 1, True, True, 32)
-    assert (wide.rows_per_block, wide.vec, wide.hold) == (1, 1, 0)
-    with pytest.raises(ValueError, match="whole vec4s"):
-        kernel.KernelConfig(width=8, threads_per_row=1, has_weight=False, has_bias=False, hold=2, rows_per_block=2)
-    with pytest.raises(ValueError, match="held"):
-        dataclasses.replace(odd, hold=0)
+def test_loads_are_as_wide_as_the_width_keeps_rows_aligned():
+    assert [kernel.choose_config(w, True, True, 32).vec for w in (1024, 766, 1023, 2, 1)] == [4, 2, 1, 2, 1]
+    even = kernel.choose_config(766, True, True, 32)
+    assert (even.row_vecs, even.threads_per_row, even.hold) == (383, 64, 6)
+    assert "alias V = vec2<f32>" in even.prelude()
 
 
 def test_marked_lines_are_written_out_once_per_value():

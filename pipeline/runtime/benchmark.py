@@ -29,7 +29,6 @@ from pipeline.runtime.native_layer_norm import (
     _pipeline,
     choose_config,
     grid,
-    held_or_streamed,
 )
 
 # Rotate among at least this many bytes of input (the H200's L2 is 60 MB).
@@ -47,11 +46,9 @@ def _copies(nbytes: int) -> int:
 
 
 def candidate_configs(width: int, subgroup_size: int, affine: bool = True) -> list[KernelConfig]:
-    """The default choice first; then rows (blocks of rows) held at half, the same and twice
-    its threads per row where that leaves at most MAX_HOLD values a thread, in workgroups of
-    64-256 threads; for a width not a multiple of 4, the rule's choice with a row per thread
-    group (scalar loads); then rows streamed at the default's threads per row, 1, 2 or 4
-    values a loop step."""
+    """The default choice first; then rows held at half, the same and twice its threads per
+    row where that leaves at most MAX_HOLD values a thread, in workgroups of 64-256 threads;
+    then rows streamed at the default's threads per row, 1, 2 or 4 values a loop step."""
     default = choose_config(width, affine, affine, subgroup_size)
     configs = [default]
 
@@ -66,9 +63,8 @@ def candidate_configs(width: int, subgroup_size: int, affine: bool = True) -> li
             continue
         for workgroup in sorted({max(64, threads), max(128, threads), max(256, threads)}):
             add(replace(default, threads_per_row=threads, workgroup=workgroup, hold=hold, unroll=1))
-    add(held_or_streamed(width, affine, affine, subgroup_size, rows_per_block=1))
     for unroll in (1, 2, 4):
-        add(replace(default, hold=0, unroll=unroll, rows_per_block=1))
+        add(replace(default, hold=0, unroll=unroll))
     return configs
 
 
@@ -91,11 +87,10 @@ def time_kernel(rows: int, width: int, configs: list[KernelConfig] | None = None
     # Inputs and outputs rotate; mean and rstd are shared, which orders the launches.
     stats = [g.device.create_buffer(size=rows * 4, usage=_STORAGE) for _ in range(2)]
     sets = []
-    padded = (nbytes + 15) // 16 * 16  # whole vec4s: a last block of rows may end inside one
     for _ in range(copies):
-        x = g.device.create_buffer(size=padded, usage=_STORAGE)
+        x = g.device.create_buffer(size=nbytes, usage=_STORAGE)
         g.device.queue.write_buffer(x, 0, np.tile(row, rows))
-        sets.append([x, *affine_bufs, g.device.create_buffer(size=padded, usage=_STORAGE), *stats, params])
+        sets.append([x, *affine_bufs, g.device.create_buffer(size=nbytes, usage=_STORAGE), *stats, params])
     timed = _timestamped if "timestamp-query" in g.features else _wall_clock
     times = []
     for config in configs:
@@ -273,9 +268,10 @@ MODEL_SHAPES: list[tuple[int, int]] = (
     + [(4096, 3072), (8192, 1024)]
 )
 
-# Widths that are not a multiple of 4, near model shapes: rows go to a thread group in blocks.
+# Widths that are not a multiple of 4, beside model shapes: vec2 loads (width = 2 mod 4) or scalar.
 ODD_SHAPES: list[tuple[int, int]] = [
-    (1024, 766), (1500, 383), (1500, 1281), (4096, 1023), (8192, 1021), (73728, 127), (4096, 3071),
+    (1024, 766), (1500, 383), (1500, 1281), (1500, 1282), (4096, 1022), (4096, 1023),
+    (8192, 1021), (73728, 126), (73728, 127), (4096, 3071), (4096, 3070),
 ]
 
 
@@ -330,8 +326,7 @@ def run_benchmark(shapes: list[tuple[int, int]], repeats: int = 100, sweep: bool
             result["config"] = asdict(configs[0])
             result["sweep"] = sorted(
                 ({"us": round(t[0], 2), "isolated_us": round(t[1], 2), "threads_per_row": c.threads_per_row,
-                  "workgroup": c.workgroup, "hold": c.hold, "unroll": c.unroll,
-                  "rows_per_block": c.rows_per_block}
+                  "workgroup": c.workgroup, "hold": c.hold, "unroll": c.unroll}
                  for c, t in zip(configs, times)),
                 key=lambda r: r["us"])
         results.append(result)

@@ -27,6 +27,9 @@ STREAM_UNROLL = 4
 MAX_GRID_X = 65535
 PARAMS_BYTES = 16
 
+# Per components in one load: the WGSL type of V and the sum of its components.
+_V_TYPES = {4: ("vec4<f32>", "v.x + v.y + v.z + v.w"), 2: ("vec2<f32>", "v.x + v.y"), 1: ("f32", "v")}
+
 _STORAGE = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC
 _UNIFORM = wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST
 _STAGING = wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST
@@ -46,23 +49,14 @@ class KernelConfig:
     # its k values of the row (read once), weight and bias loaded with them.
     hold: int = 0
     unroll: int = 1
-    # 1: a thread group per row; 2 or 4 (widths not a multiple of 4): a thread group per block
-    # of that many rows, which starts on a vec4 boundary and spans whole vec4s (held only).
-    rows_per_block: int = 1
-
-    def __post_init__(self) -> None:
-        if self.rows_per_block > 1 and (self.rows_per_block != _rows_per_block(self.width) or not self.hold):
-            raise ValueError(f"blocks of {self.rows_per_block} rows of width {self.width}: a block must be "
-                             f"the fewest rows that span whole vec4s ({_rows_per_block(self.width)}) and be held")
 
     @property
     def vec(self) -> int:
-        return _vec(self.width * self.rows_per_block)
+        return _vec(self.width)
 
     @property
     def row_vecs(self) -> int:
-        """V values per row, or per block of rows."""
-        return self.width * self.rows_per_block // self.vec
+        return self.width // self.vec
 
     @property
     def row_in_subgroup(self) -> bool:
@@ -71,18 +65,16 @@ class KernelConfig:
 
     @property
     def rows_per_workgroup(self) -> int:
-        return self.workgroup // self.threads_per_row * self.rows_per_block
+        return self.workgroup // self.threads_per_row
 
     def prelude(self) -> str:
         """WGSL constant declarations that specialise the kernel file."""
-        vtype = "vec4<f32>" if self.vec == 4 else "f32"
+        vtype, components = _V_TYPES[self.vec]
         return (
             f"alias V = {vtype};\n"
-            f"alias A = {'f32' if self.rows_per_block > 1 else 'V'};\n"
-            f"fn as_v(v: vec4<f32>) -> V {{ return v{'' if self.vec == 4 else '.x'}; }}\n"
+            f"fn hsum(v: V) -> f32 {{ return {components}; }}\n"
             f"const VEC: u32 = {self.vec}u;\n"
             f"const WORKGROUP: u32 = {self.workgroup}u;\n"
-            f"const ROWS_PER_BLOCK: u32 = {self.rows_per_block}u;\n"
             f"const THREADS_PER_ROW: u32 = {self.threads_per_row}u;\n"
             f"const HAS_WEIGHT: bool = {str(self.has_weight).lower()};\n"
             f"const HAS_BIAS: bool = {str(self.has_bias).lower()};\n"
@@ -116,28 +108,18 @@ def _written_out(source: str, marker: str, count: int) -> str:
 
 
 def choose_config(width: int, has_weight: bool, has_bias: bool, subgroup_size: int = 0) -> KernelConfig:
-    """Vector loads: a row of a width that is a multiple of 4 is whole vec4s; otherwise a
-    block of 4 rows (2 for a width = 2 mod 4) is, and a thread group takes the block.
-    Rows (blocks) held in registers when they fit: the most threads per row (a power of two)
-    that leave each at least 4 values, so 4 to 7 each, weight and bias loaded with x.
-    Rows wider than MAX_HOLD values for each of MAX_THREADS_PER_ROW threads are streamed, 4
-    values a loop step (scalar loads when the width is not a multiple of 4: blocks are held
-    only). Workgroups of at least MIN_WORKGROUP threads (narrow rows share one).
+    """Vector loads as wide as the width allows (4, 2 or 1 floats). Rows held in registers when they fit: the most
+    threads per row (a power of two) that leave each at least 4 values, so 4 to 7 each,
+    weight and bias loaded with x. Rows wider than MAX_HOLD values for each of
+    MAX_THREADS_PER_ROW threads are streamed, 4 values a loop step. Workgroups of at least
+    MIN_WORKGROUP threads (narrow rows share one).
 
     Chosen from the H200 sweep (benchmarks/NOTES.md). `subgroup_size` 0 means the adapter
     has no subgroup operations (workgroup-memory merges).
     """
-    block = _rows_per_block(width)
-    if _held(width, block) is None:
-        block = 1
-    return held_or_streamed(width, has_weight, has_bias, subgroup_size, block)
-
-
-def held_or_streamed(width: int, has_weight: bool, has_bias: bool, subgroup_size: int,
-                     rows_per_block: int) -> KernelConfig:
-    """choose_config's rule for the given rows per block (1: a row per thread group)."""
-    held = _held(width, rows_per_block)
-    threads, hold = held or (_threads(width * rows_per_block // _vec(width * rows_per_block)), 0)
+    row_vecs = width // _vec(width)
+    threads = min(MAX_THREADS_PER_ROW, _prev_pow2(max(1, row_vecs // 4)))
+    hold = math.ceil(row_vecs / threads)
     return KernelConfig(
         width=width,
         threads_per_row=threads,
@@ -145,33 +127,14 @@ def held_or_streamed(width: int, has_weight: bool, has_bias: bool, subgroup_size
         has_bias=has_bias,
         subgroup_size=subgroup_size,
         workgroup=max(MIN_WORKGROUP, threads),
-        hold=hold,
-        unroll=1 if hold else STREAM_UNROLL,
-        rows_per_block=rows_per_block,
+        hold=hold if hold <= MAX_HOLD else 0,
+        unroll=1 if hold <= MAX_HOLD else STREAM_UNROLL,
     )
 
 
-def _held(width: int, rows_per_block: int) -> tuple[int, int] | None:
-    """(threads per row, values each holds) when a row (block) fits in registers, else None."""
-    vecs = width * rows_per_block // _vec(width * rows_per_block)
-    threads = _threads(vecs)
-    hold = math.ceil(vecs / threads)
-    return (threads, hold) if hold <= MAX_HOLD else None
-
-
-def _threads(vecs: int) -> int:
-    """Threads per row: the most (a power of two) that leave each at least 4 values."""
-    return min(MAX_THREADS_PER_ROW, _prev_pow2(max(1, vecs // 4)))
-
-
-def _rows_per_block(width: int) -> int:
-    """Rows that together span whole vec4s: 1, 2 (width = 2 mod 4) or 4 (odd width)."""
-    return 4 // math.gcd(width, 4)
-
-
 def _vec(width: int) -> int:
-    """Components in one load: vec4 when the width allows, scalar otherwise."""
-    return 4 if width % 4 == 0 else 1
+    """Components in one load: the widest vector (4, 2 or 1 floats) a row start stays aligned to."""
+    return 4 if width % 4 == 0 else 2 if width % 2 == 0 else 1
 
 
 def _prev_pow2(n: int) -> int:
@@ -303,7 +266,6 @@ def _run(g: Gpu, src, weight, bias, eps, out, mean, rstd, poison) -> None:
 
 def _launch(g, pipeline, layout, config, src, affine, eps, poison, out, mean, rstd) -> None:
     rows, width = src.shape
-    # Whole vec4s (g.buffer rounds up to 16 bytes): a last block of rows may end inside one.
     x_buf = g.buffer("x", src.nbytes, _STORAGE)
     out_buf = g.buffer("out", src.nbytes, _STORAGE)
     mean_buf = g.buffer("mean", rows * 4, _STORAGE)

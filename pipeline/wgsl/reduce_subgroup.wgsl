@@ -1,13 +1,11 @@
-// Row statistics merged (and the per-row sums of blocks of rows added) with subgroup
-// shuffles; the entry point lives here because it needs the subgroup builtins (Naga takes
-// them once the device has the `subgroup` feature).
+// Row statistics merged with subgroup shuffles; the entry point lives here because it needs
+// the subgroup builtins (Naga takes them once the device has the `subgroup` feature).
 // With ROW_IN_SUBGROUP (THREADS_PER_ROW <= the subgroup size) a row's threads sit in one
 // subgroup and a butterfly merges them without barriers. Otherwise each subgroup merges its
 // part, and the parts meet in workgroup memory behind one barrier, where each subgroup
-// merges them with another butterfly (sums: where each thread adds them in order).
+// merges them with another butterfly.
 
-var<workgroup> partial: array<vec3<f32>, TRIPLE_SLOTS>;
-var<workgroup> sums: array<vec4<f32>, SUM_SLOTS>;
+var<workgroup> partial: array<vec3<f32>, WORKGROUP>;
 var<private> subgroup_lanes: u32;
 var<private> subgroup_lane: u32;
 
@@ -55,42 +53,6 @@ fn row_stats(local: vec3<f32>, tid: u32, lane: u32) -> vec3<f32> {
         stats = merge(stats, partial[first + subgroup_lane % span + k]);
     }
     return butterfly(stats, span);
-}
-
-// The sum of each `span` lanes' v (a power of two, at most 128): at every level both lanes
-// of a pair add the same two values, so all lanes end bitwise equal.
-fn sum_butterfly(v: vec4<f32>, span: u32) -> vec4<f32> {
-    var s = v;
-    if (span > 1u) { s += subgroupShuffleXor(s, 1u); }
-    if (span > 2u) { s += subgroupShuffleXor(s, 2u); }
-    if (span > 4u) { s += subgroupShuffleXor(s, 4u); }
-    if (span > 8u) { s += subgroupShuffleXor(s, 8u); }
-    if (span > 16u) { s += subgroupShuffleXor(s, 16u); }
-    if (span > 32u) { s += subgroupShuffleXor(s, 32u); }
-    if (span > 64u) { s += subgroupShuffleXor(s, 64u); }
-    return s;
-}
-
-// The sum of v over the block's threads, for reduction `round` (0-2: each round has its own
-// workgroup memory, so no barrier is needed between rounds).
-fn row_sums(v: vec4<f32>, tid: u32, lane: u32, round: u32) -> vec4<f32> {
-    if (ROW_IN_SUBGROUP) {
-        return sum_butterfly(v, THREADS_PER_ROW);
-    }
-    let at = round * WORKGROUP;
-    let part = sum_butterfly(v, subgroup_lanes);
-    if (subgroup_lane == 0u) {
-        sums[at + tid / subgroup_lanes] = part;
-    }
-    workgroupBarrier();
-    // At most 256 / 32 parts; added in the same order by every thread of the block.
-    let parts = THREADS_PER_ROW / subgroup_lanes;
-    let first = at + (tid / THREADS_PER_ROW) * parts;
-    var s = sums[first];
-    for (var k = 1u; k < parts; k++) {
-        s += sums[first + k];
-    }
-    return s;
 }
 
 @compute @workgroup_size(WORKGROUP)
