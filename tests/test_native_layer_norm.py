@@ -65,27 +65,24 @@ def assert_close_to_reference(x, shape, weight=None, bias=None, eps=1e-5, factor
     return ours
 
 
-@pytest.fixture(params=["subgroup", "workgroup", "streamed", "unstaged"])
+@pytest.fixture(params=["subgroup", "workgroup", "streamed"])
 def reduction(request, monkeypatch):
     """Run under each row-merge strategy: subgroup shuffles where the adapter has them, and the
-    workgroup-memory path that adapters without the `subgroup` feature take; with rows
-    streamed, the path of rows too wide to hold, forced at every width; and with rows of an
-    odd width read in place instead of staged through workgroup memory."""
+    workgroup-memory path that adapters without the `subgroup` feature take; and with rows
+    streamed, the path of rows too wide to hold, forced at every width."""
     g = runtime_device.gpu()
     if request.param == "subgroup" and not g.subgroup_size:
         pytest.skip("adapter has no subgroup operations")
     if request.param == "workgroup":
         monkeypatch.setattr(g, "subgroup_size", 0)
-    if request.param in ("streamed", "unstaged"):
+    if request.param == "streamed":
         chosen = kernel.choose_config
 
-        def forced(*args, **kwargs):
+        def streamed(*args, **kwargs):
             config = chosen(*args, **kwargs)
-            if request.param == "unstaged":
-                return dataclasses.replace(config, staged=False, workgroup=max(kernel.MIN_WORKGROUP, config.threads_per_row))
-            return dataclasses.replace(config, hold=0, unroll=kernel.STREAM_UNROLL, staged=False)
+            return dataclasses.replace(config, hold=0, unroll=kernel.STREAM_UNROLL)
 
-        monkeypatch.setattr(kernel, "choose_config", forced)
+        monkeypatch.setattr(kernel, "choose_config", streamed)
     return request.param
 
 
@@ -273,22 +270,6 @@ def test_loads_are_as_wide_as_the_width_keeps_rows_aligned():
     even = kernel.choose_config(766, True, True, 32)
     assert (even.row_vecs, even.threads_per_row, even.hold) == (383, 64, 6)
     assert "alias V = vec2<f32>" in even.prelude()
-
-
-def test_held_rows_of_an_odd_width_are_staged_where_the_workgroup_limits_allow():
-    odd = kernel.choose_config(1023, True, True, 32, 1024, 32768)
-    assert (odd.staged, odd.threads_per_row, odd.workgroup, odd.rows_per_workgroup) == (True, 128, 512, 4)
-    assert odd.workgroup_bytes == 512 * 16 + 4 * 1023 * 4
-    assert not kernel.choose_config(1023, True, True, 32, 256, 32768).staged  # 512 threads
-    assert not kernel.choose_config(1023, True, True, 32, 1024, 16384).staged  # 24 KB
-    narrow = kernel.choose_config(7, True, True, 32, 256, 16384)
-    assert narrow.staged and narrow.rows_per_workgroup % 4 == 0
-    wide = kernel.choose_config(4 * kernel.MAX_THREADS_PER_ROW * kernel.MAX_HOLD + 1, True, True, 32, 1024, 1 << 20)
-    assert not wide.staged and wide.hold == 0  # streamed rows read in place
-    with pytest.raises(ValueError, match="staged"):
-        dataclasses.replace(odd, hold=0)
-    with pytest.raises(ValueError, match="staged"):
-        dataclasses.replace(kernel.choose_config(1024, True, True, 32), staged=True)
 
 
 def test_marked_lines_are_written_out_once_per_value():

@@ -29,7 +29,6 @@ from pipeline.runtime.native_layer_norm import (
     _pipeline,
     choose_config,
     grid,
-    workgroup_limits,
 )
 
 # Rotate among at least this many bytes of input (the H200's L2 is 60 MB).
@@ -48,10 +47,9 @@ def _copies(nbytes: int) -> int:
 
 def candidate_configs(width: int, subgroup_size: int, affine: bool = True) -> list[KernelConfig]:
     """The default choice first; then rows held at half, the same and twice its threads per
-    row where that leaves at most MAX_HOLD values a thread, in workgroups of 64-256 threads
-    (staged or not, for an odd width); then rows streamed at the default's threads per row,
-    1, 2 or 4 values a loop step."""
-    default = choose_config(width, affine, affine, subgroup_size, *workgroup_limits(gpu()))
+    row where that leaves at most MAX_HOLD values a thread, in workgroups of 64-256 threads;
+    then rows streamed at the default's threads per row, 1, 2 or 4 values a loop step."""
+    default = choose_config(width, affine, affine, subgroup_size)
     configs = [default]
 
     def add(config: KernelConfig) -> None:
@@ -64,12 +62,9 @@ def candidate_configs(width: int, subgroup_size: int, affine: bool = True) -> li
         if threads < 1 or hold > MAX_HOLD or threads > 1024:
             continue
         for workgroup in sorted({max(64, threads), max(128, threads), max(256, threads)}):
-            plain = replace(default, threads_per_row=threads, workgroup=workgroup, hold=hold, unroll=1, staged=False)
-            add(plain)
-            if default.staged and plain.rows_per_workgroup * width % 4 == 0:
-                add(replace(plain, staged=True))
+            add(replace(default, threads_per_row=threads, workgroup=workgroup, hold=hold, unroll=1))
     for unroll in (1, 2, 4):
-        add(replace(default, hold=0, unroll=unroll, staged=False))
+        add(replace(default, hold=0, unroll=unroll))
     return configs
 
 
@@ -78,7 +73,7 @@ def time_kernel(rows: int, width: int, configs: list[KernelConfig] | None = None
     """GPU microseconds of one launch over (rows, width) for each config (default: the
     runtime's own choice), as (batched, isolated) medians; returns (times, clock)."""
     g = gpu()
-    configs = configs or [choose_config(width, affine, affine, g.subgroup_size, *workgroup_limits(g))]
+    configs = configs or [choose_config(width, affine, affine, g.subgroup_size)]
     nbytes = rows * width * 4
     copies = _copies(nbytes)
     rng = np.random.default_rng(0)
@@ -92,11 +87,10 @@ def time_kernel(rows: int, width: int, configs: list[KernelConfig] | None = None
     # Inputs and outputs rotate; mean and rstd are shared, which orders the launches.
     stats = [g.device.create_buffer(size=rows * 4, usage=_STORAGE) for _ in range(2)]
     sets = []
-    padded = (nbytes + 15) // 16 * 16  # staged rows of an odd width read and write whole vec4s
     for _ in range(copies):
-        x = g.device.create_buffer(size=padded, usage=_STORAGE)
+        x = g.device.create_buffer(size=nbytes, usage=_STORAGE)
         g.device.queue.write_buffer(x, 0, np.tile(row, rows))
-        sets.append([x, *affine_bufs, g.device.create_buffer(size=padded, usage=_STORAGE), *stats, params])
+        sets.append([x, *affine_bufs, g.device.create_buffer(size=nbytes, usage=_STORAGE), *stats, params])
     timed = _timestamped if "timestamp-query" in g.features else _wall_clock
     times = []
     for config in configs:
@@ -332,7 +326,7 @@ def run_benchmark(shapes: list[tuple[int, int]], repeats: int = 100, sweep: bool
             result["config"] = asdict(configs[0])
             result["sweep"] = sorted(
                 ({"us": round(t[0], 2), "isolated_us": round(t[1], 2), "threads_per_row": c.threads_per_row,
-                  "workgroup": c.workgroup, "hold": c.hold, "unroll": c.unroll, "staged": c.staged}
+                  "workgroup": c.workgroup, "hold": c.hold, "unroll": c.unroll}
                  for c, t in zip(configs, times)),
                 key=lambda r: r["us"])
         results.append(result)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -49,14 +49,6 @@ class KernelConfig:
     # its k values of the row (read once), weight and bias loaded with them.
     hold: int = 0
     unroll: int = 1
-    # Odd widths: the workgroup's rows (a multiple of 4) come in and go out as vec4s through
-    # workgroup memory, the rows' threads reading single values there (held rows only).
-    staged: bool = False
-
-    def __post_init__(self) -> None:
-        if self.staged and (self.vec != 1 or not self.hold or self.rows_per_workgroup * self.width % 4):
-            raise ValueError(f"staged rows need a width that is not even ({self.width}), held rows "
-                             f"and whole vec4s a workgroup ({self.rows_per_workgroup} rows)")
 
     @property
     def vec(self) -> int:
@@ -74,11 +66,6 @@ class KernelConfig:
     @property
     def rows_per_workgroup(self) -> int:
         return self.workgroup // self.threads_per_row
-
-    @property
-    def workgroup_bytes(self) -> int:
-        """Workgroup memory the kernel declares: the row merge's triples, the staged rows."""
-        return self.workgroup * 16 + (self.rows_per_workgroup * self.width * 4 if self.staged else 0)
 
     def prelude(self) -> str:
         """WGSL constant declarations that specialise the kernel file."""
@@ -102,12 +89,9 @@ class KernelConfig:
         """The WGSL module: the reduction file (it holds the entry point), constants, kernel
         with its per-value lines written out."""
         reduce = "reduce_subgroup.wgsl" if self.subgroup_size else "reduce_workgroup.wgsl"
-        memory = g.shader_source("memory_staged.wgsl" if self.staged else "memory_direct.wgsl")
-        staged_vec4s = self.rows_per_workgroup * self.width // 4
-        memory = _written_out(memory, "each staged vec4", math.ceil(staged_vec4s / self.workgroup))
         kernel = _written_out(g.shader_source(SHADER), "each held value", max(self.hold, 1))
         kernel = _written_out(kernel, "each step value", self.unroll)
-        return g.shader_source(reduce) + memory + self.prelude() + kernel
+        return g.shader_source(reduce) + self.prelude() + kernel
 
 
 def _written_out(source: str, marker: str, count: int) -> str:
@@ -123,15 +107,12 @@ def _written_out(source: str, marker: str, count: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def choose_config(width: int, has_weight: bool, has_bias: bool, subgroup_size: int = 0,
-                  max_workgroup: int = 256, workgroup_bytes: int = 16384) -> KernelConfig:
-    """Loads as wide as the rows stay aligned (vec4, vec2 or scalar). Rows held in registers
-    when they fit: the most threads per row (a power of two) that leave each at least 4
-    values, so 4 to 7 each, weight and bias loaded with x. Rows wider than MAX_HOLD values
-    for each of MAX_THREADS_PER_ROW threads are streamed, 4 values a loop step. Workgroups
-    of at least MIN_WORKGROUP threads (narrow rows share one). Held rows of an odd width
-    are staged (vec4 in and out through workgroup memory) in workgroups of a multiple of 4
-    rows, where the adapter's `max_workgroup` threads and `workgroup_bytes` allow.
+def choose_config(width: int, has_weight: bool, has_bias: bool, subgroup_size: int = 0) -> KernelConfig:
+    """Vector loads as wide as the width allows (4, 2 or 1 floats). Rows held in registers when they fit: the most
+    threads per row (a power of two) that leave each at least 4 values, so 4 to 7 each,
+    weight and bias loaded with x. Rows wider than MAX_HOLD values for each of
+    MAX_THREADS_PER_ROW threads are streamed, 4 values a loop step. Workgroups of at least
+    MIN_WORKGROUP threads (narrow rows share one).
 
     Chosen from the H200 sweep (benchmarks/NOTES.md). `subgroup_size` 0 means the adapter
     has no subgroup operations (workgroup-memory merges).
@@ -139,7 +120,7 @@ def choose_config(width: int, has_weight: bool, has_bias: bool, subgroup_size: i
     row_vecs = width // _vec(width)
     threads = min(MAX_THREADS_PER_ROW, _prev_pow2(max(1, row_vecs // 4)))
     hold = math.ceil(row_vecs / threads)
-    config = KernelConfig(
+    return KernelConfig(
         width=width,
         threads_per_row=threads,
         has_weight=has_weight,
@@ -149,17 +130,6 @@ def choose_config(width: int, has_weight: bool, has_bias: bool, subgroup_size: i
         hold=hold if hold <= MAX_HOLD else 0,
         unroll=1 if hold <= MAX_HOLD else STREAM_UNROLL,
     )
-    if config.vec == 1 and config.hold:
-        staged = replace(config, workgroup=max(MIN_WORKGROUP, 4 * threads), staged=True)
-        if staged.workgroup <= max_workgroup and staged.workgroup_bytes <= workgroup_bytes:
-            return staged
-    return config
-
-
-def workgroup_limits(g: Gpu) -> tuple[int, int]:
-    """(threads, bytes of workgroup memory) a workgroup may have on this device."""
-    threads = min(g.limits["max-compute-invocations-per-workgroup"], g.limits["max-compute-workgroup-size-x"])
-    return threads, g.limits["max-compute-workgroup-storage-size"]
 
 
 def _vec(width: int) -> int:
@@ -274,7 +244,7 @@ def _run(g: Gpu, src, weight, bias, eps, out, mean, rstd, poison) -> None:
     limit = min(g.limits["max-storage-buffer-binding-size"], g.limits["max-buffer-size"])
     if row_bytes > limit:
         raise ValueError(f"a row of {width} floats exceeds the adapter's binding limit of {limit} bytes")
-    config = choose_config(width, weight is not None, bias is not None, g.subgroup_size, *workgroup_limits(g))
+    config = choose_config(width, weight is not None, bias is not None, g.subgroup_size)
     pipeline, layout = _pipeline(g, config)
 
     # Absent weight/bias bind a small placeholder that the specialised kernel never reads.

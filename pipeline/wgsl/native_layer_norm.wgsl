@@ -36,8 +36,10 @@ struct Params {
     nan: f32,
 }
 
+@group(0) @binding(0) var<storage, read> x: array<V>;
 @group(0) @binding(1) var<storage, read> weight: array<V>;
 @group(0) @binding(2) var<storage, read> bias: array<V>;
+@group(0) @binding(3) var<storage, read_write> out: array<V>;
 @group(0) @binding(4) var<storage, read_write> mean: array<f32>;
 @group(0) @binding(5) var<storage, read_write> rstd: array<f32>;
 @group(0) @binding(6) var<uniform> params: Params;
@@ -62,15 +64,12 @@ fn merge(a: vec3<f32>, b: vec3<f32>) -> vec3<f32> {
 // it may hold barriers) come from reduce_subgroup.wgsl or reduce_workgroup.wgsl.
 fn normalize_rows(tid: u32, group: vec3<u32>, groups: vec3<u32>) {
     // Rows past 65,535 workgroups come through the y dimension of the grid.
-    let linear = group.x + group.y * groups.x;
-    let row = linear * ROWS_PER_WORKGROUP + tid / THREADS_PER_ROW;
-    stage_in(linear, tid);
+    let row = (group.x + group.y * groups.x) * ROWS_PER_WORKGROUP + tid / THREADS_PER_ROW;
     if (HOLD > 0u) {
         normalize_held(tid, row);
     } else {
         normalize_streamed(tid, row);
     }
-    stage_out(linear, tid);
 }
 
 // (count, mean, M2) of one V, exact.
@@ -96,7 +95,7 @@ fn finish_row(row: u32, lane: u32, stats: vec3<f32>) -> vec2<f32> {
 // The V at index i of the row at `base`, zeros past the row's end or for a dead thread.
 fn load_x(base: u32, i: u32, live: bool) -> V {
     if (live && i < ROW_VECS) {
-        return read_value(base + i);
+        return x[base + i];
     }
     return V(0.0);
 }
@@ -136,14 +135,14 @@ fn store_out(base: u32, i: u32, v: V, mean_rstd: vec2<f32>, w: V, b: V) {
         var y = (v - V(mean_rstd.x)) * mean_rstd.y;  // NaN throughout for a non-finite row
         if (HAS_WEIGHT) { y = y * w; }
         if (HAS_BIAS) { y = y + b; }
-        write_value(base + i, y);
+        out[base + i] = y;
     }
 }
 
 fn normalize_held(tid: u32, row: u32) {
     let lane = tid % THREADS_PER_ROW;
     let live = row < params.rows;
-    let base = row_base(row, tid);
+    let base = row * ROW_VECS;
     let v_K = load_x(base, lane + K * THREADS_PER_ROW, live);  // each held value
     let w_K = weight_at(lane + K * THREADS_PER_ROW);  // each held value
     let b_K = bias_at(lane + K * THREADS_PER_ROW);  // each held value
@@ -169,7 +168,7 @@ fn normalize_held(tid: u32, row: u32) {
 fn normalize_streamed(tid: u32, row: u32) {
     let lane = tid % THREADS_PER_ROW;
     let live = row < params.rows;
-    let base = row_base(row, tid);
+    let base = row * ROW_VECS;
     var local = vec3<f32>(0.0, 0.0, 0.0);
     for (var at = lane; live && at < ROW_VECS; at += STEP * THREADS_PER_ROW) {
         let v_K = load_x(base, at + K * THREADS_PER_ROW, true);  // each step value
