@@ -16,7 +16,7 @@ from pipeline.runtime.benchmark import parse_shapes, run_benchmark
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default="model",
-                        help="comma list of 'model' (default), 'odd' (widths not a multiple of 4) and ROWSxWIDTH")
+                        help="comma list of 'model' (default), 'unaligned' (widths not a multiple of 4) and ROWSxWIDTH")
     parser.add_argument("--repeats", type=int, default=100, help="timed launches per shape (default 100)")
     parser.add_argument("--sweep", action="store_true", help="also time threads-per-row/workgroup variants")
     parser.add_argument("--json", metavar="FILE", help="write the results here (atomically)")

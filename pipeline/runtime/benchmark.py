@@ -269,16 +269,16 @@ MODEL_SHAPES: list[tuple[int, int]] = (
 )
 
 # Widths that are not a multiple of 4, beside model shapes: vec2 loads (width = 2 mod 4) or scalar.
-ODD_SHAPES: list[tuple[int, int]] = [
+UNALIGNED_SHAPES: list[tuple[int, int]] = [
     (1024, 766), (1500, 383), (1500, 1281), (1500, 1282), (4096, 1022), (4096, 1023),
     (8192, 1021), (73728, 126), (73728, 127), (4096, 3071), (4096, 3070),
 ]
 
 
 def parse_shapes(spec: str) -> list[tuple[int, int]]:
-    """A comma list of ROWSxWIDTH shapes, 'model' (the model shapes) and 'odd' (widths not a
-    multiple of 4), e.g. '4096x3072,model'."""
-    named = {"model": MODEL_SHAPES, "odd": ODD_SHAPES}
+    """A comma list of ROWSxWIDTH shapes, 'model' (the model shapes) and 'unaligned' (widths
+    not a multiple of 4), e.g. '4096x3072,model'."""
+    named = {"model": MODEL_SHAPES, "unaligned": UNALIGNED_SHAPES}
     shapes = []
     for item in spec.split(","):
         if item in named:

@@ -108,11 +108,11 @@ def _written_out(source: str, marker: str, count: int) -> str:
 
 
 def choose_config(width: int, has_weight: bool, has_bias: bool, subgroup_size: int = 0) -> KernelConfig:
-    """Vector loads as wide as the width allows (4, 2 or 1 floats). Rows held in registers when they fit: the most
-    threads per row (a power of two) that leave each at least 4 values, so 4 to 7 each,
-    weight and bias loaded with x. Rows wider than MAX_HOLD values for each of
-    MAX_THREADS_PER_ROW threads are streamed, 4 values a loop step. Workgroups of at least
-    MIN_WORKGROUP threads (narrow rows share one).
+    """Loads as wide as the rows stay aligned (4, 2 or 1 floats). Rows held in registers
+    when they fit: the most threads per row (a power of two) that leave each at least 4
+    values, so 4 to 7 each, weight and bias loaded with x. Rows wider than MAX_HOLD values
+    for each of MAX_THREADS_PER_ROW threads are streamed, 4 values a loop step. Workgroups
+    of at least MIN_WORKGROUP threads (narrow rows share one).
 
     Chosen from the H200 sweep (benchmarks/NOTES.md). `subgroup_size` 0 means the adapter
     has no subgroup operations (workgroup-memory merges).
