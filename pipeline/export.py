@@ -76,7 +76,7 @@ def export_model(
         "pte_bytes": None,
         "export_seconds": None,
     }
-    if coverage.not_delegated or coverage.delegated != coverage.total:
+    if not coverage.complete:
         summary["export_seconds"] = round(time.perf_counter() - start, 2)
         write_json_atomic(coverage_path, summary)
         first = summary["not_delegated"][0] if summary["not_delegated"] else None

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 from torch.utils._pytree import tree_leaves
 
-from pipeline.evaluation.coverage import match_calls, program_records
+from pipeline.evaluation.coverage import CoverageAudit, coverage_of, match_calls, program_records
 from pipeline.evaluation.eager import run_eager, to_float64
 from pipeline.evaluation.metrics import compare, flatten_output
 
@@ -42,6 +42,8 @@ class AccuracyReport:
     delegated_vs_fp64: dict
     eager_fp32_vs_fp64: dict
     layer_norms: list[LayerNormError] = field(default_factory=list)
+    # The coverage audit of the same eager float32 run (not part of `as_dict`).
+    coverage: CoverageAudit | None = None
 
     @property
     def worst_layer_norm(self) -> LayerNormError | None:
@@ -118,6 +120,7 @@ def evaluate_accuracy(
         eager_fp32_vs_fp64=compare(flatten_output(fp32.outputs), reference),
     )
     records = program_records(program)
+    report.coverage = coverage_of(fp32.calls, records, program, model, variant)
     calls32, _ = match_calls(records, fp32.calls)
     calls64, _ = match_calls(records, fp64.calls)
     for rec, c32, c64 in zip(records, calls32, calls64):

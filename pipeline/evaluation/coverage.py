@@ -83,8 +83,18 @@ def audit_coverage(
 ) -> CoverageAudit:
     """Hold what eager `module(*example_inputs)` runs against the lowered `program`'s LayerNorms."""
     eager = run_eager(module, example_inputs, keep_tensors=False)
-    records = program_records(program)
-    _, leftover = match_calls(records, eager.calls)
+    return coverage_of(eager.calls, program_records(program), program, model, variant)
+
+
+def coverage_of(
+    calls: Sequence[NormCall],
+    records: Sequence[LayerNormRecord],
+    program,
+    model: str = "",
+    variant: str | None = None,
+) -> CoverageAudit:
+    """The audit from eager calls already recorded and the program's LayerNorm records."""
+    _, leftover = match_calls(records, calls)
     delegated = sum(r.delegated for r in records)
     notes = []
     reported = program.coverage
@@ -96,11 +106,11 @@ def audit_coverage(
     return CoverageAudit(
         model=model,
         variant=variant,
-        eager_calls=eager.count(),
-        eager_by_op=dict(Counter(c.op for c in eager.calls)),
+        eager_calls=len(calls),
+        eager_by_op=dict(Counter(c.op for c in calls)),
         graph_ops=len(records),
         delegated=delegated,
-        layer_norms=records,
+        layer_norms=list(records),
         missing_from_graph=[f"{c.module_path or '<root>'} ({c.op})" for c in leftover],
         notes=notes,
     )

@@ -38,9 +38,6 @@ class EagerRun:
     outputs: object
     calls: list[NormCall]
 
-    def count(self) -> int:
-        return len(self.calls)
-
 
 class NormCallRecorder(TorchDispatchMode):
     """Records each native_layer_norm / native_group_norm call, tagged with the running module path."""

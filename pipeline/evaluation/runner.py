@@ -69,11 +69,11 @@ def coverage_for(spec, program, seed: int) -> dict:
 
 
 def accuracy_for(spec, program, seed: int) -> dict:
-    """The accuracy report (with its coverage counts) of one built model, as a report dict."""
-    audit = audit_coverage(spec.module, spec.example_inputs, program, model=spec.name, variant=spec.variant)
+    """The accuracy report (with the coverage counts of its own eager run) of one built model,
+    as a report dict."""
     report = evaluate_accuracy(spec.module, spec.example_inputs, program, model=spec.name, variant=spec.variant)
     env = environment(seed)
-    return {**report.as_dict(), "coverage": audit.as_dict()["coverage"], "adapter": env["adapter"],
+    return {**report.as_dict(), "coverage": report.coverage.as_dict()["coverage"], "adapter": env["adapter"],
             "environment": env}
 
 

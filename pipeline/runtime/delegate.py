@@ -18,7 +18,8 @@ class LayerNormDelegate:
     def __init__(self, processed_bytes: bytes) -> None:
         decoded = blob_format.decode(processed_bytes)
         self.params = decoded.params
-        self._constants = {role: torch.from_numpy(arr.copy()) for role, arr in decoded.constants.items()}
+        # decode() returns fresh, writable arrays: no copy needed.
+        self._constants = {role: torch.from_numpy(arr) for role, arr in decoded.constants.items()}
 
     def _operand(self, role: str, args: tuple[torch.Tensor, ...]) -> torch.Tensor | None:
         op = getattr(self.params, role)
