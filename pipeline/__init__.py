@@ -14,9 +14,9 @@ import torch
 from pipeline import runtime
 
 if TYPE_CHECKING:
-    from pipeline.executor import LoweredProgram
+    from pipeline.executor import Program
 
-__all__ = ["layer_norm", "lower", "models", "runtime"]
+__all__ = ["layer_norm", "load", "lower", "models", "runtime"]
 
 
 def layer_norm(
@@ -34,11 +34,20 @@ def layer_norm(
     return runtime.native_layer_norm(x, normalized_shape, weight, bias, eps)
 
 
-def lower(module: torch.nn.Module, example_inputs: tuple, dynamic_shapes=None) -> LoweredProgram:
-    """Export `module`, delegate every LayerNorm to the WebGPU backend, return a runnable program."""
+def lower(module: torch.nn.Module, example_inputs: tuple, dynamic_shapes=None) -> Program:
+    """Export `module`, delegate every LayerNorm to the WebGPU backend, serialize it, and
+    return the serialized program ready to run (the bytes `save` writes)."""
     from pipeline.executor import lower as _lower
 
     return _lower(module, example_inputs, dynamic_shapes)
+
+
+def load(path) -> Program:
+    """Load a `.pte` written by `lower(...).save` or `scripts/export_model.py` and run it:
+    `program(*inputs)`, `program.coverage`. Raises ValueError for a file it cannot run."""
+    from pipeline.executor import load as _load
+
+    return _load(path)
 
 
 def __getattr__(name: str):

@@ -7,16 +7,44 @@ model zoo and ExecuTorch load on the first export).
 from __future__ import annotations
 
 import os
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pipeline.artifact import same_outputs, sha256_of
 from pipeline.ioutil import write_json_atomic
 
 
 class IncompleteDelegationError(RuntimeError):
     """Some LayerNorm of the model would run outside the WebGPU delegate."""
+
+
+class ArtifactCheckError(RuntimeError):
+    """The written `.pte`, loaded back and run, does not reproduce the program that wrote it."""
+
+
+def write_checked(program, path: Path, example_inputs: tuple, expected) -> None:
+    """Write `program` to `path` only if the file, loaded back and run on `example_inputs`,
+    gives `expected` bit for bit; otherwise nothing appears under `path`."""
+    from pipeline.executor import Program
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(program.buffer)
+            f.flush()
+            os.fsync(f.fileno())
+        got = Program.load(tmp)(*example_inputs)
+        if not same_outputs(got, expected):
+            raise ArtifactCheckError(f"{path.name}: the written file, loaded back, does not reproduce the "
+                                     "program's outputs bit for bit; nothing was written")
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
 
 
 def export_model(
@@ -34,6 +62,11 @@ def export_model(
     variant or checkpoint (CheckpointError), and IncompleteDelegationError when a LayerNorm
     is left out of the delegate: then only the coverage file is written, so the gap can be
     read, and no `.pte` that would quietly run a LayerNorm on the CPU.
+
+    The file is checked before it takes its name: loaded back and run on the example
+    inputs, it must reproduce the in-memory program bit for bit (ArtifactCheckError
+    otherwise). The coverage file names the `.pte`'s sha256, so a pair left mismatched by
+    an interrupted export is refused by its readers (`read_artifact`).
     """
     import pipeline
     from pipeline import models
@@ -74,6 +107,7 @@ def export_model(
         "not_delegated": [{"node": node, "reason": reason} for node, reason in coverage.not_delegated],
         "pte": None,
         "pte_bytes": None,
+        "pte_sha256": None,
         "export_seconds": None,
     }
     if not coverage.complete:
@@ -85,10 +119,13 @@ def export_model(
             f"{stem}: only {coverage.delegated}/{coverage.total} LayerNorms delegated{cause}; see {coverage_path}"
         )
 
-    stage(f"writing {pte_path}")
-    prog.save(pte_path)  # atomic: temp file + rename
+    stage("running the program on the example inputs")
+    expected = prog(*spec.example_inputs)
+    stage(f"writing {pte_path}, loading it back and checking it reproduces that run")
+    write_checked(prog, pte_path, spec.example_inputs, expected)
     summary["pte"] = str(pte_path)
     summary["pte_bytes"] = pte_path.stat().st_size
+    summary["pte_sha256"] = sha256_of(pte_path)
     summary["export_seconds"] = round(time.perf_counter() - start, 2)
     write_json_atomic(coverage_path, summary)
     summary["coverage_json"] = str(coverage_path)

@@ -1,0 +1,176 @@
+"""An exported file and what it was made from: the `.pte` beside its `.coverage.json`.
+
+The coverage file names the `.pte`'s sha256; readers check it, so a pair left mismatched
+(an interrupted export, a file copied over another) is refused, never misread.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+
+class ArtifactError(ValueError):
+    """A `.pte` and its `.coverage.json` do not belong together, or the pair is incomplete."""
+
+
+def sha256_of(path: str | os.PathLike) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def coverage_path_of(pte_path: str | os.PathLike) -> Path:
+    """`<stem>.coverage.json` beside `<stem>.pte`."""
+    path = Path(pte_path)
+    return path.with_name(path.name.removesuffix(".pte") + ".coverage.json")
+
+
+def read_artifact(pte_path: str | os.PathLike) -> dict[str, Any]:
+    """The export summary written beside `pte_path`, checked to describe exactly that file.
+
+    Raises ArtifactError when the coverage file is missing, unreadable, or names another
+    `.pte` (a hash that differs: the pair was mismatched, e.g. by an interrupted export).
+    """
+    summary_path = coverage_path_of(pte_path)
+    try:
+        summary = json.loads(Path(summary_path).read_text())
+    except FileNotFoundError:
+        raise ArtifactError(f"{summary_path} not found: the model, variant and seed of {pte_path} are unknown") from None
+    except (OSError, ValueError) as exc:
+        raise ArtifactError(f"{summary_path} unreadable: {exc}") from None
+    if not isinstance(summary, dict) or not isinstance(summary.get("pte_sha256"), str):
+        raise ArtifactError(f"{summary_path} names no .pte hash: not written by this version of export_model")
+    if summary["pte_sha256"] != sha256_of(pte_path):
+        raise ArtifactError(f"{summary_path} describes another file than {pte_path} (sha256 differs); export again")
+    return summary
+
+
+def build_for_artifact(summary: dict[str, Any]):
+    """The zoo model (module and example inputs) an exported file was made from."""
+    from pipeline import models
+
+    return models.build(summary["model"], variant=summary["variant"], checkpoint=summary.get("checkpoint"),
+                        seed=summary.get("seed", 0), dynamic=summary.get("dynamic", False))
+
+
+def same_outputs(got, want) -> bool:
+    """Bit for bit: same structure, dtypes, shapes and values (NaN equal to NaN)."""
+    got_leaves, got_spec = pytree.tree_flatten(got)
+    want_leaves, want_spec = pytree.tree_flatten(want)
+    if got_spec != want_spec:
+        return False
+    for g, w in zip(got_leaves, want_leaves):
+        if isinstance(w, torch.Tensor):
+            if not (isinstance(g, torch.Tensor) and g.dtype == w.dtype and g.shape == w.shape
+                    and torch.equal(g.view(torch.uint8) if g.dtype.is_floating_point else g,
+                                    w.view(torch.uint8) if w.dtype.is_floating_point else w)):
+                return False
+        elif g != w:
+            return False
+    return True
+
+
+RUNTIMES = ("python", "executorch")
+
+
+def runtime_loader(runtime: str = "python"):
+    """`load(path)` of a runtime: ours in Python (`pipeline.load`), or ExecuTorch's own C++
+    runtime with the native WebGPU backend registered (`pipeline.native.load`)."""
+    if runtime == "python":
+        from pipeline.executor import load
+
+        return load
+    if runtime == "executorch":
+        from pipeline import native
+
+        return native.load
+    raise ValueError(f"runtime must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
+
+
+def read_inputs(path: str | os.PathLike) -> tuple:
+    """A user's inputs: a tensor, or a tuple/list of them, saved with torch.save."""
+    try:
+        value = torch.load(path, weights_only=True)
+    except FileNotFoundError:
+        raise
+    except Exception as exc:
+        raise ValueError(f"{path}: not a torch.save file of tensors: {' '.join(str(exc).split())[:200]}") from None
+    inputs = tuple(value) if isinstance(value, (tuple, list)) else (value,)
+    if not all(isinstance(t, torch.Tensor) for t in inputs):
+        raise ValueError(f"{path}: holds {[type(t).__name__ for t in inputs]}; expected tensors")
+    return inputs
+
+
+def run_artifact(
+    pte_path: str | os.PathLike,
+    inputs_path: str | os.PathLike | None = None,
+    runtime: str = "python",
+    repeats: int = 3,
+    progress=lambda line: None,
+) -> dict[str, Any]:
+    """Run an exported file: its model's example inputs (from the `.coverage.json` beside
+    it) or a user's (`inputs_path`), timed over `repeats` runs, compared with eager float32
+    and float64 when the model is known. Returns what was measured; `passed` is False when
+    the outputs are not finite or their error against float64 exceeds twice eager's.
+    """
+    import time
+
+    from pipeline.evaluation.accuracy import ENVELOPE
+    from pipeline.evaluation.eager import run_eager, to_float64
+    from pipeline.evaluation.metrics import compare, flatten_output
+
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1, got {repeats}")
+    summary = None
+    if inputs_path is None or coverage_path_of(pte_path).exists():
+        summary = read_artifact(pte_path)
+    spec = None
+    if summary is not None:
+        progress(f"building {summary['model']}-{summary['variant']} (seed {summary.get('seed', 0)}) for its inputs "
+                 "and eager reference")
+        spec = build_for_artifact(summary)
+    inputs = read_inputs(inputs_path) if inputs_path is not None else spec.example_inputs
+    progress(f"loading {pte_path} ({runtime} runtime)")
+    load = runtime_loader(runtime)  # imports the runtime first: the timing is of the load alone
+    start = time.perf_counter()
+    program = load(pte_path)
+    load_seconds = time.perf_counter() - start
+    times = []
+    for i in range(repeats):
+        progress(f"run {i + 1}/{repeats}")
+        start = time.perf_counter()
+        outputs = program(*inputs)
+        times.append(time.perf_counter() - start)
+    result: dict[str, Any] = {
+        "pte": str(pte_path),
+        "runtime": runtime,
+        "load_seconds": load_seconds,
+        "seconds_per_run": sorted(times)[len(times) // 2],
+        "output_shapes": [list(t.shape) for t in pytree.tree_leaves(outputs) if isinstance(t, torch.Tensor)],
+        "finite": bool(torch.isfinite(flatten_output(outputs)).all()),
+    }
+    if spec is not None:
+        progress("running eager float32 and float64")
+        fp32 = run_eager(spec.module, inputs, keep_tensors=False).outputs
+        fp64 = run_eager(*to_float64(spec.module, inputs), keep_tensors=False).outputs
+        reference = flatten_output(fp64)
+        got = compare(flatten_output(outputs), reference)
+        eager = compare(flatten_output(fp32), reference)
+        result.update(
+            model=summary["model"], variant=summary["variant"],
+            max_abs_vs_eager_fp32=compare(flatten_output(outputs), flatten_output(fp32))["max_abs"],
+            max_abs_vs_fp64=got["max_abs"], eager_fp32_max_abs_vs_fp64=eager["max_abs"], envelope=ENVELOPE,
+        )
+        result["passed"] = result["finite"] and got["max_abs"] <= ENVELOPE * eager["max_abs"]
+    else:
+        result["passed"] = result["finite"]
+    return result

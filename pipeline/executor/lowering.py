@@ -1,0 +1,106 @@
+"""`lower()`: export a module, reframe group norms, delegate every LayerNorm, serialize.
+
+What `lower` returns runs the serialized program — the same bytes `save` writes — so
+every test and report exercises the artifact. Coverage is counted on the edge program
+(where the partitioner's reasons are known) and must agree with what the file holds.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+
+import torch
+from executorch.exir import EdgeProgramManager, to_edge_transform_and_lower
+from executorch.exir.lowered_backend_module import LoweredBackendModule
+from torch.export import ExportedProgram
+
+from pipeline.backend.webgpu import NATIVE_LAYER_NORM
+from pipeline.executor.program import Coverage, Program
+from pipeline.executor.pte import PteFile
+from pipeline.partitioner import LayerNormPartitioner
+from pipeline.passes import reframe_group_norm
+
+_EXPORTED_LAYER_NORMS = (torch.ops.aten.layer_norm.default, torch.ops.aten.native_layer_norm.default)
+_CALL_DELEGATE = torch.ops.higher_order.executorch_call_delegate
+
+
+def count_layer_norms(program: ExportedProgram) -> int:
+    """LayerNorm ops (aten.layer_norm or aten.native_layer_norm) in an exported graph."""
+    return sum(1 for n in program.graph.nodes if n.op == "call_function" and n.target in _EXPORTED_LAYER_NORMS)
+
+
+def _delegate_nodes(edge: EdgeProgramManager) -> list[tuple[str, LoweredBackendModule]]:
+    gm = edge.exported_program().graph_module
+    return [(n.args[0].target, getattr(gm, n.args[0].target))
+            for n in gm.graph.nodes if n.op == "call_function" and n.target is _CALL_DELEGATE]
+
+
+def _coverage(edge: EdgeProgramManager, total: int, rejected: Sequence[tuple[str, str]]) -> Coverage:
+    gm = edge.exported_program().graph_module
+    delegated = sum(
+        1
+        for _, lowered in _delegate_nodes(edge)
+        for n in lowered.original_module.graph.nodes
+        if n.op == "call_function" and n.target == NATIVE_LAYER_NORM
+    )
+    reasons = dict(rejected)
+    not_delegated = [
+        (n.name, reasons.get(n.name, "not tagged by the partitioner"))
+        for n in gm.graph.nodes
+        if n.op == "call_function" and n.target == NATIVE_LAYER_NORM
+    ]
+    missing = total - delegated - len(not_delegated)
+    if missing > 0:
+        not_delegated.append(
+            ("exported graph", f"{missing} LayerNorm(s) did not reach the edge program as native_layer_norm")
+        )
+    return Coverage(total=total, delegated=delegated, not_delegated=not_delegated)
+
+
+def _delegate_names(edge: EdgeProgramManager, pte: PteFile) -> list[str]:
+    """The edge graph's `lowered_module_N` name of each delegate of the file, by plan index.
+
+    Delegate calls run in graph order; each pairing is checked on the blob bytes, so a
+    report can never attribute one LayerNorm's output to another.
+    """
+    plan = pte.plan
+    nodes = _delegate_nodes(edge)
+    calls = [i.instr_args.delegate_index for c in plan.chains for i in c.instructions
+             if hasattr(i.instr_args, "delegate_index")]
+    if len(calls) != len(nodes) or sorted(calls) != list(range(len(plan.delegates))):
+        raise RuntimeError(f"the serialized program calls delegates {calls}; the edge graph has {len(nodes)}")
+    names = [""] * len(calls)
+    for index, (name, lowered) in zip(calls, nodes):
+        if pte.delegate_bytes(plan.delegates[index]) != lowered.processed_bytes:
+            raise RuntimeError(f"delegate {index} of the serialized program is not the edge graph's {name}")
+        names[index] = name
+    return names
+
+
+def lower(module: torch.nn.Module, example_inputs: tuple, dynamic_shapes=None) -> Program:
+    """Export `module` on `example_inputs`, delegate every supported LayerNorm to WebGPU,
+    serialize, and return the serialized program ready to run.
+
+    `dynamic_shapes` is passed to torch.export; a program exported with a dynamic
+    dimension runs at any size in its range. The module is exported as it is (call
+    `.eval()` first for inference).
+    """
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
+    if not isinstance(example_inputs, tuple):
+        raise TypeError(f"example_inputs must be a tuple, got {type(example_inputs).__name__}")
+    exported = reframe_group_norm(torch.export.export(module, example_inputs, dynamic_shapes=dynamic_shapes))
+    total = count_layer_norms(exported)
+    partitioner = LayerNormPartitioner()
+    edge = to_edge_transform_and_lower(exported, partitioner=[partitioner])
+    coverage = _coverage(edge, total, partitioner.rejected)
+    # to_executorch rewrites the edge graph in place (out variants, memory planning); work
+    # on a copy so `edge` keeps the delegates' original graphs for the evaluator.
+    pte = PteFile(copy.deepcopy(edge).to_executorch().buffer, "<lowered program>")
+    program = Program(pte, coverage=coverage, delegate_names=_delegate_names(edge, pte), edge=edge)
+    in_file = program.layer_norm_sites
+    if sum(s.delegated for s in in_file) != coverage.delegated:
+        raise RuntimeError(f"the serialized program holds {sum(s.delegated for s in in_file)} delegated "
+                           f"LayerNorms, the edge program {coverage.delegated}")
+    return program

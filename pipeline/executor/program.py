@@ -1,0 +1,411 @@
+"""`Program`: runs a serialized ExecuTorch program (`.pte` bytes) in Python.
+
+Follows ExecuTorch's method.cpp: values are parsed in order (tensors become views of
+the planned memory arenas or of the file's constant segment), delegates are initialised
+in order, then each call copies the inputs into planned memory and runs the chain:
+`KernelCall` through `pipeline.executor.kernels`, `DelegateCall` through our WebGPU
+runtime with the decoded blob, `MoveCall`, `JumpFalseCall` and `FreeCall` as ExecuTorch
+defines them. Tensors that share planned memory share it here too (static reshapes
+are values at the same offset), so the file's memory plan is what runs.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.utils._pytree as pytree
+from executorch.exir import schema
+
+from pipeline.executor import kernels
+from pipeline.executor.pte import PteError, PteFile
+from pipeline.ioutil import write_bytes_atomic
+from pipeline.runtime.delegate import LayerNormDelegate
+
+BACKEND_ID = "WebGPUBackend"
+MAX_INSTRUCTIONS = 10_000_000  # ExecuTorch's cap on one run
+# Operators that are a LayerNorm left outside the delegate (what coverage counts as missed).
+_LAYER_NORM_OPS = ("aten::native_layer_norm", "aten::layer_norm", "aten::native_group_norm", "aten::group_norm")
+
+
+@dataclass
+class Coverage:
+    """How many LayerNorms of the program (group-norm reframes included) were delegated."""
+
+    total: int
+    delegated: int
+    not_delegated: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def complete(self) -> bool:
+        return self.delegated == self.total and not self.not_delegated
+
+
+@dataclass(frozen=True)
+class LayerNormSite:
+    """One LayerNorm of the program, in execution order: a delegate or a CPU kernel call."""
+
+    name: str  # the delegate's name (see Program.delegate_names) or "instruction N"
+    delegated: bool
+    delegate: LayerNormDelegate | None = None
+    operator: str = "aten::native_layer_norm"
+
+
+class Program:
+    """A serialized program, ready to run: `program(*inputs)` returns what the module returns.
+
+    `coverage` counts the file's LayerNorms: one per WebGPU delegate, plus LayerNorm
+    operators left to CPU kernels. `save(path)` writes the same bytes that run.
+    """
+
+    def __init__(self, pte: PteFile, *, coverage: Coverage | None = None,
+                 delegate_names: list[str] | None = None, edge=None) -> None:
+        self._pte = pte
+        self.edge = edge  # the EdgeProgramManager when lowered in this process, else None
+        plan = pte.plan
+        self._plan = plan
+        self._dynamic = any(
+            isinstance(v.val, schema.Tensor) and v.val.shape_dynamism != schema.TensorShapeDynamism.STATIC
+            for v in plan.values
+        )
+        self._arenas = [torch.empty(0, dtype=torch.uint8)] + [
+            torch.empty(size, dtype=torch.uint8) for size in plan.non_const_buffer_sizes[1:]
+        ]
+        self._values = self._initial_values()
+        self._delegates = self._init_delegates()
+        names = delegate_names or [f"delegate_{i}" for i in range(len(self._delegates))]
+        if len(names) != len(self._delegates):
+            raise ValueError(f"{len(names)} delegate names for {len(self._delegates)} delegates")
+        self.delegate_names = names
+        self._steps, self.layer_norm_sites = self._init_chain()
+        self.coverage = coverage if coverage is not None else self._file_coverage()
+        self._in_spec, self._out_spec = _specs(plan.container_meta_type)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> Program:
+        """Map and check the `.pte` at `path`; raises PteError for anything it cannot run."""
+        return cls(PteFile.read(path))
+
+    @property
+    def delegates(self) -> tuple[LayerNormDelegate, ...]:
+        """The decoded delegates, in the plan's order; each knows its blob's `params`."""
+        return tuple(self._delegates)
+
+    @property
+    def num_delegates(self) -> int:
+        return len(self._delegates)
+
+    @property
+    def buffer(self) -> bytes:
+        """The program's bytes: what `save` writes."""
+        return bytes(self._pte.data)
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the program (`.pte`) atomically."""
+        write_bytes_atomic(path, self._pte.data)
+
+    # -- loading -------------------------------------------------------------------------
+
+    def _fail(self, what: str) -> PteError:
+        return PteError(f"{self._pte.source}: {what}")
+
+    def _initial_values(self) -> list:
+        values: list = []
+        with warnings.catch_warnings():
+            # Constants of in-memory programs view immutable bytes; kernels never write them.
+            warnings.filterwarnings("ignore", message="The given buffer is not writable")
+            for i, ev in enumerate(self._plan.values):
+                values.append(self._value(i, ev.val, values))
+        return values
+
+    def _value(self, i: int, val, values: list):
+        if isinstance(val, schema.Int):
+            return val.int_val
+        if isinstance(val, schema.Bool):
+            return val.bool_val
+        if isinstance(val, schema.Double):
+            return float(val.double_val)
+        if isinstance(val, schema.String):
+            return val.string_val
+        if isinstance(val, schema.Null):
+            return None
+        if isinstance(val, (schema.DoubleList, schema.BoolList)):
+            return list(val.items)
+        if isinstance(val, (schema.IntList, schema.TensorList, schema.OptionalTensorList)):
+            for j in val.items:
+                if not (-1 <= j < i) or (j == -1 and not isinstance(val, schema.OptionalTensorList)):
+                    raise self._fail(f"value {i}: list item {j} is not an earlier value")
+            return _gather(val, values)
+        if isinstance(val, schema.Tensor):
+            return self._tensor(i, val)
+        raise self._fail(f"value {i}: unsupported value type {type(val).__name__}")
+
+    def _tensor(self, i: int, t: schema.Tensor) -> torch.Tensor | None:
+        dtype = kernels.DTYPES.get(int(t.scalar_type))
+        if dtype is None:
+            raise self._fail(f"value {i}: tensor dtype {t.scalar_type!r} is not supported")
+        sizes = list(t.sizes)
+        if sorted(t.dim_order) != list(range(len(sizes))):
+            raise self._fail(f"value {i}: dim_order {list(t.dim_order)} does not fit sizes {sizes}")
+        itemsize = torch.empty(0, dtype=dtype).element_size()
+        numel = math.prod(sizes)
+        nbytes = numel * itemsize
+        info = t.extra_tensor_info
+        if info is not None and info.location == schema.TensorDataLocation.EXTERNAL:
+            raise self._fail(f"value {i}: tensor data in an external file (.ptd) is not supported")
+        if t.allocation_info is not None:
+            if t.data_buffer_idx > 0:
+                raise self._fail(f"value {i}: mutable tensors with initial data are not supported")
+            a = t.allocation_info
+            offset = a.memory_offset_low | (a.memory_offset_high << 32)
+            if not 0 < a.memory_id < len(self._arenas) or offset + nbytes > self._arenas[a.memory_id].numel():
+                raise self._fail(f"value {i}: {nbytes} bytes at {offset} of arena {a.memory_id} lie outside "
+                                 f"the planned memory {list(self._plan.non_const_buffer_sizes)}")
+            if offset % itemsize:
+                raise self._fail(f"value {i}: offset {offset} is not aligned to {dtype}")
+            flat = self._arenas[a.memory_id][offset : offset + nbytes].view(dtype)
+        elif t.data_buffer_idx > 0:
+            buffer, offset = self._pte.constant(t.data_buffer_idx, nbytes)
+            flat = torch.frombuffer(buffer, dtype=dtype, count=numel, offset=offset) if numel else (
+                torch.empty(0, dtype=dtype))
+        else:
+            return None  # no memory of its own: set by the caller (an input) or by a view op
+        return _strided(flat, sizes, list(t.dim_order))
+
+    def _init_delegates(self) -> list[LayerNormDelegate]:
+        delegates = []
+        for i, d in enumerate(self._plan.delegates):
+            if d.id != BACKEND_ID:
+                raise self._fail(f"delegate {i} is for backend {d.id!r}; this runtime runs only {BACKEND_ID}")
+            if d.compile_specs:
+                raise self._fail(f"delegate {i}: {BACKEND_ID} takes no compile specs, got "
+                                 f"{[s.key for s in d.compile_specs]}")
+            try:
+                delegates.append(LayerNormDelegate(self._pte.delegate_bytes(d)))
+            except ValueError as exc:
+                raise self._fail(f"delegate {i}: {exc}") from None
+        return delegates
+
+    def _init_chain(self) -> tuple[list[Callable], list[LayerNormSite]]:
+        plan = self._plan
+        if len(plan.chains) != 1:
+            raise self._fail(f"{len(plan.chains)} chains; one is supported")
+        n_values = len(plan.values)
+        steps: list[Callable] = []
+        sites: list[LayerNormSite] = []
+        missing = set()
+        instructions = plan.chains[0].instructions
+        for pc, instruction in enumerate(instructions):
+            a = instruction.instr_args
+            if isinstance(a, schema.KernelCall):
+                ids = self._ids(pc, a.args, n_values)
+                if not 0 <= a.op_index < len(plan.operators):
+                    raise self._fail(f"instruction {pc}: operator {a.op_index} does not exist")
+                op = plan.operators[a.op_index]
+                name = f"{op.name}.{op.overload}" if op.overload else op.name
+                kernel = kernels.resolve(op.name, op.overload, self._dynamic)
+                if kernel is None:
+                    missing.add(name)
+                    continue
+                if op.name in _LAYER_NORM_OPS:
+                    sites.append(LayerNormSite(f"instruction {pc}", False, operator=op.name))
+                steps.append(self._kernel_step(kernel, ids))
+            elif isinstance(a, schema.DelegateCall):
+                ids = self._ids(pc, a.args, n_values)
+                if not 0 <= a.delegate_index < len(self._delegates):
+                    raise self._fail(f"instruction {pc}: delegate {a.delegate_index} does not exist")
+                delegate = self._delegates[a.delegate_index]
+                n_in, n_out = delegate.params.arguments, len(delegate.params.outputs)
+                if len(ids) != n_in + n_out:
+                    raise self._fail(f"instruction {pc}: delegate {a.delegate_index} takes {n_in} inputs and "
+                                     f"{n_out} outputs, the call passes {len(ids)} values")
+                sites.append(LayerNormSite(self.delegate_names[a.delegate_index], True, delegate))
+                steps.append(self._delegate_step(a.delegate_index, ids[:n_in], ids[n_in:]))
+            elif isinstance(a, schema.MoveCall):
+                src, dst = self._ids(pc, [a.move_from, a.move_to], n_values)
+                steps.append(_move_step(src, dst))
+            elif isinstance(a, schema.JumpFalseCall):
+                (cond,) = self._ids(pc, [a.cond_value_index], n_values)
+                if not 0 <= a.destination_instruction <= len(instructions):
+                    raise self._fail(f"instruction {pc}: jump to {a.destination_instruction} lies outside the chain")
+                steps.append(_jump_step(cond, a.destination_instruction))
+            elif isinstance(a, schema.FreeCall):
+                (value,) = self._ids(pc, [a.value_index], n_values)
+                steps.append(_free_step(value))
+            else:
+                raise self._fail(f"instruction {pc}: unsupported instruction {type(a).__name__}")
+        if missing:
+            raise self._fail(f"operators with no kernel here: {', '.join(sorted(missing))}")
+        return steps, sites
+
+    def _ids(self, pc: int, ids, n_values: int) -> list[int]:
+        for j in ids:
+            if not 0 <= j < n_values:
+                raise self._fail(f"instruction {pc}: value {j} of {n_values} does not exist")
+        return list(ids)
+
+    def _kernel_step(self, kernel, ids: list[int]) -> Callable:
+        # Lists whose items are values that can change (sizes, rebound tensors) are
+        # gathered again before each use.
+        plan_values = self._plan.values
+        lists = [(j, plan_values[j].val) for j in ids
+                 if isinstance(plan_values[j].val, (schema.IntList, schema.TensorList, schema.OptionalTensorList))]
+
+        if not lists:
+            def step(values, hook):
+                kernel(values, ids)
+        else:
+            def step(values, hook):
+                for j, val in lists:
+                    values[j] = _gather(val, values)
+                kernel(values, ids)
+        return step
+
+    def _delegate_step(self, index: int, in_ids: list[int], out_ids: list[int]) -> Callable:
+        delegate = self._delegates[index]
+        name = self.delegate_names[index]
+
+        def step(values, hook):
+            inputs = [values[j] for j in in_ids]
+            results = delegate(*inputs)
+            for j, result in zip(out_ids, results):
+                out = values[j]
+                if out is None:
+                    values[j] = result
+                else:
+                    kernels.resized(out, result.shape).copy_(result)
+            if hook is not None:
+                hook(name, tuple(inputs), tuple(results))
+        return step
+
+    def _file_coverage(self) -> Coverage:
+        delegated = sum(1 for s in self.layer_norm_sites if s.delegated)
+        left = [(s.name, f"{s.operator} runs on the CPU, outside the WebGPU delegate")
+                for s in self.layer_norm_sites if not s.delegated]
+        return Coverage(total=len(self.layer_norm_sites), delegated=delegated, not_delegated=left)
+
+    # -- running -------------------------------------------------------------------------
+
+    def __call__(self, *inputs, on_delegate: Callable[[str, tuple, tuple], None] | None = None):
+        """Run the program; returns outputs structured like `module(*inputs)`.
+
+        `on_delegate(name, inputs, outputs)` is called after each delegate ran, `name`
+        being one of `delegate_names` (the evaluator compares each delegated LayerNorm's
+        output with eager's through it).
+        """
+        flat, spec = pytree.tree_flatten((inputs, {}))
+        if self._in_spec is not None and spec != self._in_spec:
+            raise TypeError(f"inputs do not match the program's signature: got {spec}, expected {self._in_spec}")
+        plan = self._plan
+        if len(flat) != len(plan.inputs):
+            raise TypeError(f"the program takes {len(plan.inputs)} inputs, got {len(flat)}")
+        values = self._values
+        for k, (j, given) in enumerate(zip(plan.inputs, flat)):
+            self._set_input(k, j, given, values)
+        with torch.no_grad():
+            self._run(values, on_delegate)
+        outputs = [_output(values[j]) for j in plan.outputs]
+        if self._out_spec is None:
+            return outputs[0] if len(outputs) == 1 else tuple(outputs)
+        return pytree.tree_unflatten(outputs, self._out_spec)
+
+    def _set_input(self, k: int, j: int, given, values: list) -> None:
+        declared = self._plan.values[j].val
+        if not isinstance(declared, schema.Tensor):
+            expected = values[j]
+            if given != expected:
+                raise ValueError(f"input {k}: the program was exported for the value {expected!r}, got {given!r}")
+            return
+        if not isinstance(given, torch.Tensor):
+            raise TypeError(f"input {k} must be a torch.Tensor, got {type(given).__name__}")
+        dtype = kernels.DTYPES[int(declared.scalar_type)]
+        if given.dtype != dtype:
+            raise TypeError(f"input {k} must be {dtype}, got {given.dtype}")
+        bound = list(declared.sizes)
+        shape = list(given.shape)
+        static = declared.shape_dynamism == schema.TensorShapeDynamism.STATIC
+        if len(shape) != len(bound) or any(s > b or (static and s != b) for s, b in zip(shape, bound)):
+            what = "the shape" if static else "shapes within"
+            raise ValueError(f"input {k} has shape {shape}, outside what the program was exported for "
+                             f"({what} {bound})")
+        slot = values[j]
+        if slot is None or declared.allocation_info is None:
+            values[j] = given.detach()
+        else:
+            kernels.resized(slot, given.shape).copy_(given)
+
+    def _run(self, values: list, hook) -> None:
+        steps = self._steps
+        pc, n, executed = 0, len(steps), 0
+        while pc < n:
+            jump = steps[pc](values, hook)
+            pc = pc + 1 if jump is None else jump
+            executed += 1
+            if executed > MAX_INSTRUCTIONS:
+                raise RuntimeError(f"{self._pte.source}: more than {MAX_INSTRUCTIONS} instructions ran; "
+                                   "the program does not terminate")
+
+
+def load(path: str | os.PathLike) -> Program:
+    """Load the `.pte` at `path` for running: `program(*inputs)`, `program.coverage`.
+
+    Raises PteError (a ValueError) naming the problem for a file that is not a program,
+    is truncated or corrupt, holds a delegate of another backend or an operator without
+    a kernel here; OSError as the OS reports a missing or unreadable file.
+    """
+    return Program.load(path)
+
+
+def _gather(val, values: list) -> list:
+    if isinstance(val, schema.OptionalTensorList):
+        return [None if j == -1 else values[j] for j in val.items]
+    return [values[j] for j in val.items]
+
+
+def _strided(flat: torch.Tensor, sizes: list[int], dim_order: list[int]) -> torch.Tensor:
+    """A tensor of `sizes` laid out in `dim_order` (outermost first) over `flat`."""
+    if dim_order == sorted(dim_order):
+        return flat.view(sizes)
+    strides = [0] * len(sizes)
+    step = 1
+    for d in reversed(dim_order):
+        strides[d] = step
+        step *= sizes[d]
+    return flat.as_strided(sizes, strides)
+
+
+def _specs(meta: schema.ContainerMetadata):
+    loads = lambda text: pytree.treespec_loads(text) if text else None  # noqa: E731
+    try:
+        return loads(meta.encoded_inp_str), loads(meta.encoded_out_str)
+    except Exception as exc:
+        raise PteError(f"input/output structure of the program is corrupt: {exc}") from None
+
+
+def _output(value):
+    # Planned memory is reused by the next call: hand out copies.
+    return value.clone() if isinstance(value, torch.Tensor) else value
+
+
+def _move_step(src: int, dst: int) -> Callable:
+    def step(values, hook):
+        values[dst] = values[src]
+    return step
+
+
+def _jump_step(cond: int, destination: int) -> Callable:
+    def step(values, hook):
+        c = values[cond]
+        truth = bool(c.all()) if isinstance(c, torch.Tensor) else bool(c)
+        return None if truth else destination
+    return step
+
+
+def _free_step(value: int) -> Callable:
+    def step(values, hook):
+        values[value] = None
+    return step

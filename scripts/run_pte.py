@@ -1,0 +1,62 @@
+"""Run an exported .pte: its model's example inputs, or your own, timed and checked against eager.
+
+    python scripts/run_pte.py out/bart-base.pte
+    python scripts/run_pte.py out/whisper-tiny.pte --repeats 5
+    python scripts/run_pte.py model.pte --inputs my_inputs.pt      # torch.save of a tensor or tuple of tensors
+    python scripts/run_pte.py out/whisper-tiny.pte --runtime executorch
+
+The model, variant, seed and checkpoint come from the <stem>.coverage.json that
+export_model.py wrote beside the file (its sha256 must match the file). With a known
+model the outputs are compared with eager float32 and float64: the run passes when they
+are finite and their max error against float64 is at most twice eager float32's.
+Exit status: 0 passed, 1 failed (one line on stderr), 2 bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+RUNTIMES = ("python", "executorch")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("pte", help="the .pte file")
+    parser.add_argument("--inputs", metavar="FILE.pt", help="inputs saved with torch.save (default: the model's)")
+    parser.add_argument("--runtime", choices=RUNTIMES, default="python",
+                        help="python: pipeline.load (default); executorch: ExecuTorch's runtime with the native backend")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs (default 3)")
+    args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error(f"argument --repeats: must be at least 1, got {args.repeats}")
+
+    from pipeline.artifact import run_artifact
+
+    try:
+        result = run_artifact(args.pte, args.inputs, args.runtime, args.repeats,
+                              progress=lambda line: print(line, file=sys.stderr, flush=True))
+    except KeyboardInterrupt:
+        print("run_pte: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # one line for the user, status 1
+        print(f"run_pte: {type(exc).__name__}: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 1
+    print(f"{result['pte']} ({result['runtime']} runtime): loaded in {result['load_seconds']:.2f} s, "
+          f"{result['seconds_per_run'] * 1e3:.1f} ms per run (median of {args.repeats})")
+    for i, shape in enumerate(result["output_shapes"]):
+        print(f"  output {i}: {shape}")
+    if "max_abs_vs_fp64" in result:
+        print(f"  max abs error: vs eager float32 {result['max_abs_vs_eager_fp32']:.3g}, vs float64 "
+              f"{result['max_abs_vs_fp64']:.3g} (eager float32 vs float64 {result['eager_fp32_max_abs_vs_fp64']:.3g}, "
+              f"limit {result['envelope']:g}x)")
+    if not result["passed"]:
+        why = "outputs are not finite" if not result["finite"] else "error against float64 exceeds the envelope"
+        print(f"run_pte: {why}", file=sys.stderr)
+        return 1
+    print("  passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
