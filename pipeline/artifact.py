@@ -58,7 +58,8 @@ def build_for_artifact(summary: dict[str, Any]):
     """The zoo model (module and example inputs) an exported file was made from."""
     from pipeline import models
 
-    return models.build(summary["model"], variant=summary["variant"], checkpoint=summary.get("checkpoint"),
+    checkpoint = summary.get("checkpoint")
+    return models.build(summary["model"], variant=None if checkpoint else summary["variant"], checkpoint=checkpoint,
                         seed=summary.get("seed", 0), dynamic=summary.get("dynamic", False))
 
 

@@ -87,8 +87,8 @@ def run_delegated(program, inputs: Sequence) -> tuple[object, dict[str, list[tor
     """Run the lowered program, capturing each delegate's flattened outputs by delegate name.
 
     Relies on the executor's hook: `program(*inputs, on_delegate=fn)` calls
-    `fn(name, inputs, outputs)` after each delegate ran, `name` being the
-    `lowered_module_N` attribute of the edge graph.
+    `fn(name, inputs, outputs)` after each delegate ran, `name` being one of the
+    program's `delegate_names`.
     """
     captured: dict[str, list[torch.Tensor]] = {}
 
@@ -119,7 +119,7 @@ def evaluate_accuracy(
         delegated_vs_fp64=compare(flatten_output(delegated_out), reference),
         eager_fp32_vs_fp64=compare(flatten_output(fp32.outputs), reference),
     )
-    records = program_records(program)
+    records = program_records(program, fp32.calls)
     report.coverage = coverage_of(fp32.calls, records, program, model, variant)
     calls32, _ = match_calls(records, fp32.calls)
     calls64, _ = match_calls(records, fp64.calls)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import torch
 
 from pipeline.evaluation.eager import NormCall, run_eager
-from pipeline.evaluation.graph import LayerNormRecord, layer_norm_records
+from pipeline.evaluation.graph import LayerNormRecord, file_records, layer_norm_records
 
 
 @dataclass
@@ -49,8 +49,11 @@ class CoverageAudit:
         }
 
 
-def program_records(program) -> list[LayerNormRecord]:
-    """Every LayerNorm of a lowered program (`pipeline.lower`'s result), in execution order."""
+def program_records(program, calls: Sequence[NormCall] = ()) -> list[LayerNormRecord]:
+    """Every LayerNorm of a program, in execution order: from its edge graph when it was
+    lowered in this process, else from the file, attributed to `calls` by order."""
+    if program.edge is None:
+        return file_records(program, calls)
     return layer_norm_records(program.edge.exported_program().graph_module, dict(program.coverage.not_delegated))
 
 
@@ -83,7 +86,7 @@ def audit_coverage(
 ) -> CoverageAudit:
     """Hold what eager `module(*example_inputs)` runs against the lowered `program`'s LayerNorms."""
     eager = run_eager(module, example_inputs, keep_tensors=False)
-    return coverage_of(eager.calls, program_records(program), program, model, variant)
+    return coverage_of(eager.calls, program_records(program, eager.calls), program, model, variant)
 
 
 def coverage_of(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import operator
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import torch
@@ -121,6 +122,63 @@ def _leaf_count(value) -> int:
     if isinstance(val, (list, tuple)):
         return sum(_leaf_count(v) for v in val)
     return 1
+
+
+def file_records(program, calls: Sequence) -> list[LayerNormRecord]:
+    """Every LayerNorm of a program loaded from a file (no edge graph), in execution order.
+
+    A file does not name the modules its LayerNorms came from. The i-th LayerNorm of the
+    file is paired with the i-th eager call (`calls`, as NormCallRecorder saw them) when
+    their shapes agree, and takes that call's module path and origin; otherwise it stays
+    unattributed (module path "?").
+    """
+    reasons = dict(program.coverage.not_delegated)
+    records = []
+    for i, site in enumerate(program.layer_norm_sites):
+        call = calls[i] if i < len(calls) else None
+        if site.delegated:
+            p = site.delegate.params
+            affine = {(True, True): "weight+bias", (True, False): "weight", (False, True): "bias"}.get(
+                (p.weight.source != "none", p.bias.source != "none"), "none")
+            shape, eps = list(p.normalized_shape), p.eps
+            position = p.outputs.index(0) if 0 in p.outputs else None
+        else:
+            affine, shape, eps, position = "?", [], math.nan, None
+        if call is not None and not _fits(call, shape):
+            call = None
+        width = math.prod(shape) if shape and min(shape) > 0 else 0
+        if call is not None and width == 0:
+            width = _call_width(call, len(shape))
+        records.append(LayerNormRecord(
+            module_path=call.module_path if call is not None else "?",
+            input_shape=list(call.input_shape) if call is not None else [],
+            row_width=width,
+            affine=affine,
+            origin=call.op if call is not None else "layer_norm",
+            eps=eps,
+            delegated=site.delegated,
+            reason=reasons.get(site.name, ""),
+            node=site.name,
+            delegate=site.name if site.delegated else None,
+            delegate_output_index=position,
+        ))
+    return records
+
+
+def _fits(call, normalized_shape: list[int]) -> bool:
+    """Whether an eager call can be the LayerNorm with this normalized shape (-1: any size)."""
+    if not normalized_shape:
+        return True
+    dims = list(call.input_shape)
+    if call.op == "group_norm":  # (N, C, *): a group's row is 1/G of a sample's values
+        return min(normalized_shape) < 0 or math.prod(dims[1:]) % math.prod(normalized_shape) == 0
+    tail = dims[len(dims) - len(normalized_shape):]
+    return len(tail) == len(normalized_shape) and all(d in (-1, t) for d, t in zip(normalized_shape, tail))
+
+
+def _call_width(call, ndim: int) -> int:
+    dims = list(call.input_shape)
+    return math.prod(dims[len(dims) - ndim:]) if call.op == "layer_norm" else 0
 
 
 def _record(node: torch.fx.Node, delegated: bool, reason: str) -> LayerNormRecord:

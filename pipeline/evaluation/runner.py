@@ -77,26 +77,46 @@ def accuracy_for(spec, program, seed: int) -> dict:
             "environment": env}
 
 
+def _build_and_load(pte: str | Path):
+    import pipeline
+    from pipeline.artifact import build_for_artifact, read_artifact
+
+    summary = read_artifact(pte)
+    torch.manual_seed(summary.get("seed", 0))
+    spec = build_for_artifact(summary)
+    return summary, spec, pipeline.load(pte)
+
+
 def run_reports(
     kind: str,
-    model: str,
+    model: str | None,
     variant: str | None = None,
     output_dir: str | Path = DEFAULT_OUTPUT_DIR,
     seed: int = 0,
     progress: Callable[[str], None] = print,
+    pte: str | Path | None = None,
 ) -> int:
-    """Run the coverage audit (`kind="coverage"`) or accuracy report (`"accuracy"`) for `model` or `all`.
+    """Run the coverage audit (`kind="coverage"`) or accuracy report (`"accuracy"`) for `model` or `all`,
+    or for the exported file `pte` (its model, variant and seed from the `.coverage.json` beside it).
 
-    Writes MODEL[-VARIANT].KIND.{json,md,html} under `output_dir`, prints one summary
-    line per model, and returns the exit status: 0 when every verdict passes, 1 otherwise.
+    Writes MODEL[-VARIANT].KIND.{json,md,html} (STEM.pte.KIND.* for a file) under
+    `output_dir`, prints one summary line per model, and returns the exit status: 0 when
+    every verdict passes, 1 otherwise.
     """
     if kind not in ("coverage", "accuracy"):
         raise ValueError(f"kind must be 'coverage' or 'accuracy', got {kind!r}")
-    names = resolve_models(model)
+    names = [None] if pte is not None else resolve_models(model)
     lines, failed = [], []
     for name in names:
-        progress(f"[{name}] building and lowering ...")
-        spec, program = _build_and_lower(name, variant, seed)
+        if pte is not None:
+            progress(f"[{pte}] building its model for the eager reference, loading the file ...")
+            summary, spec, program = _build_and_load(pte)
+            name, seed = spec.name, summary.get("seed", 0)
+            stem = f"{Path(pte).name.removesuffix('.pte')}.pte.{kind}"
+        else:
+            progress(f"[{name}] building and lowering ...")
+            spec, program = _build_and_lower(name, variant, seed)
+            stem = _stem(name, spec.variant, kind)
         progress(f"[{name}] evaluating {kind} ...")
         if kind == "coverage":
             data = coverage_for(spec, program, seed)
@@ -106,7 +126,9 @@ def run_reports(
             data = accuracy_for(spec, program, seed)
             markdown, page, line, ok = (accuracy_markdown(data), accuracy_html(data), accuracy_line(data),
                                         data["verdict"] == "pass")
-        paths = write_report(output_dir, _stem(name, spec.variant, kind), data, markdown, page)
+        data["program"] = {"source": "lowered in this run"} if pte is None else {
+            "source": "file", "pte": str(pte), "pte_sha256": summary["pte_sha256"]}
+        paths = write_report(output_dir, stem, data, markdown, page)
         progress(f"[{name}] wrote {', '.join(str(p) for p in paths)}")
         lines.append(line)
         if not ok:
@@ -127,14 +149,21 @@ def report_main(kind: str, description: str, argv: list[str] | None = None) -> i
     import argparse
 
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("model", choices=[*MODEL_NAMES, "all"], help="which model, or all of them")
+    parser.add_argument("model", nargs="?", choices=[*MODEL_NAMES, "all"],
+                        help="which model, or all of them (none with --pte)")
+    parser.add_argument("--pte", metavar="FILE", help="report on this exported file instead of a fresh lowering "
+                        "(its model, variant and seed come from the .coverage.json beside it)")
     parser.add_argument("--variant", help="model variant (default: each model's default)")
     parser.add_argument("--output-dir", default=str(DEFAULT_OUTPUT_DIR), help=f"default {DEFAULT_OUTPUT_DIR}")
     parser.add_argument("--seed", type=int, default=0, help="seed of weights and inputs (default 0)")
     args = parser.parse_args(argv)
+    if (args.model is None) == (args.pte is None):
+        parser.error("give a model or --pte FILE (one of them)")
+    if args.pte is not None and args.variant is not None:
+        parser.error("argument --variant: not allowed with --pte (the file's variant is used)")
     try:
         return run_reports(kind, args.model, args.variant, args.output_dir, args.seed,
-                           progress=lambda line: print(line, flush=True))
+                           progress=lambda line: print(line, flush=True), pte=args.pte)
     except Exception as exc:  # one line for the user, status 1
         print(f"{parser.prog}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1

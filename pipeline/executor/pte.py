@@ -24,7 +24,7 @@ IDENTIFIER = b"ET12"
 EXTENDED_MAGIC = b"eh00"
 EXTENDED = struct.Struct("<4sIQQQ")  # magic, header length, program size, segment base, segment size
 EXTENDED_AT = 8
-EXTENDED_MIN_LENGTH = 24  # the segment size field came later; older headers stop before it
+EXTENDED_LENGTHS = (24, 32)  # the segment size field came later; older headers stop before it
 
 
 class PteError(ValueError):
@@ -110,7 +110,7 @@ def _parse(data, source: str) -> tuple[schema.Program, list[Segment]]:
     program_size, base, segments_size = size, 0, None
     if size >= EXTENDED_AT + EXTENDED.size and bytes(data[EXTENDED_AT : EXTENDED_AT + 4]) == EXTENDED_MAGIC:
         _, length, program_size, base, segments_size = EXTENDED.unpack_from(data, EXTENDED_AT)
-        if length < EXTENDED_MIN_LENGTH:
+        if length not in EXTENDED_LENGTHS:
             raise PteError(f"{source}: extended header length {length} is corrupt")
         if length < EXTENDED.size:
             segments_size = None

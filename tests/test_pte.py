@@ -1,0 +1,244 @@
+"""The artifact runs: pipeline.load on exported files, round trips, damaged files, run_pte.py."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import pipeline
+from lowering import assert_same_outputs
+from pipeline.artifact import ArtifactError, read_artifact, same_outputs
+from pipeline.executor import Program, PteError
+from pipeline.executor.pte import PteFile
+from pipeline.export import ArtifactCheckError, export_model
+from tiny_models import write_checkpoint
+
+pytestmark = pytest.mark.usefixtures("gpu_info")
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def randn(*shape, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+class Block(nn.Module):
+    """Linear, an affine LayerNorm and a GroupNorm reframed to a weight-less LayerNorm."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.proj = nn.Linear(12, 12)
+        self.ln = nn.LayerNorm(12)
+        self.gn = nn.GroupNorm(3, 6)
+
+    def forward(self, x, y):
+        return self.ln(self.proj(x)).relu(), self.gn(y) * 2.0
+
+
+@pytest.fixture(scope="module")
+def block(tmp_path_factory):
+    module = Block().eval()
+    inputs = (randn(2, 5, 12), randn(2, 6, 7, seed=1))
+    program = pipeline.lower(module, inputs)
+    path = tmp_path_factory.mktemp("block") / "block.pte"
+    program.save(path)
+    return module, inputs, program, path
+
+
+def test_private_executorch_reader_is_the_pinned_one():
+    # pipeline.executor.pte relies on executorch's private flatbuffer reader: a new
+    # executorch must be checked by hand before this pin moves.
+    from importlib import metadata
+
+    from executorch.exir._serialize import _flatbuffer_program
+
+    assert metadata.version("executorch") == "1.4.1", "executorch changed: recheck pipeline/executor/pte.py"
+    assert callable(_flatbuffer_program._flatbuffer_to_program)
+
+
+def test_saved_file_is_the_bytes_that_run(block):
+    module, inputs, program, path = block
+    assert path.read_bytes() == program.buffer
+    loaded = pipeline.load(path)
+    assert loaded.edge is None and loaded.num_delegates == program.num_delegates == 2
+    assert (loaded.coverage.total, loaded.coverage.delegated, loaded.coverage.not_delegated) == (2, 2, [])
+    assert same_outputs(loaded(*inputs), program(*inputs))
+    fresh = (randn(2, 5, 12, seed=2), randn(2, 6, 7, seed=3))
+    with torch.no_grad():
+        assert_same_outputs(loaded(*fresh), module(*fresh))
+
+
+def test_calls_are_independent(block):
+    # Planned memory is reused between calls; outputs handed out must not change.
+    _, inputs, program, _ = block
+    first = program(*inputs)
+    kept = [t.clone() for t in first]
+    program(randn(2, 5, 12, seed=9), randn(2, 6, 7, seed=9))
+    assert all(torch.equal(a, b) for a, b in zip(first, kept))
+
+
+@pytest.mark.parametrize(
+    ("inputs", "error", "message"),
+    [
+        ((randn(2, 5, 12),), TypeError, "signature"),
+        ((randn(2, 5, 12), randn(2, 6, 8)), ValueError, "outside what the program was exported for"),
+        ((randn(2, 5, 12).double(), randn(2, 6, 7)), TypeError, "must be torch.float32"),
+        ((randn(2, 5, 12), [1.0]), TypeError, "signature"),
+    ],
+)
+def test_bad_inputs_are_refused_up_front(block, inputs, error, message):
+    with pytest.raises(error, match=message):
+        block[2](*inputs)
+
+
+def _damaged(path: Path, tmp_path: Path, edit) -> Path:
+    data = bytearray(path.read_bytes())
+    edit(data)
+    out = tmp_path / "damaged.pte"
+    out.write_bytes(bytes(data))
+    return out
+
+
+def _flip(offset: int):
+    def edit(data: bytearray) -> None:
+        data[offset] ^= 0x10
+    return edit
+
+
+def test_truncated_files_are_refused(block, tmp_path):
+    path = block[3]
+    size = path.stat().st_size
+    for cut in (0, 7, 30, 200, size // 2, size - 1):
+        damaged = _damaged(path, tmp_path, lambda d: d.__delitem__(slice(cut, None)))
+        with pytest.raises(PteError):
+            pipeline.load(damaged)
+
+
+@pytest.mark.parametrize("offset", [4, 5, 8, 12, 17, 18, 24])
+def test_flipped_header_bytes_are_refused(block, tmp_path, offset):
+    with pytest.raises(PteError):
+        pipeline.load(_damaged(block[3], tmp_path, _flip(offset)))
+
+
+def test_foreign_files_are_refused(tmp_path):
+    for name, data in (("empty.pte", b""), ("text.pte", b"not a program at all" * 10), ("json.pte", b"{}")):
+        (tmp_path / name).write_bytes(data)
+        with pytest.raises(PteError, match="not an ExecuTorch program|empty file"):
+            pipeline.load(tmp_path / name)
+    with pytest.raises(FileNotFoundError):
+        pipeline.load(tmp_path / "missing.pte")
+
+
+def _blob_span(path: Path) -> tuple[int, int]:
+    """Where the first delegate blob lies in the file."""
+    pte = PteFile.read(path)
+    blob = pte.delegate_bytes(pte.plan.delegates[0])
+    start = bytes(pte.data).index(blob)
+    return start, len(blob)
+
+
+def test_flipped_delegate_blob_is_refused(block, tmp_path):
+    start, size = _blob_span(block[3])
+    refused = 0
+    for offset in range(start, start + size, max(1, size // 40)):
+        try:
+            pipeline.load(_damaged(block[3], tmp_path, _flip(offset)))
+        except PteError as exc:
+            assert "delegate 0" in str(exc)
+            refused += 1
+    assert refused == len(range(start, start + size, max(1, size // 40)))
+
+
+def test_flipped_model_weights_load_but_change_outputs(block, tmp_path):
+    # ExecuTorch's format has no checksum over the constant segment: a flipped weight
+    # loads. What it changes is visible against the intact file (README says so).
+    _, inputs, program, path = block
+    pte = PteFile.read(path)
+    weight = next(v.val for v in pte.plan.values if getattr(v.val, "data_buffer_idx", 0) > 0)
+    _, offset = pte.constant(weight.data_buffer_idx, 4)
+    damaged = pipeline.load(_damaged(path, tmp_path, _flip(offset + 3)))
+    assert not same_outputs(damaged(*inputs), program(*inputs))
+
+
+def test_foreign_delegates_and_unknown_operators_are_refused(block):
+    pte = PteFile.read(block[3])
+    pte.plan.delegates[0].id = "XnnpackBackend"
+    with pytest.raises(PteError, match="backend 'XnnpackBackend'"):
+        Program(pte)
+    pte = PteFile.read(block[3])
+    pte.plan.operators[0].name = "custom::mystery"
+    pte.plan.operators[1].name = "custom::enigma"
+    with pytest.raises(PteError, match="no kernel here: custom::enigma.*custom::mystery"):
+        Program(pte)
+
+
+def test_dynamic_bart_runs_at_three_lengths_from_one_file(tmp_path):
+    write_checkpoint("bart", tmp_path / "ckpt")
+    summary = export_model("bart", checkpoint=tmp_path / "ckpt", output_dir=tmp_path, dynamic=True)
+    spec = pipeline.models.build("bart", checkpoint=tmp_path / "ckpt", dynamic=True)
+    program = pipeline.load(summary["pte"])
+    tokens, states = spec.example_inputs
+    for length in (1, 5, tokens.shape[1] - 1):
+        ids = torch.randint(0, 100, (tokens.shape[0], length), generator=torch.Generator().manual_seed(length))
+        with torch.no_grad():
+            want = spec.module(ids, states)
+        assert_same_outputs(program(ids, states), want)
+
+
+@pytest.mark.parametrize("name", ["bart", "whisper", "florence2"])
+def test_exported_files_of_the_three_families_reproduce_eager(tmp_path, name):
+    write_checkpoint(name, tmp_path / "ckpt")
+    summary = export_model(name, checkpoint=tmp_path / "ckpt", output_dir=tmp_path)
+    assert read_artifact(summary["pte"])["pte_sha256"] == summary["pte_sha256"]
+    spec = pipeline.models.build(name, checkpoint=tmp_path / "ckpt", seed=1)
+    program = pipeline.load(summary["pte"])
+    assert program.coverage.complete and program.coverage.total == summary["layer_norm_ops"]
+    with torch.no_grad():
+        assert_same_outputs(program(*spec.example_inputs), spec.module(*spec.example_inputs), atol=1e-4)
+
+
+def test_export_keeps_no_file_that_does_not_reproduce_the_program(tmp_path, monkeypatch):
+    write_checkpoint("whisper", tmp_path / "ckpt")
+
+    def wrong_load(path):
+        program = Program(PteFile.read(path))
+        return lambda *inputs: program(*inputs) + 1.0
+
+    monkeypatch.setattr(Program, "load", staticmethod(wrong_load))
+    with pytest.raises(ArtifactCheckError, match="bit for bit"):
+        export_model("whisper", checkpoint=tmp_path / "ckpt", output_dir=tmp_path / "out")
+    assert not list((tmp_path / "out").glob("*.pte")) and not list((tmp_path / "out").glob(".*.tmp"))
+
+
+def run_pte(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / "run_pte.py"), *args],
+                          capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_run_pte_runs_an_export_and_refuses_damage(tmp_path):
+    write_checkpoint("whisper", tmp_path / "ckpt")
+    summary = export_model("whisper", checkpoint=tmp_path / "ckpt", output_dir=tmp_path)
+    ok = run_pte(summary["pte"], "--repeats", "1")
+    assert ok.returncode == 0, ok.stderr
+    assert "passed" in ok.stdout and "output 0: [1, " in ok.stdout
+    # A file changed after export no longer matches its coverage file.
+    pte = Path(summary["pte"])
+    data = pte.read_bytes()
+    pte.write_bytes(data[: len(data) // 2])
+    bad = run_pte(str(pte))
+    assert bad.returncode == 1 and len(bad.stderr.strip().splitlines()[-1]) > 0
+    assert "describes another file" in bad.stderr
+    with pytest.raises(ArtifactError):
+        read_artifact(pte)
+    # Run on the user's own inputs, the truncation itself is what is refused.
+    torch.save(pipeline.models.build("whisper", checkpoint=tmp_path / "ckpt").example_inputs, tmp_path / "in.pt")
+    (tmp_path / pte.name.replace(".pte", ".coverage.json")).unlink()
+    truncated = run_pte(str(pte), "--inputs", str(tmp_path / "in.pt"))
+    assert truncated.returncode == 1 and "truncated" in truncated.stderr.strip().splitlines()[-1]
+    assert run_pte(str(pte), "--repeats", "0").returncode == 2
