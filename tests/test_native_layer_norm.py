@@ -161,6 +161,38 @@ def test_nan_and_inf_rows(width, reduction):
     assert torch.isnan(out[1:5]).all() and torch.isfinite(out[[0, 5]]).all()
 
 
+def near_float32_limit(width: int, gen: torch.Generator) -> torch.Tensor:
+    """Rows whose squared deviations (and some sums) overflow float32 though every value is finite."""
+    big = torch.finfo(torch.float32).max
+    rows = [torch.randn(16, width, generator=gen) * scale for scale in (1e19, 1e30, 1e37)]
+    rows.append((torch.rand(8, width, generator=gen) * 2 - 1) * big)
+    spike = torch.zeros(4, width)
+    spike[:, 0] = torch.tensor([1e30, -1e30, 3e38, 1e20])
+    rows.append(spike)
+    ramp = torch.linspace(-1, 1, width).expand(4, width) * torch.tensor([[1e20], [1e30], [1e38], [big]])
+    rows.append(ramp)
+    return torch.cat(rows).clamp(-big, big)
+
+
+@pytest.mark.parametrize("width", list(range(1, 65)) + [768, 1023, 4096])
+def test_overflow_gives_nan_or_the_true_value(width, reduction):
+    """Never a finite wrong value: each row is either right (against float64) or, like aten,
+    NaN in out and rstd (its mean then right or non-finite)."""
+    gen = torch.Generator().manual_seed(width)
+    x = near_float32_limit(width, gen)
+    out, mean, rstd = (t.double().reshape(len(x), -1) for t in pipeline.layer_norm(x, (width,)))
+    t_out, t_mean, t_rstd = (t.reshape(len(x), -1) for t in reference(x, (width,), None, None, 1e-5))
+    for r in range(len(x)):
+        mean_ok = (mean[r] - t_mean[r]).abs().item() <= 1e-5 * x[r].abs().max().item()
+        if torch.isnan(rstd[r]).all():
+            assert torch.isnan(out[r]).all(), f"row {r}: rstd NaN but out not"
+            assert mean_ok or not torch.isfinite(mean[r]).all(), f"row {r}: finite wrong mean {mean[r]}"
+            continue
+        assert mean_ok, f"row {r}: mean {mean[r].item():.6g}, true {t_mean[r].item():.6g}"
+        assert torch.allclose(rstd[r], t_rstd[r], rtol=1e-4, atol=0), f"row {r}: rstd {rstd[r]}, true {t_rstd[r]}"
+        assert torch.allclose(out[r], t_out[r], rtol=1e-3, atol=1e-3), f"row {r}: out wrong"
+
+
 @pytest.mark.parametrize("width", [1, 6, 7, 128, 766, 1280, 4097, 4098])
 def test_every_output_element_is_written(width, reduction):
     x = torch.randn(301, width)
