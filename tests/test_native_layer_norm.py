@@ -226,6 +226,36 @@ def test_random_shapes_and_values(rows, width, has_weight, has_bias, loc, scale,
     assert_close_to_reference(x, (width,), weight, bias, eps)
 
 
+THREADS_CODE = """
+import threading, torch, pipeline
+aten = torch.ops.aten.native_layer_norm.default
+pipeline.layer_norm(torch.randn(4, 768), (768,))  # warm: the pool's buffers exist
+wrong = []
+def work(seed):
+    gen = torch.Generator().manual_seed(seed)
+    for i in range(6):
+        width = (768, 384, 5)[(seed + i) % 3]
+        x = torch.randn(512, width, generator=gen) * (seed + 1)
+        w = torch.randn(width, generator=gen)
+        got = pipeline.layer_norm(x, (width,), w, None)
+        want = aten(x, [width], w, None, 1e-5)
+        wrong.extend((seed, i) for o, e in zip(got, want) if not torch.allclose(o, e, rtol=1e-4, atol=1e-4))
+threads = [threading.Thread(target=work, args=(seed,)) for seed in range(8)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+assert not wrong, wrong
+print("threads ok")
+"""
+
+
+def test_many_threads_at_once_get_correct_results():
+    # In a child process: sharing the buffer pool without the lock aborted the process.
+    run = subprocess.run([sys.executable, "-c", THREADS_CODE], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and "threads ok" in run.stdout, run.stderr[-2000:]
+
+
 def test_stats_show_gpu_work():
     before = runtime.stats()
     pipeline.layer_norm(torch.randn(10, 64), [64])

@@ -230,7 +230,9 @@ def native_layer_norm(
     rstd = np.empty(rows, dtype=np.float32)
     if rows:
         src = x.detach().reshape(rows, width).contiguous().cpu().numpy()
-        _run(gpu(), src, weight, bias, float(eps), out, mean, rstd, poison)
+        g = gpu()
+        with g.lock:
+            _run(g, src, weight, bias, float(eps), out, mean, rstd, poison)
     return (
         torch.from_numpy(out).reshape(x.shape),
         torch.from_numpy(mean).reshape(stat_shape),
