@@ -293,6 +293,44 @@ def test_bad_arguments_name_the_argument(args, match):
         pipeline.layer_norm(*args)
 
 
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        ({"eps": 10**400}, ValueError, "eps must be a finite"),
+        ({"eps": -(10**400)}, ValueError, "eps must be a finite"),
+        ({"eps": True}, TypeError, "eps must be a real number"),
+        ({"eps": "1e-5"}, TypeError, "eps must be a real number"),
+        ({"normalized_shape": (16.7,)}, TypeError, "normalized_shape must hold ints"),
+        ({"normalized_shape": (True,)}, TypeError, "normalized_shape must hold ints"),
+        ({"normalized_shape": 16}, TypeError, "normalized_shape must be a sequence"),
+        ({"normalized_shape": "16"}, TypeError, "normalized_shape must be a sequence"),
+        ({"x": torch.randn(4, 16, device="meta")}, ValueError, "input must be a dense tensor with data"),
+        ({"x": torch.randn(4, 16).to_sparse()}, ValueError, "input must be a dense tensor"),
+        ({"weight": torch.randn(16, device="meta")}, ValueError, "weight must be a dense tensor"),
+        ({"bias": [0.0] * 16}, TypeError, "bias must be a torch.Tensor or None"),
+    ],
+)
+def test_argument_errors_are_value_or_type_errors_naming_the_argument(kwargs, error, match):
+    args = {"x": torch.randn(4, 16), "normalized_shape": (16,)} | kwargs
+    with pytest.raises(error, match=match):
+        pipeline.layer_norm(**args)
+
+
+def test_integer_like_dims_and_eps_are_taken():
+    x = torch.randn(3, 16)
+    out = pipeline.layer_norm(x, (np.int64(16),), eps=np.float32(1e-3))[0]
+    torch.testing.assert_close(out, ATEN(x, [16], None, None, 1e-3)[0], atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(pipeline.layer_norm(x, torch.Size([16]), eps=0)[0], ATEN(x, [16], None, None, 0.0)[0])
+
+
+def test_inputs_that_require_grad_give_detached_outputs():
+    x = torch.randn(3, 16, requires_grad=True)
+    weight = torch.nn.Parameter(torch.randn(16))
+    outputs = pipeline.layer_norm(x, (16,), weight)
+    assert not any(t.requires_grad for t in outputs)
+    torch.testing.assert_close(outputs[0], ATEN(x, [16], weight, None, 1e-5)[0].detach(), atol=2e-5, rtol=1e-5)
+
+
 def test_non_tensor_input_is_a_type_error():
     with pytest.raises(TypeError, match="input"):
         pipeline.layer_norm(np.zeros((2, 4), dtype=np.float32), [4])

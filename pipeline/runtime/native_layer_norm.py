@@ -7,6 +7,8 @@ float32 input: the trailing `normalized_shape` dims are flattened into one row.
 from __future__ import annotations
 
 import math
+import numbers
+import operator
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -176,15 +178,20 @@ def grid(rows: int, config: KernelConfig) -> tuple[int, int]:
     return x, math.ceil(groups / x)
 
 
-def _check(x: torch.Tensor, normalized_shape: Sequence[int], weight, bias, eps) -> tuple[int, ...]:
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"input must be a torch.Tensor, got {type(x).__name__}")
-    if x.dtype != torch.float32:
-        raise ValueError(f"input must be float32, got {x.dtype}")
-    try:
-        shape = tuple(int(d) for d in normalized_shape)
-    except TypeError:
-        raise ValueError(f"normalized_shape must be a sequence of ints, got {normalized_shape!r}") from None
+def _check(x: torch.Tensor, normalized_shape: Sequence[int], weight, bias, eps) -> tuple[tuple[int, ...], float]:
+    """normalized_shape as ints and eps as a float, after checking every argument."""
+    for name, t in (("input", x), ("weight", weight), ("bias", bias)):
+        if t is None and name != "input":
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor{'' if name == 'input' else ' or None'}, "
+                            f"got {type(t).__name__}")
+        if t.dtype != torch.float32:
+            raise ValueError(f"{name} must be float32, got {t.dtype}")
+        # Meta tensors have no data and sparse ones no row-major rows to upload.
+        if t.is_meta or t.layout != torch.strided:
+            raise ValueError(f"{name} must be a dense tensor with data, got a {t.device.type} {t.layout} tensor")
+    shape = _ints(normalized_shape)
     if not shape or any(d < 1 for d in shape):
         raise ValueError(f"normalized_shape must be non-empty with positive dims, got {list(shape)}")
     if x.dim() < len(shape) or tuple(x.shape[x.dim() - len(shape):]) != shape:
@@ -192,17 +199,37 @@ def _check(x: torch.Tensor, normalized_shape: Sequence[int], weight, bias, eps) 
             f"normalized_shape {list(shape)} does not match the trailing dims of input {list(x.shape)}"
         )
     for name, t in (("weight", weight), ("bias", bias)):
-        if t is None:
-            continue
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor or None, got {type(t).__name__}")
-        if t.dtype != torch.float32:
-            raise ValueError(f"{name} must be float32, got {t.dtype}")
-        if tuple(t.shape) != shape:
+        if t is not None and tuple(t.shape) != shape:
             raise ValueError(f"{name} must have shape {list(shape)}, got {list(t.shape)}")
-    if not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
-        raise ValueError(f"eps must be a finite non-negative number, got {eps!r}")
-    return shape
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
+        raise TypeError(f"eps must be a real number, got {type(eps).__name__}")
+    try:
+        value = float(eps)
+    except OverflowError:
+        value = math.inf
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"eps must be a finite non-negative number, got {_short(eps)}")
+    return shape, value
+
+
+def _ints(normalized_shape: Sequence[int]) -> tuple[int, ...]:
+    """Dims as ints; floats and bools are refused, not truncated (aten refuses them too)."""
+    if isinstance(normalized_shape, (str, bytes)) or not isinstance(normalized_shape, Sequence):
+        raise TypeError(f"normalized_shape must be a sequence of ints, got {_short(normalized_shape)}")
+    dims = []
+    for d in normalized_shape:
+        if isinstance(d, bool):
+            raise TypeError(f"normalized_shape must hold ints, got {_short(normalized_shape)}")
+        try:
+            dims.append(operator.index(d))
+        except TypeError:
+            raise TypeError(f"normalized_shape must hold ints, got {_short(normalized_shape)}") from None
+    return tuple(dims)
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def native_layer_norm(
@@ -220,7 +247,7 @@ def native_layer_norm(
     rstd like x with the normalized dims set to 1. `poison` fills the output buffers with
     that value before each launch (to check that the kernel writes every element).
     """
-    shape = _check(x, normalized_shape, weight, bias, eps)
+    shape, eps = _check(x, normalized_shape, weight, bias, eps)
     width = math.prod(shape)
     lead = tuple(x.shape[: x.dim() - len(shape)])
     rows = math.prod(lead)
@@ -232,7 +259,7 @@ def native_layer_norm(
         src = x.detach().reshape(rows, width).contiguous().cpu().numpy()
         g = gpu()
         with g.lock:
-            _run(g, src, weight, bias, float(eps), out, mean, rstd, poison)
+            _run(g, src, weight, bias, eps, out, mean, rstd, poison)
     return (
         torch.from_numpy(out).reshape(x.shape),
         torch.from_numpy(mean).reshape(stat_shape),
