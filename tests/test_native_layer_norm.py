@@ -350,6 +350,17 @@ def test_import_leaves_executorch_and_transformers_unloaded():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+def test_ci_fails_rather_than_skipping_the_subgroup_path():
+    from conftest import missing_subgroups
+
+    without = {"adapter": "llvmpipe", "backend": "OpenGL", "subgroup_size": 0}
+    assert "has no subgroup operations" in missing_subgroups(without, {"PIPELINE_REQUIRE_GPU": "1"})
+    forced = {"PIPELINE_REQUIRE_GPU": "1", runtime_device.SUBGROUPS_ENV: "0"}
+    assert missing_subgroups(without, forced) is None  # the workgroup-path run
+    assert missing_subgroups(without, {}) is None  # a developer's machine: skips are fine
+    assert missing_subgroups({**without, "subgroup_size": 8}, {"PIPELINE_REQUIRE_GPU": "1"}) is None
+
+
 def test_device_info(gpu_info):
     assert gpu_info["adapter"] and gpu_info["backend"]
     assert gpu_info["limits"]["max-storage-buffer-binding-size"] > 0
