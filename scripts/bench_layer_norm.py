@@ -11,7 +11,7 @@ import sys
 
 from pipeline import cli
 from pipeline.ioutil import check_output_file, write_json_atomic
-from pipeline.runtime.benchmark import parse_shapes, run_benchmark
+from pipeline.benchmark import parse_shapes, run_benchmark
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,7 +17,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from pipeline import cli  # noqa: E402
 from pipeline.ioutil import check_output_file, write_bytes_atomic  # noqa: E402
-from pipeline.runtime.benchmark import effective_gbps  # noqa: E402
+from pipeline.benchmark import effective_gbps  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -32,9 +32,12 @@ PARAMS_BYTES = 16
 # Per components in one load: the WGSL type of V and the sum of its components.
 _V_TYPES = {4: ("vec4<f32>", "v.x + v.y + v.z + v.w"), 2: ("vec2<f32>", "v.x + v.y"), 1: ("f32", "v")}
 
-_STORAGE = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC
-_UNIFORM = wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST
-_STAGING = wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST
+# Buffer usages of the kernel's bindings and read-back. With KernelConfig, choose_config,
+# compile_pipeline, grid and pack_params they are what a tool that launches the kernel
+# itself (pipeline.benchmark) needs.
+STORAGE = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC
+UNIFORM = wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST
+STAGING = wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST
 
 
 @dataclass(frozen=True)
@@ -143,7 +146,9 @@ def _prev_pow2(n: int) -> int:
     return 1 << (max(n, 1).bit_length() - 1)
 
 
-def _pipeline(g: Gpu, config: KernelConfig) -> tuple[wgpu.GPUComputePipeline, wgpu.GPUBindGroupLayout]:
+def compile_pipeline(g: Gpu, config: KernelConfig) -> tuple[wgpu.GPUComputePipeline, wgpu.GPUBindGroupLayout]:
+    """The compute pipeline for `config` and its bind group layout (x, weight, bias, out,
+    mean, rstd, params), compiled once per config and cached on `g`."""
     known = g.pipelines.get((SHADER, config))
     if known is not None:
         return known
@@ -274,13 +279,13 @@ def _run(g: Gpu, src, weight, bias, eps, out, mean, rstd, poison) -> None:
     if row_bytes > limit:
         raise ValueError(f"a row of {width} floats exceeds the adapter's binding limit of {limit} bytes")
     config = choose_config(width, weight is not None, bias is not None, g.subgroup_size)
-    pipeline, layout = _pipeline(g, config)
+    pipeline, layout = compile_pipeline(g, config)
 
     # Absent weight/bias bind a small placeholder that the specialised kernel never reads.
     affine = []
     for role, t in (("weight", weight), ("bias", bias)):
         data = None if t is None else t.detach().reshape(-1).contiguous().cpu().numpy()
-        buf = g.buffer(role, row_bytes if data is not None else 16, _STORAGE)
+        buf = g.buffer(role, row_bytes if data is not None else 16, STORAGE)
         if data is not None:
             g.upload(buf, data)
         affine.append(buf)
@@ -295,19 +300,19 @@ def _run(g: Gpu, src, weight, bias, eps, out, mean, rstd, poison) -> None:
 
 def _launch(g, pipeline, layout, config, src, affine, eps, poison, out, mean, rstd) -> None:
     rows, width = src.shape
-    x_buf = g.buffer("x", src.nbytes, _STORAGE)
-    out_buf = g.buffer("out", src.nbytes, _STORAGE)
-    mean_buf = g.buffer("mean", rows * 4, _STORAGE)
-    rstd_buf = g.buffer("rstd", rows * 4, _STORAGE)
-    params = g.buffer("params", PARAMS_BYTES, _UNIFORM)
+    x_buf = g.buffer("x", src.nbytes, STORAGE)
+    out_buf = g.buffer("out", src.nbytes, STORAGE)
+    mean_buf = g.buffer("mean", rows * 4, STORAGE)
+    rstd_buf = g.buffer("rstd", rows * 4, STORAGE)
+    params = g.buffer("params", PARAMS_BYTES, UNIFORM)
     # One read-back: out, then mean, then rstd, each at a 16-byte aligned offset.
     stat_bytes = rows * 4
     mean_at = _align16(src.nbytes)
     rstd_at = mean_at + _align16(stat_bytes)
-    staging = g.buffer("staging", rstd_at + stat_bytes, _STAGING)
+    staging = g.buffer("staging", rstd_at + stat_bytes, STAGING)
 
     g.upload(x_buf, src)
-    g.upload(params, _params(rows, eps))
+    g.upload(params, pack_params(rows, eps))
     if poison is not None:
         for buf, n in ((out_buf, src.size), (mean_buf, rows), (rstd_buf, rows)):
             g.upload(buf, np.full(n, poison, dtype=np.float32))
@@ -341,7 +346,7 @@ def _align16(n: int) -> int:
     return (n + 15) // 16 * 16
 
 
-def _params(rows: int, eps: float) -> np.ndarray:
+def pack_params(rows: int, eps: float) -> np.ndarray:
     """The kernel's Params struct: rows (u32), eps, nan (f32), padded to 16 bytes."""
     packed = np.zeros(PARAMS_BYTES // 4, dtype=np.uint32)
     packed[0] = rows
