@@ -9,10 +9,13 @@ setup:
 run: setup
 	$(PY) scripts/export_model.py bart
 
-# The test suite, then the coverage audit and accuracy report on the smallest variant of
-# each model: their verdicts gate like tests do (exit status 1 when one fails).
+# The test suite, the kernel tests again on the workgroup-memory path as an adapter without
+# subgroups runs it (the suite itself must find subgroups: tests/conftest.py), then the
+# coverage audit and accuracy report on the smallest variant of each model: their verdicts
+# gate like tests do (exit status 1 when one fails).
 test: setup
 	PIPELINE_REQUIRE_GPU=1 $(PY) -m pytest -q
+	PIPELINE_REQUIRE_GPU=1 PIPELINE_WGPU_SUBGROUPS=0 $(PY) -m pytest -q tests/test_native_layer_norm.py
 	$(MAKE) --no-print-directory reports
 
 reports:

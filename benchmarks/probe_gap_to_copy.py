@@ -7,7 +7,7 @@ against the plain WGSL copy of the same bytes.
 """
 import json, os, re
 from dataclasses import dataclass, replace
-from pipeline.runtime.benchmark import time_kernel, time_copy
+from pipeline.benchmark import time_kernel, time_copy
 from pipeline.runtime.native_layer_norm import choose_config, KernelConfig
 from pipeline.runtime.device import gpu
 

@@ -30,6 +30,10 @@ def layer_norm(
 
     Returns `(out, mean, rstd)` with aten's shapes and dtypes; raises ValueError/TypeError
     naming the bad argument, RuntimeError when no GPU adapter is available.
+
+    Inference only: the outputs never require grad, even when `x`, `weight` or `bias` do
+    (no gradient flows back through the kernel). Safe to call from several threads at once;
+    their launches take turns on the one device.
     """
     return runtime.native_layer_norm(x, normalized_shape, weight, bias, eps)
 

@@ -38,3 +38,24 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
 
 def write_json_atomic(path: str | os.PathLike, obj: object) -> None:
     write_text_atomic(path, json.dumps(obj, indent=2) + "\n")
+
+
+def check_output_file(path: str | os.PathLike) -> None:
+    """Raise ValueError (one line) unless a file can be written at `path`: it is not a
+    folder, and its folder exists or can be created, writable. Checked before long work."""
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{path} is a directory, not a file")
+    check_output_dir(path.parent)
+
+
+def check_output_dir(path: str | os.PathLike) -> None:
+    """Raise ValueError (one line) unless `path` is a writable folder or can be made one."""
+    path = Path(path)
+    existing = path
+    while not existing.exists() and not existing.is_symlink():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ValueError(f"cannot write under {path}: {existing} is not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"cannot write under {path}: {existing} is not writable")

@@ -9,22 +9,30 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pipeline.ioutil import write_json_atomic
-from pipeline.runtime.benchmark import parse_shapes, run_benchmark
+from pipeline import cli
+from pipeline.ioutil import check_output_file, write_json_atomic
+from pipeline.benchmark import parse_shapes, run_benchmark
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default="model",
                         help="comma list of 'model' (default), 'unaligned' (widths not a multiple of 4) and ROWSxWIDTH")
-    parser.add_argument("--repeats", type=int, default=100, help="timed launches per shape (default 100)")
+    parser.add_argument("--repeats", type=cli.positive_int, default=100, help="timed launches per shape (default 100)")
     parser.add_argument("--sweep", action="store_true", help="also time threads-per-row/workgroup variants")
     parser.add_argument("--json", metavar="FILE", help="write the results here (atomically)")
+    cli.add_verbose(parser)
     args = parser.parse_args(argv)
     try:
         shapes = parse_shapes(args.shapes)
     except ValueError as exc:
         parser.error(str(exc))
+    if args.json:
+        try:
+            check_output_file(args.json)
+        except ValueError as exc:
+            parser.error(f"argument --json: {exc}")
+    cli.quiet_dependencies(args.verbose)
     try:
         result = run_benchmark(shapes, repeats=args.repeats, sweep=args.sweep, progress=lambda line: print(line, flush=True))
     except Exception as exc:  # one line for the user, status 1

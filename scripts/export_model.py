@@ -14,7 +14,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from pipeline import cli
 from pipeline.export import export_model
+from pipeline.ioutil import check_output_dir
 
 MODELS = ("bart", "florence2", "whisper")
 
@@ -26,10 +28,17 @@ def main(argv: list[str] | None = None) -> int:
                         "whisper: tiny, base, small, medium, large-v3 (default: base)")
     parser.add_argument("--checkpoint", metavar="DIR", help="local Hugging Face directory (config.json + safetensors)")
     parser.add_argument("--output-dir", metavar="DIR", default="out", help="where to write the files (default: out/)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the random weights and example inputs (default 0)")
+    parser.add_argument("--seed", type=cli.seed, default=0,
+                        help="seed of the random weights and example inputs, 0 to 2**64 - 1 (default 0)")
     parser.add_argument("--dynamic", action="store_true", help="dynamic sequence lengths (bart)")
+    cli.add_verbose(parser)
     args = parser.parse_args(argv)
+    try:
+        check_output_dir(args.output_dir)
+    except ValueError as exc:
+        parser.error(f"argument --output-dir: {exc}")
 
+    cli.quiet_dependencies(args.verbose)
     from pipeline import models
 
     if args.variant is not None and args.variant not in models.variants(args.model):

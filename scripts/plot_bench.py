@@ -15,15 +15,22 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from pipeline.ioutil import write_bytes_atomic  # noqa: E402
-from pipeline.runtime.benchmark import effective_gbps  # noqa: E402
+from pipeline import cli  # noqa: E402
+from pipeline.ioutil import check_output_file, write_bytes_atomic  # noqa: E402
+from pipeline.benchmark import effective_gbps  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("results", help="JSON written by bench_layer_norm.py")
     parser.add_argument("png", help="where to write the plot")
+    cli.add_verbose(parser)
     args = parser.parse_args(argv)
+    try:
+        check_output_file(args.png)
+    except ValueError as exc:
+        parser.error(f"argument png: {exc}")
+    cli.quiet_dependencies(args.verbose)
     try:
         with open(args.results) as f:
             data = json.load(f)

@@ -2,15 +2,35 @@ import os
 
 import pytest
 
+REQUIRE_GPU_ENV = "PIPELINE_REQUIRE_GPU"
+
+
+def missing_subgroups(info: dict, environ=os.environ) -> str | None:
+    """Why CI must fail rather than skip the kernel's subgroup path, or None. Under
+    PIPELINE_REQUIRE_GPU=1 (CI) an adapter without subgroups would silently test one
+    reduction path only; PIPELINE_WGPU_SUBGROUPS=0 (the forced workgroup-memory run) is exempt."""
+    from pipeline.runtime.device import SUBGROUPS_ENV
+
+    if environ.get(REQUIRE_GPU_ENV) != "1" or environ.get(SUBGROUPS_ENV, "1") == "0" or info["subgroup_size"]:
+        return None
+    return (f"{REQUIRE_GPU_ENV}=1 but adapter {info['adapter']!r} ({info['backend']}) has no subgroup "
+            f"operations, so the subgroup path would be skipped: run scripts/setup.sh (installs lavapipe), "
+            f"or set {SUBGROUPS_ENV}=0 to test the workgroup-memory path alone")
+
 
 @pytest.fixture(scope="session")
 def gpu_info():
-    """Device info, or a skip when wgpu has no adapter (a failure under PIPELINE_REQUIRE_GPU=1)."""
+    """Device info, or a skip when wgpu has no adapter (a failure under PIPELINE_REQUIRE_GPU=1,
+    as is an adapter without subgroups, see `missing_subgroups`)."""
     from pipeline import runtime
 
     try:
-        return runtime.device_info()
+        info = runtime.device_info()
     except RuntimeError as exc:
-        if os.environ.get("PIPELINE_REQUIRE_GPU") == "1":
+        if os.environ.get(REQUIRE_GPU_ENV) == "1":
             raise
         pytest.skip(f"no wgpu adapter: {exc}")
+    reason = missing_subgroups(info)
+    if reason:
+        pytest.fail(reason)
+    return info

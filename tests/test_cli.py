@@ -109,3 +109,102 @@ def test_export_default_variant(tmp_path, name, layer_norms):
     result = run_cli(name, "--output-dir", str(tmp_path))
     assert result.returncode == 0, result.stderr
     _check_artifacts(tmp_path, f"{name}-base", layer_norms)
+
+
+def load_script(name: str):
+    spec = importlib.util.spec_from_file_location(f"{name}_cli", ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def exits_2_before_work(main, argv, capsys) -> str:
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    err = capsys.readouterr().err
+    assert info.value.code == 2, err
+    return err.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["whisper", "--seed=-1"], "seed must be from 0 to 2**64 - 1, got -1"),
+        (["whisper", "--seed=18446744073709551616"], "seed must be from 0 to 2**64 - 1"),
+        (["whisper", "--seed=x"], "not an integer"),
+        (["whisper", "--output-dir", "{file}"], "is not a directory"),
+        (["whisper", "--output-dir", "{file}/sub"], "is not a directory"),
+    ],
+)
+def test_export_bad_seed_and_output_dir_exit_2(cli, capsys, monkeypatch, tmp_path, argv, message):
+    (tmp_path / "file").write_text("")
+    monkeypatch.setattr(cli, "export_model", lambda *a, **k: pytest.fail("exported despite bad usage"))
+    argv = [a.format(file=tmp_path / "file") for a in argv]
+    assert message in exits_2_before_work(cli.main, argv, capsys)
+
+
+@pytest.mark.parametrize("kind", ["coverage", "accuracy"])
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["whisper", "--variant", "huge"], "invalid choice for whisper: 'huge'"),
+        (["all", "--variant", "tiny"], "invalid choice for bart: 'tiny'"),
+        (["bart", "--seed=-1"], "seed must be from 0"),
+        (["bart", "--output-dir", "{file}/reports"], "is not a directory"),
+    ],
+)
+def test_report_bad_usage_exits_2_before_work(kind, argv, message, capsys, monkeypatch, tmp_path):
+    from pipeline.evaluation import runner
+
+    (tmp_path / "file").write_text("")
+    monkeypatch.setattr(runner, "run_reports", lambda *a, **k: pytest.fail("ran despite bad usage"))
+    argv = [a.format(file=tmp_path / "file") for a in argv]
+    assert message in exits_2_before_work(lambda a: runner.report_main(kind, "doc", a), argv, capsys)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--repeats", "0"], "must be at least 1, got 0"),
+        (["--repeats", "-3"], "must be at least 1, got -3"),
+        (["--json", "{file}/b.json"], "is not a directory"),
+        (["--json", "{dir}"], "is a directory"),
+    ],
+)
+def test_bench_bad_usage_exits_2_before_benchmarking(argv, message, capsys, monkeypatch, tmp_path):
+    bench = load_script("bench_layer_norm")
+    (tmp_path / "file").write_text("")
+    monkeypatch.setattr(bench, "run_benchmark", lambda *a, **k: pytest.fail("benchmarked despite bad usage"))
+    argv = [a.format(file=tmp_path / "file", dir=tmp_path) for a in argv]
+    assert message in exits_2_before_work(bench.main, argv, capsys)
+
+
+def test_plot_output_path_is_checked_first(capsys, tmp_path):
+    plot = load_script("plot_bench")
+    (tmp_path / "file").write_text("")
+    argv = [str(tmp_path / "missing.json"), str(tmp_path / "file" / "plot.png")]
+    assert "is not a directory" in exits_2_before_work(plot.main, argv, capsys)
+
+
+def test_scripts_show_only_their_own_lines_unless_verbose():
+    quiet = run_cli("whisper", "--variant", "huge")
+    lines = [line for line in quiet.stderr.splitlines() if "XDG_RUNTIME_DIR" not in line]
+    assert quiet.returncode == 2 and lines[0].startswith("usage:") and "invalid choice" in lines[-1], quiet.stderr
+    assert "Failed to load" not in quiet.stderr and "Enum subclass" not in quiet.stderr
+    verbose = run_cli("whisper", "--variant", "huge", "--verbose")
+    assert verbose.returncode == 2 and "is an Enum subclass" in verbose.stderr
+
+
+def test_quiet_drops_the_leafspec_warning_only():
+    import warnings
+
+    from torch.utils import _pytree
+
+    from pipeline import cli
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cli.quiet_dependencies()
+        _pytree.LeafSpec()
+        warnings.warn("a real warning", FutureWarning)
+    assert [str(w.message) for w in caught] == ["a real warning"]

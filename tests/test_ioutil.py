@@ -30,3 +30,16 @@ def test_a_failed_write_keeps_the_old_file_and_leaves_no_temp(tmp_path, monkeypa
         ioutil.write_bytes_atomic(path, b"new")
     assert path.read_bytes() == b"old"
     assert [p.name for p in tmp_path.iterdir()] == ["model.pte"]
+
+
+def test_output_paths_are_checked_before_work(tmp_path):
+    (tmp_path / "file").write_text("")
+    ioutil.check_output_file(tmp_path / "new" / "deeper" / "b.json")
+    ioutil.check_output_dir(tmp_path / "new" / "deeper")
+    with pytest.raises(ValueError, match="is not a directory"):
+        ioutil.check_output_file(tmp_path / "file" / "b.json")
+    with pytest.raises(ValueError, match="is a directory, not a file"):
+        ioutil.check_output_file(tmp_path)
+    with pytest.raises(ValueError, match="is not a directory"):
+        ioutil.check_output_dir(tmp_path / "file")
+    assert not (tmp_path / "new").exists()  # checking creates nothing

@@ -161,6 +161,38 @@ def test_nan_and_inf_rows(width, reduction):
     assert torch.isnan(out[1:5]).all() and torch.isfinite(out[[0, 5]]).all()
 
 
+def near_float32_limit(width: int, gen: torch.Generator) -> torch.Tensor:
+    """Rows whose squared deviations (and some sums) overflow float32 though every value is finite."""
+    big = torch.finfo(torch.float32).max
+    rows = [torch.randn(16, width, generator=gen) * scale for scale in (1e19, 1e30, 1e37)]
+    rows.append((torch.rand(8, width, generator=gen) * 2 - 1) * big)
+    spike = torch.zeros(4, width)
+    spike[:, 0] = torch.tensor([1e30, -1e30, 3e38, 1e20])
+    rows.append(spike)
+    ramp = torch.linspace(-1, 1, width).expand(4, width) * torch.tensor([[1e20], [1e30], [1e38], [big]])
+    rows.append(ramp)
+    return torch.cat(rows).clamp(-big, big)
+
+
+@pytest.mark.parametrize("width", list(range(1, 65)) + [768, 1023, 4096])
+def test_overflow_gives_nan_or_the_true_value(width, reduction):
+    """Never a finite wrong value: each row is either right (against float64) or, like aten,
+    NaN in out and rstd (its mean then right or non-finite)."""
+    gen = torch.Generator().manual_seed(width)
+    x = near_float32_limit(width, gen)
+    out, mean, rstd = (t.double().reshape(len(x), -1) for t in pipeline.layer_norm(x, (width,)))
+    t_out, t_mean, t_rstd = (t.reshape(len(x), -1) for t in reference(x, (width,), None, None, 1e-5))
+    for r in range(len(x)):
+        mean_ok = (mean[r] - t_mean[r]).abs().item() <= 1e-5 * x[r].abs().max().item()
+        if torch.isnan(rstd[r]).all():
+            assert torch.isnan(out[r]).all(), f"row {r}: rstd NaN but out not"
+            assert mean_ok or not torch.isfinite(mean[r]).all(), f"row {r}: finite wrong mean {mean[r]}"
+            continue
+        assert mean_ok, f"row {r}: mean {mean[r].item():.6g}, true {t_mean[r].item():.6g}"
+        assert torch.allclose(rstd[r], t_rstd[r], rtol=1e-4, atol=0), f"row {r}: rstd {rstd[r]}, true {t_rstd[r]}"
+        assert torch.allclose(out[r], t_out[r], rtol=1e-3, atol=1e-3), f"row {r}: out wrong"
+
+
 @pytest.mark.parametrize("width", [1, 6, 7, 128, 766, 1280, 4097, 4098])
 def test_every_output_element_is_written(width, reduction):
     x = torch.randn(301, width)
@@ -192,6 +224,36 @@ def test_random_shapes_and_values(rows, width, has_weight, has_bias, loc, scale,
     x = loc + scale * torch.randn(rows, width, generator=gen)
     weight, bias = make_affine((width,), has_weight, has_bias, gen)
     assert_close_to_reference(x, (width,), weight, bias, eps)
+
+
+THREADS_CODE = """
+import threading, torch, pipeline
+aten = torch.ops.aten.native_layer_norm.default
+pipeline.layer_norm(torch.randn(4, 768), (768,))  # warm: the pool's buffers exist
+wrong = []
+def work(seed):
+    gen = torch.Generator().manual_seed(seed)
+    for i in range(6):
+        width = (768, 384, 5)[(seed + i) % 3]
+        x = torch.randn(512, width, generator=gen) * (seed + 1)
+        w = torch.randn(width, generator=gen)
+        got = pipeline.layer_norm(x, (width,), w, None)
+        want = aten(x, [width], w, None, 1e-5)
+        wrong.extend((seed, i) for o, e in zip(got, want) if not torch.allclose(o, e, rtol=1e-4, atol=1e-4))
+threads = [threading.Thread(target=work, args=(seed,)) for seed in range(8)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+assert not wrong, wrong
+print("threads ok")
+"""
+
+
+def test_many_threads_at_once_get_correct_results():
+    # In a child process: sharing the buffer pool without the lock aborted the process.
+    run = subprocess.run([sys.executable, "-c", THREADS_CODE], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and "threads ok" in run.stdout, run.stderr[-2000:]
 
 
 def test_stats_show_gpu_work():
@@ -231,6 +293,44 @@ def test_bad_arguments_name_the_argument(args, match):
         pipeline.layer_norm(*args)
 
 
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        ({"eps": 10**400}, ValueError, "eps must be a finite"),
+        ({"eps": -(10**400)}, ValueError, "eps must be a finite"),
+        ({"eps": True}, TypeError, "eps must be a real number"),
+        ({"eps": "1e-5"}, TypeError, "eps must be a real number"),
+        ({"normalized_shape": (16.7,)}, TypeError, "normalized_shape must hold ints"),
+        ({"normalized_shape": (True,)}, TypeError, "normalized_shape must hold ints"),
+        ({"normalized_shape": 16}, TypeError, "normalized_shape must be a sequence"),
+        ({"normalized_shape": "16"}, TypeError, "normalized_shape must be a sequence"),
+        ({"x": torch.randn(4, 16, device="meta")}, ValueError, "input must be a dense tensor with data"),
+        ({"x": torch.randn(4, 16).to_sparse()}, ValueError, "input must be a dense tensor"),
+        ({"weight": torch.randn(16, device="meta")}, ValueError, "weight must be a dense tensor"),
+        ({"bias": [0.0] * 16}, TypeError, "bias must be a torch.Tensor or None"),
+    ],
+)
+def test_argument_errors_are_value_or_type_errors_naming_the_argument(kwargs, error, match):
+    args = {"x": torch.randn(4, 16), "normalized_shape": (16,)} | kwargs
+    with pytest.raises(error, match=match):
+        pipeline.layer_norm(**args)
+
+
+def test_integer_like_dims_and_eps_are_taken():
+    x = torch.randn(3, 16)
+    out = pipeline.layer_norm(x, (np.int64(16),), eps=np.float32(1e-3))[0]
+    torch.testing.assert_close(out, ATEN(x, [16], None, None, 1e-3)[0], atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(pipeline.layer_norm(x, torch.Size([16]), eps=0)[0], ATEN(x, [16], None, None, 0.0)[0])
+
+
+def test_inputs_that_require_grad_give_detached_outputs():
+    x = torch.randn(3, 16, requires_grad=True)
+    weight = torch.nn.Parameter(torch.randn(16))
+    outputs = pipeline.layer_norm(x, (16,), weight)
+    assert not any(t.requires_grad for t in outputs)
+    torch.testing.assert_close(outputs[0], ATEN(x, [16], weight, None, 1e-5)[0].detach(), atol=2e-5, rtol=1e-5)
+
+
 def test_non_tensor_input_is_a_type_error():
     with pytest.raises(TypeError, match="input"):
         pipeline.layer_norm(np.zeros((2, 4), dtype=np.float32), [4])
@@ -248,6 +348,17 @@ def test_import_leaves_executorch_and_transformers_unloaded():
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_ci_fails_rather_than_skipping_the_subgroup_path():
+    from conftest import missing_subgroups
+
+    without = {"adapter": "llvmpipe", "backend": "OpenGL", "subgroup_size": 0}
+    assert "has no subgroup operations" in missing_subgroups(without, {"PIPELINE_REQUIRE_GPU": "1"})
+    forced = {"PIPELINE_REQUIRE_GPU": "1", runtime_device.SUBGROUPS_ENV: "0"}
+    assert missing_subgroups(without, forced) is None  # the workgroup-path run
+    assert missing_subgroups(without, {}) is None  # a developer's machine: skips are fine
+    assert missing_subgroups({**without, "subgroup_size": 8}, {"PIPELINE_REQUIRE_GPU": "1"}) is None
 
 
 def test_device_info(gpu_info):

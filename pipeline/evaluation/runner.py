@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from pipeline import cli
 from pipeline.evaluation.accuracy import evaluate_accuracy
 from pipeline.evaluation.coverage import audit_coverage
 from pipeline.evaluation.render import (
@@ -20,6 +21,7 @@ from pipeline.evaluation.render import (
     coverage_markdown,
 )
 from pipeline.evaluation.report import write_report
+from pipeline.ioutil import check_output_dir
 
 MODEL_NAMES = ("bart", "florence2", "whisper")
 DEFAULT_OUTPUT_DIR = Path("out/reports")
@@ -155,12 +157,25 @@ def report_main(kind: str, description: str, argv: list[str] | None = None) -> i
                         "(its model, variant and seed come from the .coverage.json beside it)")
     parser.add_argument("--variant", help="model variant (default: each model's default)")
     parser.add_argument("--output-dir", default=str(DEFAULT_OUTPUT_DIR), help=f"default {DEFAULT_OUTPUT_DIR}")
-    parser.add_argument("--seed", type=int, default=0, help="seed of weights and inputs (default 0)")
+    parser.add_argument("--seed", type=cli.seed, default=0, help="seed of weights and inputs, 0 to 2**64 - 1 (default 0)")
+    cli.add_verbose(parser)
     args = parser.parse_args(argv)
     if (args.model is None) == (args.pte is None):
         parser.error("give a model or --pte FILE (one of them)")
     if args.pte is not None and args.variant is not None:
         parser.error("argument --variant: not allowed with --pte (the file's variant is used)")
+    try:
+        check_output_dir(args.output_dir)
+    except ValueError as exc:
+        parser.error(f"argument --output-dir: {exc}")
+    cli.quiet_dependencies(args.verbose)
+    if args.variant is not None:
+        from pipeline import models
+
+        for name in resolve_models(args.model):
+            if args.variant not in models.variants(name):
+                parser.error(f"argument --variant: invalid choice for {name}: {args.variant!r} "
+                             f"(choose from {', '.join(models.variants(name))})")
     try:
         return run_reports(kind, args.model, args.variant, args.output_dir, args.seed,
                            progress=lambda line: print(line, flush=True), pte=args.pte)

@@ -63,6 +63,9 @@ class Gpu:
     )
     buffers: dict[tuple[str, int], wgpu.GPUBuffer] = field(default_factory=dict)
     subgroup_size: int = 0  # smallest subgroup size seen; 0 when subgroups are not used
+    # Held for a whole launch (uploads, dispatch, read-back): the buffer pool and the
+    # staging buffer's mapping are shared, so launches from several threads take turns.
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
     def buffer(self, role: str, size: int, usage: int) -> wgpu.GPUBuffer:
         """A buffer of at least `size` bytes for `role`, reused across calls of that size."""

@@ -7,6 +7,8 @@ float32 input: the trailing `normalized_shape` dims are flattened into one row.
 from __future__ import annotations
 
 import math
+import numbers
+import operator
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,9 +32,12 @@ PARAMS_BYTES = 16
 # Per components in one load: the WGSL type of V and the sum of its components.
 _V_TYPES = {4: ("vec4<f32>", "v.x + v.y + v.z + v.w"), 2: ("vec2<f32>", "v.x + v.y"), 1: ("f32", "v")}
 
-_STORAGE = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC
-_UNIFORM = wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST
-_STAGING = wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST
+# Buffer usages of the kernel's bindings and read-back. With KernelConfig, choose_config,
+# compile_pipeline, grid and pack_params they are what a tool that launches the kernel
+# itself (pipeline.benchmark) needs.
+STORAGE = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC
+UNIFORM = wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST
+STAGING = wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST
 
 
 @dataclass(frozen=True)
@@ -141,7 +146,9 @@ def _prev_pow2(n: int) -> int:
     return 1 << (max(n, 1).bit_length() - 1)
 
 
-def _pipeline(g: Gpu, config: KernelConfig) -> tuple[wgpu.GPUComputePipeline, wgpu.GPUBindGroupLayout]:
+def compile_pipeline(g: Gpu, config: KernelConfig) -> tuple[wgpu.GPUComputePipeline, wgpu.GPUBindGroupLayout]:
+    """The compute pipeline for `config` and its bind group layout (x, weight, bias, out,
+    mean, rstd, params), compiled once per config and cached on `g`."""
     known = g.pipelines.get((SHADER, config))
     if known is not None:
         return known
@@ -176,15 +183,20 @@ def grid(rows: int, config: KernelConfig) -> tuple[int, int]:
     return x, math.ceil(groups / x)
 
 
-def _check(x: torch.Tensor, normalized_shape: Sequence[int], weight, bias, eps) -> tuple[int, ...]:
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"input must be a torch.Tensor, got {type(x).__name__}")
-    if x.dtype != torch.float32:
-        raise ValueError(f"input must be float32, got {x.dtype}")
-    try:
-        shape = tuple(int(d) for d in normalized_shape)
-    except TypeError:
-        raise ValueError(f"normalized_shape must be a sequence of ints, got {normalized_shape!r}") from None
+def _check(x: torch.Tensor, normalized_shape: Sequence[int], weight, bias, eps) -> tuple[tuple[int, ...], float]:
+    """normalized_shape as ints and eps as a float, after checking every argument."""
+    for name, t in (("input", x), ("weight", weight), ("bias", bias)):
+        if t is None and name != "input":
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor{'' if name == 'input' else ' or None'}, "
+                            f"got {type(t).__name__}")
+        if t.dtype != torch.float32:
+            raise ValueError(f"{name} must be float32, got {t.dtype}")
+        # Meta tensors have no data and sparse ones no row-major rows to upload.
+        if t.is_meta or t.layout != torch.strided:
+            raise ValueError(f"{name} must be a dense tensor with data, got a {t.device.type} {t.layout} tensor")
+    shape = _ints(normalized_shape)
     if not shape or any(d < 1 for d in shape):
         raise ValueError(f"normalized_shape must be non-empty with positive dims, got {list(shape)}")
     if x.dim() < len(shape) or tuple(x.shape[x.dim() - len(shape):]) != shape:
@@ -192,17 +204,37 @@ def _check(x: torch.Tensor, normalized_shape: Sequence[int], weight, bias, eps) 
             f"normalized_shape {list(shape)} does not match the trailing dims of input {list(x.shape)}"
         )
     for name, t in (("weight", weight), ("bias", bias)):
-        if t is None:
-            continue
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor or None, got {type(t).__name__}")
-        if t.dtype != torch.float32:
-            raise ValueError(f"{name} must be float32, got {t.dtype}")
-        if tuple(t.shape) != shape:
+        if t is not None and tuple(t.shape) != shape:
             raise ValueError(f"{name} must have shape {list(shape)}, got {list(t.shape)}")
-    if not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
-        raise ValueError(f"eps must be a finite non-negative number, got {eps!r}")
-    return shape
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
+        raise TypeError(f"eps must be a real number, got {type(eps).__name__}")
+    try:
+        value = float(eps)
+    except OverflowError:
+        value = math.inf
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"eps must be a finite non-negative number, got {_short(eps)}")
+    return shape, value
+
+
+def _ints(normalized_shape: Sequence[int]) -> tuple[int, ...]:
+    """Dims as ints; floats and bools are refused, not truncated (aten refuses them too)."""
+    if isinstance(normalized_shape, (str, bytes)) or not isinstance(normalized_shape, Sequence):
+        raise TypeError(f"normalized_shape must be a sequence of ints, got {_short(normalized_shape)}")
+    dims = []
+    for d in normalized_shape:
+        if isinstance(d, bool):
+            raise TypeError(f"normalized_shape must hold ints, got {_short(normalized_shape)}")
+        try:
+            dims.append(operator.index(d))
+        except TypeError:
+            raise TypeError(f"normalized_shape must hold ints, got {_short(normalized_shape)}") from None
+    return tuple(dims)
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def native_layer_norm(
@@ -220,7 +252,7 @@ def native_layer_norm(
     rstd like x with the normalized dims set to 1. `poison` fills the output buffers with
     that value before each launch (to check that the kernel writes every element).
     """
-    shape = _check(x, normalized_shape, weight, bias, eps)
+    shape, eps = _check(x, normalized_shape, weight, bias, eps)
     width = math.prod(shape)
     lead = tuple(x.shape[: x.dim() - len(shape)])
     rows = math.prod(lead)
@@ -230,7 +262,9 @@ def native_layer_norm(
     rstd = np.empty(rows, dtype=np.float32)
     if rows:
         src = x.detach().reshape(rows, width).contiguous().cpu().numpy()
-        _run(gpu(), src, weight, bias, float(eps), out, mean, rstd, poison)
+        g = gpu()
+        with g.lock:
+            _run(g, src, weight, bias, eps, out, mean, rstd, poison)
     return (
         torch.from_numpy(out).reshape(x.shape),
         torch.from_numpy(mean).reshape(stat_shape),
@@ -245,13 +279,13 @@ def _run(g: Gpu, src, weight, bias, eps, out, mean, rstd, poison) -> None:
     if row_bytes > limit:
         raise ValueError(f"a row of {width} floats exceeds the adapter's binding limit of {limit} bytes")
     config = choose_config(width, weight is not None, bias is not None, g.subgroup_size)
-    pipeline, layout = _pipeline(g, config)
+    pipeline, layout = compile_pipeline(g, config)
 
     # Absent weight/bias bind a small placeholder that the specialised kernel never reads.
     affine = []
     for role, t in (("weight", weight), ("bias", bias)):
         data = None if t is None else t.detach().reshape(-1).contiguous().cpu().numpy()
-        buf = g.buffer(role, row_bytes if data is not None else 16, _STORAGE)
+        buf = g.buffer(role, row_bytes if data is not None else 16, STORAGE)
         if data is not None:
             g.upload(buf, data)
         affine.append(buf)
@@ -266,19 +300,19 @@ def _run(g: Gpu, src, weight, bias, eps, out, mean, rstd, poison) -> None:
 
 def _launch(g, pipeline, layout, config, src, affine, eps, poison, out, mean, rstd) -> None:
     rows, width = src.shape
-    x_buf = g.buffer("x", src.nbytes, _STORAGE)
-    out_buf = g.buffer("out", src.nbytes, _STORAGE)
-    mean_buf = g.buffer("mean", rows * 4, _STORAGE)
-    rstd_buf = g.buffer("rstd", rows * 4, _STORAGE)
-    params = g.buffer("params", PARAMS_BYTES, _UNIFORM)
+    x_buf = g.buffer("x", src.nbytes, STORAGE)
+    out_buf = g.buffer("out", src.nbytes, STORAGE)
+    mean_buf = g.buffer("mean", rows * 4, STORAGE)
+    rstd_buf = g.buffer("rstd", rows * 4, STORAGE)
+    params = g.buffer("params", PARAMS_BYTES, UNIFORM)
     # One read-back: out, then mean, then rstd, each at a 16-byte aligned offset.
     stat_bytes = rows * 4
     mean_at = _align16(src.nbytes)
     rstd_at = mean_at + _align16(stat_bytes)
-    staging = g.buffer("staging", rstd_at + stat_bytes, _STAGING)
+    staging = g.buffer("staging", rstd_at + stat_bytes, STAGING)
 
     g.upload(x_buf, src)
-    g.upload(params, _params(rows, eps))
+    g.upload(params, pack_params(rows, eps))
     if poison is not None:
         for buf, n in ((out_buf, src.size), (mean_buf, rows), (rstd_buf, rows)):
             g.upload(buf, np.full(n, poison, dtype=np.float32))
@@ -312,7 +346,7 @@ def _align16(n: int) -> int:
     return (n + 15) // 16 * 16
 
 
-def _params(rows: int, eps: float) -> np.ndarray:
+def pack_params(rows: int, eps: float) -> np.ndarray:
     """The kernel's Params struct: rows (u32), eps, nan (f32), padded to 16 bytes."""
     packed = np.zeros(PARAMS_BYTES // 4, dtype=np.uint32)
     packed[0] = rows

@@ -50,6 +50,13 @@ fn is_finite(value: f32) -> bool {
     return (bitcast<u32>(value) & 0x7f800000u) != 0x7f800000u;
 }
 
+// A corrected M2 that rounding took below zero becomes 0; NaN and inf (squares past
+// float32's range) stay, so the row gives NaN like aten rather than a finite wrong rstd.
+// Tested on bits: `max(0.0, NaN)` is 0 on GPUs, and compilers may assume finite floats.
+fn clamp_m2(m2: f32) -> f32 {
+    return select(m2, 0.0, is_finite(m2) && (bitcast<u32>(m2) & 0x80000000u) != 0u);
+}
+
 // (count, mean, M2) of two disjoint parts of a row, combined. Every thread that merges a
 // pair passes the same part as `a`, so all of them get bitwise-equal statistics.
 fn merge(a: vec3<f32>, b: vec3<f32>) -> vec3<f32> {
@@ -155,7 +162,7 @@ fn normalize_held(tid: u32, row: u32) {
     var dev = vec2<f32>(0.0);
     dev += deviation_at(v_K, lane + K * THREADS_PER_ROW, live, first_mean);  // each held value
     let shift = select(0.0, dev.x / count, count > 0.0);
-    let local = vec3<f32>(count, first_mean + shift, max(0.0, dev.y - dev.x * shift));
+    let local = vec3<f32>(count, first_mean + shift, clamp_m2(dev.y - dev.x * shift));
     // Threads past the last row take part in the merge too; they only skip memory.
     let stats = row_stats(local, tid, lane);
     if (!live) {

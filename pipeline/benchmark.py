@@ -1,5 +1,9 @@
 """Time native_layer_norm on the GPU, and torch's layer_norm on the same shapes.
 
+A tool beside the runtime, not part of it: it launches the kernel through the runtime's
+public launch pieces (`compile_pipeline`, `pack_params`, `grid`, the buffer usages), and
+like the runtime needs only wgpu, numpy and torch (no ExecuTorch), so it runs on a GPU host.
+
 GPU time comes from timestamp queries around each compute pass when the adapter has
 `timestamp-query` (wall clock over a batch of dispatches otherwise). Inputs rotate over
 enough copies to exceed the last-level cache, so a shape is not timed from cache.
@@ -17,18 +21,18 @@ import numpy as np
 import torch
 import wgpu
 
-from pipeline.runtime.device import Gpu, gpu
+from pipeline.runtime.device import Gpu, device_info, gpu
 from pipeline.runtime.native_layer_norm import (
-    _STAGING,
-    _STORAGE,
-    _UNIFORM,
     MAX_HOLD,
     PARAMS_BYTES,
+    STAGING,
+    STORAGE,
+    UNIFORM,
     KernelConfig,
-    _params,
-    _pipeline,
     choose_config,
+    compile_pipeline,
     grid,
+    pack_params,
 )
 
 # Rotate among at least this many bytes of input (the H200's L2 is 60 MB).
@@ -79,23 +83,23 @@ def time_kernel(rows: int, width: int, configs: list[KernelConfig] | None = None
     rng = np.random.default_rng(0)
     affine_bufs = []
     for _ in ("weight", "bias"):
-        buf = g.device.create_buffer(size=max(16, width * 4), usage=_STORAGE)
+        buf = g.device.create_buffer(size=max(16, width * 4), usage=STORAGE)
         g.device.queue.write_buffer(buf, 0, rng.standard_normal(width, dtype=np.float32))
         affine_bufs.append(buf)
-    params = g.device.create_buffer(size=PARAMS_BYTES, usage=_UNIFORM)
+    params = g.device.create_buffer(size=PARAMS_BYTES, usage=UNIFORM)
     row = rng.standard_normal(width, dtype=np.float32)
     # Inputs and outputs rotate; mean and rstd are shared, which orders the launches.
-    stats = [g.device.create_buffer(size=rows * 4, usage=_STORAGE) for _ in range(2)]
+    stats = [g.device.create_buffer(size=rows * 4, usage=STORAGE) for _ in range(2)]
     sets = []
     for _ in range(copies):
-        x = g.device.create_buffer(size=nbytes, usage=_STORAGE)
+        x = g.device.create_buffer(size=nbytes, usage=STORAGE)
         g.device.queue.write_buffer(x, 0, np.tile(row, rows))
-        sets.append([x, *affine_bufs, g.device.create_buffer(size=nbytes, usage=_STORAGE), *stats, params])
+        sets.append([x, *affine_bufs, g.device.create_buffer(size=nbytes, usage=STORAGE), *stats, params])
     timed = _timestamped if "timestamp-query" in g.features else _wall_clock
     times = []
     for config in configs:
-        pipeline, layout = _pipeline(g, config)
-        g.device.queue.write_buffer(params, 0, _params(rows, 1e-5))
+        pipeline, layout = compile_pipeline(g, config)
+        g.device.queue.write_buffer(params, 0, pack_params(rows, 1e-5))
         bind_groups = [g.device.create_bind_group(
             layout=layout, entries=[{"binding": i, "resource": {"buffer": b}} for i, b in enumerate(bufs)])
             for bufs in sets]
@@ -116,8 +120,8 @@ def time_copy(rows: int, width: int, warmup: int = 10, repeats: int = 100) -> fl
     nbytes = rows * width * 4
     module = g.device.create_shader_module(code=g.shader_source("bench_copy.wgsl"))
     pipeline = g.device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"})
-    dst = g.device.create_buffer(size=nbytes, usage=_STORAGE)  # shared: orders the launches
-    sources = [g.device.create_buffer(size=nbytes, usage=_STORAGE) for _ in range(_copies(nbytes))]
+    dst = g.device.create_buffer(size=nbytes, usage=STORAGE)  # shared: orders the launches
+    sources = [g.device.create_buffer(size=nbytes, usage=STORAGE) for _ in range(_copies(nbytes))]
     bind_groups = [g.device.create_bind_group(
         layout=pipeline.get_bind_group_layout(0),
         entries=[{"binding": 0, "resource": {"buffer": src}}, {"binding": 1, "resource": {"buffer": dst}}])
@@ -132,7 +136,7 @@ def time_copy(rows: int, width: int, warmup: int = 10, repeats: int = 100) -> fl
 
 def _sync(g: Gpu) -> None:
     # Mapping a buffer waits for all submitted work (on_submitted_work_done_sync is broken).
-    probe = g.device.create_buffer(size=16, usage=_STAGING)
+    probe = g.device.create_buffer(size=16, usage=STAGING)
     probe.map_sync(wgpu.MapMode.READ)
     probe.unmap()
 
@@ -150,7 +154,7 @@ def _timestamped(g: Gpu, pipeline, bind_groups, groups, warmup: int, repeats: in
     count = 2 * (batches + repeats)
     queries = g.device.create_query_set(type=wgpu.QueryType.timestamp, count=count)
     resolved = g.device.create_buffer(size=8 * count, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
-    staging = g.device.create_buffer(size=8 * count, usage=_STAGING)
+    staging = g.device.create_buffer(size=8 * count, usage=STAGING)
 
     def launches(encoder, n: int, query: int | None) -> None:
         writes = None
@@ -299,8 +303,6 @@ def run_benchmark(shapes: list[tuple[int, int]], repeats: int = 100, sweep: bool
 
     With `sweep`, also time the candidate configs of each shape (under "sweep").
     """
-    from pipeline.runtime.device import device_info
-
     info = device_info()
     results = []
     for rows, width in shapes:

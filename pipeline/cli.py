@@ -1,0 +1,72 @@
+"""What the scripts share: argument types, and quiet output from the libraries we import.
+
+The scripts' own progress and errors are what a user should see. ExecuTorch and
+transformers import torchao, which logs a line per optional kernel library it cannot
+load, and torch's pytree logs a deprecation per enum torchao registers; exports hit a
+LeafSpec FutureWarning. `quiet_dependencies` drops exactly those (by logger and
+message), unless the user asked for `--verbose`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import warnings
+
+SEED_LIMIT = 2**64  # torch generators take seeds below this; numpy's take none below 0
+
+
+def seed(text: str) -> int:
+    """argparse type: a seed from 0 to 2**64 - 1."""
+    value = _int(text)
+    if not 0 <= value < SEED_LIMIT:
+        raise argparse.ArgumentTypeError(f"seed must be from 0 to 2**64 - 1, got {text}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an int of at least 1."""
+    value = _int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
+    return value
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+
+
+def add_verbose(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--verbose", action="store_true",
+                        help="also show the warnings and log lines of the libraries this uses")
+
+
+class _DropMessages(logging.Filter):
+    def __init__(self, *fragments: str) -> None:
+        super().__init__()
+        self.fragments = fragments
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not any(fragment in message for fragment in self.fragments)
+
+
+# logger name -> what its known-harmless lines contain
+_NOISE = {
+    "torchao": ("Failed to load ",),
+    "torch.utils._pytree": ("is an Enum subclass and is now natively supported",),
+}
+
+
+def quiet_dependencies(verbose: bool = False) -> None:
+    """Drop the known import-time and export-time noise of our dependencies (not with `verbose`).
+    Call it before importing ExecuTorch, transformers or torchao."""
+    if verbose:
+        return
+    for name, fragments in _NOISE.items():
+        logging.getLogger(name).addFilter(_DropMessages(*fragments))
+    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+                            category=FutureWarning)

@@ -1,0 +1,47 @@
+"""The benchmark: a tool beside the runtime that uses only its public names and no ExecuTorch."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline import benchmark
+
+SOURCE = Path(benchmark.__file__)
+
+
+def test_benchmark_lives_outside_the_runtime_and_uses_no_private_runtime_names():
+    assert SOURCE.parent.name == "pipeline"
+    tree = ast.parse(SOURCE.read_text())
+    imported = [(node.module, alias.name) for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                for alias in node.names]
+    private = [f"{module}.{name}" for module, name in imported
+               if module and module.startswith("pipeline.runtime") and name.startswith("_")]
+    assert not private, private
+
+
+def test_benchmark_imports_without_executorch_or_transformers():
+    code = (
+        "import sys, pipeline.benchmark; "
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('executorch', 'transformers', 'torchao')]; "
+        "assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_parse_shapes():
+    assert benchmark.parse_shapes("2x8,model")[:1] == [(2, 8)]
+    with pytest.raises(ValueError, match="not ROWSxWIDTH"):
+        benchmark.parse_shapes("8")
+    with pytest.raises(ValueError, match="positive"):
+        benchmark.parse_shapes("0x8")
+
+
+@pytest.mark.usefixtures("gpu_info")
+def test_a_small_benchmark_runs(monkeypatch):
+    monkeypatch.setattr(benchmark, "ROTATE_BYTES", 1 << 16)
+    result = benchmark.run_benchmark([(16, 128)], repeats=2, progress=lambda line: None)
+    (row,) = result["results"]
+    assert row["rows"] == 16 and row["width"] == 128 and row["wgpu_us"] > 0 and row["torch_us"] > 0
