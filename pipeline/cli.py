@@ -70,3 +70,14 @@ def quiet_dependencies(verbose: bool = False) -> None:
         logging.getLogger(name).addFilter(_DropMessages(*fragments))
     warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
                             category=FutureWarning)
+
+
+def terminate_as_interrupt() -> None:
+    """SIGTERM raises KeyboardInterrupt, as Ctrl-C does: `finally` blocks run, so no temp
+    file outlives a killed export, and the script ends with its one-line message."""
+    import signal
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, handler)

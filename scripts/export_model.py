@@ -39,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"argument --output-dir: {exc}")
 
     cli.quiet_dependencies(args.verbose)
+    cli.terminate_as_interrupt()
     from pipeline import models
 
     if args.variant is not None and args.variant not in models.variants(args.model):
@@ -52,6 +53,9 @@ def main(argv: list[str] | None = None) -> int:
             args.model, args.variant, args.checkpoint, args.output_dir, args.seed, args.dynamic,
             progress=lambda line: print(line, file=sys.stderr, flush=True),
         )
+    except KeyboardInterrupt:
+        print("export_model: interrupted; no file was left half-written", file=sys.stderr)
+        return 130
     except Exception as exc:  # one line for the user, status 1
         print(f"export_model: {' '.join(str(exc).split())}", file=sys.stderr)
         return 1

@@ -17,6 +17,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from pipeline import cli
+
 RUNTIMES = ("python", "executorch")
 
 
@@ -26,10 +28,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--inputs", metavar="FILE.pt", help="inputs saved with torch.save (default: the model's)")
     parser.add_argument("--runtime", choices=RUNTIMES, default="python",
                         help="python: pipeline.load (default); executorch: ExecuTorch's runtime with the native backend")
-    parser.add_argument("--repeats", type=int, default=3, help="timed runs (default 3)")
+    parser.add_argument("--repeats", type=cli.positive_int, default=3, help="timed runs (default 3)")
+    cli.add_verbose(parser)
     args = parser.parse_args(argv)
-    if args.repeats < 1:
-        parser.error(f"argument --repeats: must be at least 1, got {args.repeats}")
+    cli.quiet_dependencies(args.verbose)
 
     from pipeline.artifact import run_artifact
 

@@ -7,6 +7,7 @@ from torch import nn
 from torch.export import Dim
 
 from lowering import assert_same_outputs, lower_and_compare
+import pipeline
 from pipeline import blob
 from pipeline.runtime import stats
 
@@ -315,3 +316,29 @@ def test_save_writes_a_valid_executorch_program(block_program, tmp_path):
     # Saving leaves the program runnable and its edge graph in the edge dialect.
     x = randn(2, 10, 32, seed=7)
     assert_same_outputs(prog(x), prog.edge.exported_program().module()(x))
+
+
+class Branching(nn.Module):
+    """LayerNorms inside torch.cond branches."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ln, self.ln2 = nn.LayerNorm(8), nn.LayerNorm(8)
+
+    def forward(self, x):
+        return torch.cond(x.sum() > 0, lambda x: self.ln(x), lambda x: self.ln2(x) * 2, (x,))
+
+
+def test_layer_norms_in_control_flow_are_counted_and_reported_not_delegated():
+    from pipeline.evaluation import audit_coverage
+
+    module = Branching().eval()
+    x = randn(3, 8)
+    prog = pipeline.lower(module, (x,))
+    cov = prog.coverage
+    assert (cov.total, cov.delegated, cov.complete) == (2, 0, False)
+    assert all("control flow" in reason for _, reason in cov.not_delegated)
+    for inputs in (x, -x.abs(), x.abs()):  # both branches run, through the program's jumps
+        assert_same_outputs(prog(inputs), module(inputs))
+    audit = audit_coverage(module, (x,), prog)
+    assert not audit.complete and audit.graph_ops == 2 and audit.delegated == 0 and audit.eager_calls == 1

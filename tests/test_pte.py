@@ -242,3 +242,35 @@ def test_run_pte_runs_an_export_and_refuses_damage(tmp_path):
     truncated = run_pte(str(pte), "--inputs", str(tmp_path / "in.pt"))
     assert truncated.returncode == 1 and "truncated" in truncated.stderr.strip().splitlines()[-1]
     assert run_pte(str(pte), "--repeats", "0").returncode == 2
+
+
+def test_interrupted_export_leaves_no_temp_file(tmp_path, monkeypatch):
+    write_checkpoint("whisper", tmp_path / "ckpt")
+
+    def interrupted(path):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Program, "load", staticmethod(interrupted))
+    with pytest.raises(KeyboardInterrupt):
+        export_model("whisper", checkpoint=tmp_path / "ckpt", output_dir=tmp_path / "out")
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_sigterm_during_export_ends_with_one_line(tmp_path):
+    import signal
+    import time
+
+    write_checkpoint("whisper", tmp_path / "ckpt")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "export_model.py"), "whisper", "--checkpoint",
+                             str(tmp_path / "ckpt"), "--output-dir", str(tmp_path / "out")],
+                            stderr=subprocess.PIPE, text=True, env=env)
+    for line in proc.stderr:
+        if "lowering" in line:
+            time.sleep(0.5)
+            proc.send_signal(signal.SIGTERM)
+            break
+    rest = proc.stderr.read()
+    assert proc.wait(timeout=120) == 130
+    assert rest.strip().splitlines()[-1] == "export_model: interrupted; no file was left half-written"
+    assert not list(tmp_path.glob("out/.*.tmp")) and not list(tmp_path.glob("out/*.pte"))

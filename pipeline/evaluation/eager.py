@@ -9,6 +9,7 @@ finds "the same LayerNorm" again.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -40,7 +41,11 @@ class EagerRun:
 
 
 class NormCallRecorder(TorchDispatchMode):
-    """Records each native_layer_norm / native_group_norm call, tagged with the running module path."""
+    """Records each native_layer_norm / native_group_norm call, tagged with the running module path.
+
+    `run_eager` runs `torch.cond` as plain Python (the branch its predicate takes) so that
+    the LayerNorms inside control flow are seen here too.
+    """
 
     def __init__(self, module_stack: list[str] | None = None, keep_tensors: bool = True) -> None:
         super().__init__()
@@ -67,6 +72,22 @@ class NormCallRecorder(TorchDispatchMode):
                 )
             )
         return result
+
+
+@contextlib.contextmanager
+def _plain_cond():
+    """`torch.cond` as eager Python: eager torch.cond under a dispatch mode compiles the
+    branches, and what they run would not reach the recorder."""
+    cond = torch.cond
+
+    def plain(predicate, true_fn, false_fn, operands=()):
+        return (true_fn if bool(predicate) else false_fn)(*operands)
+
+    torch.cond = plain
+    try:
+        yield
+    finally:
+        torch.cond = cond
 
 
 def _group_normalized(x: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor) -> torch.Tensor:
@@ -101,7 +122,7 @@ def run_eager(module: torch.nn.Module, inputs: Sequence, keep_tensors: bool = Tr
             handles.append(sub.register_forward_hook(leave))
     recorder = NormCallRecorder(stack, keep_tensors)
     try:
-        with torch.no_grad(), recorder:
+        with torch.no_grad(), _plain_cond(), recorder:
             outputs = module(*inputs)
     finally:
         for h in handles:

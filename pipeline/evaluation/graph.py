@@ -70,11 +70,21 @@ def layer_norm_records(
         if is_layer_norm(node):
             reason = reasons.get(node.name, "left in the edge graph (no reason recorded)")
             records.append(_record(node, delegated=False, reason=reason))
+        elif node.op == "get_attr" and _is_subgraph(getattr(graph_module, node.target, None)):
+            # A control-flow subgraph (torch.cond branch): its LayerNorms are not delegated.
+            inner = {name.split(" (in ")[0]: reason for name, reason in reasons.items()
+                     if name.endswith(f" (in {node.target})")}
+            records.extend(layer_norm_records(getattr(graph_module, node.target), inner))
         elif is_delegate_call(node):
             name = node.args[0].target
             lowered = getattr(graph_module, name)
             records.extend(delegated_records(name, lowered.original_module.graph_module))
     return records
+
+
+def _is_subgraph(module) -> bool:
+    # A delegate (LoweredBackendModule, which has a backend_id) is not a control-flow subgraph.
+    return isinstance(module, torch.fx.GraphModule) and not hasattr(module, "backend_id")
 
 
 def delegated_records(delegate: str, graph_module: torch.fx.GraphModule) -> list[LayerNormRecord]:
