@@ -11,8 +11,9 @@ run: setup
 
 # The test suite, the kernel tests again on the workgroup-memory path as an adapter without
 # subgroups runs it (the suite itself must find subgroups: tests/conftest.py), then the
-# coverage audit and accuracy report on the smallest variant of each model: their verdicts
-# gate like tests do (exit status 1 when one fails).
+# coverage audit and accuracy report on the smallest variant of each model, and on an
+# exported file run back from disk: their verdicts gate like tests do (exit status 1 when
+# one fails).
 test: setup
 	PIPELINE_REQUIRE_GPU=1 $(PY) -m pytest -q
 	PIPELINE_REQUIRE_GPU=1 PIPELINE_WGPU_SUBGROUPS=0 $(PY) -m pytest -q tests/test_native_layer_norm.py
@@ -25,3 +26,7 @@ reports:
 	$(PY) scripts/accuracy_report.py whisper --variant tiny --output-dir $(REPORTS)
 	$(PY) scripts/accuracy_report.py bart --output-dir $(REPORTS)
 	$(PY) scripts/accuracy_report.py florence2 --output-dir $(REPORTS)
+	$(PY) scripts/export_model.py whisper --variant tiny --output-dir $(REPORTS)/artifacts
+	$(PY) scripts/run_pte.py $(REPORTS)/artifacts/whisper-tiny.pte
+	$(PY) scripts/coverage_audit.py --pte $(REPORTS)/artifacts/whisper-tiny.pte --output-dir $(REPORTS)
+	$(PY) scripts/accuracy_report.py --pte $(REPORTS)/artifacts/whisper-tiny.pte --output-dir $(REPORTS)
