@@ -3,11 +3,22 @@
 Imports only the standard library and numpy, so both the ahead-of-time side (which has
 ExecuTorch) and the runtime side (which has wgpu) can load it.
 
-Layout, all little-endian:
+Format version 2, all integers little-endian; a blob is exactly `total_size` bytes:
 
-    header   32 bytes  magic, format version, byte-order mark, section offsets and sizes
-    params   UTF-8 JSON of `LayerNormParams` (eps, normalized_shape, operand sources)
-    data     raw float32 constants (weight, bias), each 16-byte aligned
+    header   40 bytes at 0     magic b"WGLN", version 2, header size 40, byte-order mark
+                               0x01020304, params (offset, size), data (offset, size),
+                               total size, CRC-32 of everything after the header, reserved 0
+    params   64 + 8*ndim bytes op 1 (native_layer_norm), dtype 0 (float32), eps (f64),
+             at 40               input index, argument count, weight and bias (source, index),
+                               outputs (count, 3 slots), ndim, pad, then ndim i64 dims
+    padding  zeros up to the next multiple of 16
+    data     the constant weight, then the constant bias (those present): float32
+             row-major, each taking its width*4 bytes rounded up to 16 (zero padded)
+
+Every field has one valid value or a checked range and the CRC covers params, padding
+and data, so a blob that decodes is the blob that was encoded; anything else is a
+ValueError naming the field. The byte-level contract (shared with the C++ backend) is
+written out in the notes `blob_v2.md`.
 
 One blob describes one `native_layer_norm`: the partitioner makes one partition per
 LayerNorm. Row counts are not stored; the runtime reads them from the input tensor. A
@@ -18,24 +29,40 @@ or spatial dim) runs at any size.
 
 from __future__ import annotations
 
-import json
 import math
 import struct
+import zlib
 from dataclasses import dataclass, field
 
 import numpy as np
 
 MAGIC = b"WGLN"
-VERSION = 1
+VERSION = 2
 BYTE_ORDER_MARK = 0x01020304
-HEADER = struct.Struct("<4sHHIIIIII")  # magic, version, header size, BOM, params/data (offset, size), total size
+# magic, version, header size, BOM, params (offset, size), data (offset, size), total size,
+# checksum, reserved
+HEADER = struct.Struct("<4sHHIIIIIIII")
+# op, dtype, eps, input index, arguments, weight (source, index), bias (source, index),
+# output count, outputs[3], ndim, pad; the ndim dims follow
+PARAMS = struct.Struct("<IIdIIIIIIIIIIII")
+DIM = struct.Struct("<q")
 ALIGN = 16
+MAX_NDIM = 16
+U32_MAX = 2**32 - 1
+
+OP_NATIVE_LAYER_NORM = 1
+DTYPE_FLOAT32 = 0
 
 DYNAMIC = -1  # a normalized dim taken from the input at run time
 NONE = "none"
 CONSTANT = "constant"
 INPUT = "input"
+SOURCE_CODES = {NONE: 0, CONSTANT: 1, INPUT: 2}
 OUTPUT_NAMES = ("out", "mean", "rstd")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
@@ -48,34 +75,49 @@ class Header:
     data_offset: int
     data_size: int
     total_size: int
+    checksum: int
 
     def pack(self) -> bytes:
         return HEADER.pack(
             MAGIC, self.version, HEADER.size, BYTE_ORDER_MARK,
             self.params_offset, self.params_size, self.data_offset, self.data_size,
-            self.total_size,
+            self.total_size, self.checksum, 0,
         )
 
     @classmethod
     def unpack(cls, blob: bytes) -> Header:
+        """The header's fields, after the checks that need no other section: identity,
+        version, fixed sizes, and that the blob is exactly `total_size` bytes."""
+        # Identity and version come first, so a foreign or older blob is named as such
+        # even when it is shorter than this version's header.
+        if len(blob) >= 4 and blob[:4] != MAGIC:
+            raise ValueError(f"not a WebGPU delegate blob: magic {blob[:4]!r}, expected {MAGIC!r}")
+        if len(blob) >= 12 and struct.unpack_from("<I", blob, 8)[0] != BYTE_ORDER_MARK:
+            bom = struct.unpack_from("<I", blob, 8)[0]
+            raise ValueError(f"delegate blob bom {bom:#010x} is not little-endian {BYTE_ORDER_MARK:#010x}")
+        if len(blob) >= 6:
+            version = struct.unpack_from("<H", blob, 4)[0]
+            if version > VERSION:
+                raise ValueError(f"delegate blob format version {version} is newer than this runtime's "
+                                 f"{VERSION}: update the runtime")
+            if version < VERSION:
+                raise ValueError(f"delegate blob format version {version} is older than this runtime's "
+                                 f"{VERSION}: re-export the model")
         if len(blob) < HEADER.size:
             raise ValueError(f"delegate blob truncated: {len(blob)} bytes, the header alone is {HEADER.size}")
-        magic, version, header_size, bom, p_off, p_size, d_off, d_size, total = HEADER.unpack_from(blob)
-        if magic != MAGIC:
-            raise ValueError(f"not a WebGPU delegate blob: magic {magic!r}, expected {MAGIC!r}")
-        if bom != BYTE_ORDER_MARK:
-            raise ValueError(f"delegate blob byte-order mark {bom:#010x} is not little-endian {BYTE_ORDER_MARK:#010x}")
-        if version > VERSION:
-            raise ValueError(f"delegate blob format version {version} is newer than this runtime's {VERSION}")
-        if version < 1 or header_size != HEADER.size:
-            raise ValueError(f"delegate blob header corrupt: version {version}, header size {header_size}")
-        header = cls(version, p_off, p_size, d_off, d_size, total)
+        (_, version, header_size, _, p_off, p_size, d_off, d_size, total, checksum,
+         reserved) = HEADER.unpack_from(blob)
+        if header_size != HEADER.size:
+            raise ValueError(f"delegate blob header_size {header_size}, expected {HEADER.size}")
+        if reserved != 0:
+            raise ValueError(f"delegate blob reserved {reserved:#x}, expected 0")
+        if p_off != HEADER.size:
+            raise ValueError(f"delegate blob params_offset {p_off}, expected {HEADER.size}")
         if len(blob) < total:
-            raise ValueError(f"delegate blob truncated: {len(blob)} bytes of {total}")
-        for name, off, size in (("params", p_off, p_size), ("data", d_off, d_size)):
-            if off < HEADER.size or off + size > total:
-                raise ValueError(f"delegate blob {name} section [{off}, {off + size}) lies outside the blob")
-        return header
+            raise ValueError(f"delegate blob truncated: {len(blob)} bytes of total_size {total}")
+        if len(blob) > total:
+            raise ValueError(f"delegate blob is {len(blob)} bytes, its total_size says {total}")
+        return cls(version, p_off, p_size, d_off, d_size, total, checksum)
 
 
 @dataclass(frozen=True)
@@ -86,10 +128,13 @@ class Operand:
     index: int | None = None  # the delegate argument index, for source == INPUT
 
     def __post_init__(self) -> None:
-        if self.source not in (NONE, CONSTANT, INPUT):
+        if self.source not in SOURCE_CODES:
             raise ValueError(f"operand source must be one of none/constant/input, got {self.source!r}")
-        if (self.source == INPUT) != isinstance(self.index, int) or (self.index is not None and self.index < 0):
-            raise ValueError(f"operand index {self.index!r} does not fit source {self.source!r}")
+        if self.source == INPUT:
+            if not _is_int(self.index) or not 0 <= self.index <= U32_MAX:
+                raise ValueError(f"operand index must be a u32 for source 'input', got {self.index!r}")
+        elif self.index is not None:
+            raise ValueError(f"operand index must be None for source {self.source!r}, got {self.index!r}")
 
 
 @dataclass(frozen=True)
@@ -108,21 +153,36 @@ class LayerNormParams:
 
     def __post_init__(self) -> None:
         shape = self.normalized_shape
-        if not shape or not all(isinstance(d, int) and not isinstance(d, bool) and (d >= 1 or d == DYNAMIC)
-                                 for d in shape):
-            raise ValueError(f"normalized_shape must be non-empty positive ints or {DYNAMIC}, got {shape!r}")
+        if not isinstance(shape, tuple) or not 1 <= len(shape) <= MAX_NDIM or not all(
+            _is_int(d) and (1 <= d < 2**63 or d == DYNAMIC) for d in shape
+        ):
+            raise ValueError(f"normalized_shape (dims) must be 1 to {MAX_NDIM} positive i64 ints or "
+                             f"{DYNAMIC}, got {shape!r}")
         if DYNAMIC in shape and (self.weight.source != NONE or self.bias.source != NONE):
-            raise ValueError(f"normalized_shape {list(shape)} has a dynamic dim, which only a LayerNorm "
-                             "without weight and bias can have")
+            raise ValueError(f"normalized_shape (dims) {list(shape)} has a dynamic dim, which only a "
+                             "LayerNorm without weight and bias can have")
+        if DYNAMIC not in shape and math.prod(shape) * 4 > U32_MAX:
+            raise ValueError(f"normalized_shape (dims) {list(shape)}: a row of {math.prod(shape)} "
+                             "floats does not fit in u32 bytes")
         if not isinstance(self.eps, float) or not math.isfinite(self.eps) or self.eps < 0:
             raise ValueError(f"eps must be a finite non-negative float, got {self.eps!r}")
-        if not isinstance(self.input_index, int) or self.input_index < 0:
-            raise ValueError(f"input_index must be a non-negative int, got {self.input_index!r}")
-        if not self.outputs or any(o not in (0, 1, 2) for o in self.outputs):
-            raise ValueError(f"outputs must be indices into (out, mean, rstd), got {self.outputs!r}")
+        if not _is_int(self.arguments) or not 1 <= self.arguments <= U32_MAX:
+            raise ValueError(f"arguments must be a u32 of at least 1, got {self.arguments!r}")
+        if not _is_int(self.input_index) or not 0 <= self.input_index < self.arguments:
+            raise ValueError(f"input_index must be below arguments {self.arguments}, got {self.input_index!r}")
+        if not isinstance(self.outputs, tuple) or not 1 <= len(self.outputs) <= 3 or any(
+            not _is_int(o) or o not in (0, 1, 2) for o in self.outputs
+        ):
+            raise ValueError(f"outputs must be 1 to 3 indices into (out, mean, rstd), got {self.outputs!r}")
         indices = [self.input_index] + [op.index for op in (self.weight, self.bias) if op.source == INPUT]
-        if not isinstance(self.arguments, int) or len(set(indices)) != len(indices) or max(indices) >= self.arguments:
-            raise ValueError(f"delegate argument indices {indices} must be distinct and below {self.arguments!r}")
+        if len(set(indices)) != len(indices) or max(indices) >= self.arguments:
+            raise ValueError(f"delegate argument indices {indices} (input_index, weight_index, bias_index) "
+                             f"must be distinct and below arguments {self.arguments}")
+
+    @property
+    def width(self) -> int | None:
+        """Floats in one row; None when a dim is dynamic."""
+        return None if DYNAMIC in self.normalized_shape else math.prod(self.normalized_shape)
 
     def resolve(self, input_shape: tuple[int, ...]) -> tuple[int, ...]:
         """normalized_shape with dynamic dims read from the trailing dims of `input_shape`."""
@@ -164,65 +224,103 @@ def _align(n: int) -> int:
 def encode(blob: DelegateBlob) -> bytes:
     """Serialize `blob`; `decode(encode(b)) == b` up to array identity."""
     p = blob.params
+    outputs = list(p.outputs) + [0] * (3 - len(p.outputs))
+    params = PARAMS.pack(
+        OP_NATIVE_LAYER_NORM, DTYPE_FLOAT32, p.eps, p.input_index, p.arguments,
+        SOURCE_CODES[p.weight.source], p.weight.index or 0,
+        SOURCE_CODES[p.bias.source], p.bias.index or 0,
+        len(p.outputs), *outputs, len(p.normalized_shape), 0,
+    ) + b"".join(DIM.pack(d) for d in p.normalized_shape)
     data = bytearray()
-    constants = {}
     for role in ("weight", "bias"):
         if role in blob.constants:
             raw = np.ascontiguousarray(blob.constants[role], dtype="<f4").tobytes()
-            constants[role] = {"offset": len(data), "size": len(raw)}
             data += raw + bytes(_align(len(raw)) - len(raw))
-    params = json.dumps({
-        "op": "native_layer_norm",
-        "normalized_shape": list(p.normalized_shape),
-        # repr round-trips a float64 exactly.
-        "eps": repr(p.eps),
-        "input_index": p.input_index,
-        "weight": {"source": p.weight.source, "index": p.weight.index},
-        "bias": {"source": p.bias.source, "index": p.bias.index},
-        "outputs": list(p.outputs),
-        "arguments": p.arguments,
-        "constants": constants,
-    }, sort_keys=True).encode()
-    params_offset = HEADER.size
-    data_offset = _align(params_offset + len(params))
-    total = data_offset + len(data)
-    header = Header(VERSION, params_offset, len(params), data_offset, len(data), total)
-    return header.pack() + params + bytes(data_offset - params_offset - len(params)) + bytes(data)
+    data_offset = _align(HEADER.size + len(params))
+    body = params + bytes(data_offset - HEADER.size - len(params)) + bytes(data)
+    header = Header(VERSION, HEADER.size, len(params), data_offset, len(data), data_offset + len(data),
+                    zlib.crc32(body))
+    return header.pack() + body
 
 
 def decode(blob: bytes | bytearray | memoryview) -> DelegateBlob:
-    """Parse and validate a blob; raises ValueError on a truncated, foreign, newer or corrupt one."""
+    """Parse and validate a blob; raises ValueError naming the field on a truncated, foreign,
+    older, newer or corrupt one."""
     if not isinstance(blob, (bytes, bytearray, memoryview)):
         raise TypeError(f"blob must be bytes, got {type(blob).__name__}")
     blob = bytes(blob)
     header = Header.unpack(blob)
-    raw = blob[header.params_offset : header.params_offset + header.params_size]
-    try:
-        doc = json.loads(raw.decode())
-        if doc.pop("op") != "native_layer_norm":
-            raise ValueError("op is not native_layer_norm")
-        constants = doc.pop("constants")
-        params = LayerNormParams(
-            normalized_shape=tuple(doc["normalized_shape"]),
-            eps=float(doc["eps"]),
-            input_index=doc["input_index"],
-            weight=Operand(**doc["weight"]),
-            bias=Operand(**doc["bias"]),
-            outputs=tuple(doc["outputs"]),
-            arguments=doc["arguments"],
-        )
-    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError, ValueError) as exc:
-        raise ValueError(f"delegate blob params corrupt: {exc}") from exc
-    if not isinstance(constants, dict) or not all(isinstance(loc, dict) for loc in constants.values()):
-        raise ValueError(f"delegate blob params corrupt: constants {constants!r} is not a table")
-    width = math.prod(params.normalized_shape)
+    # The CRC first: past it, any rule broken is an encoder's fault, not a damaged blob.
+    crc = zlib.crc32(blob[HEADER.size :])
+    if crc != header.checksum:
+        raise ValueError(f"delegate blob checksum {header.checksum:#010x} does not match its contents "
+                         f"({crc:#010x}): the blob is damaged")
+    if header.total_size < HEADER.size + PARAMS.size:
+        raise ValueError(f"delegate blob truncated: total_size {header.total_size} leaves no room for params")
+    (op, dtype, eps, input_index, arguments, w_source, w_index, b_source, b_index, n_outputs,
+     *outputs, ndim, pad) = PARAMS.unpack_from(blob, HEADER.size)
+    _check_params_fields(op, dtype, n_outputs, outputs, ndim, pad)
+    if header.params_size != PARAMS.size + DIM.size * ndim:
+        raise ValueError(f"delegate blob params_size {header.params_size}, expected "
+                         f"{PARAMS.size + DIM.size * ndim} for ndim {ndim}")
+    params_end = HEADER.size + header.params_size
+    if header.data_offset != _align(params_end):
+        raise ValueError(f"delegate blob data_offset {header.data_offset}, expected {_align(params_end)}")
+    if header.data_offset > header.total_size:
+        raise ValueError(f"delegate blob truncated: total_size {header.total_size} ends before data_offset")
+    if any(blob[params_end : header.data_offset]):
+        raise ValueError("delegate blob padding after the params is not zero")
+    dims = tuple(DIM.unpack_from(blob, PARAMS.size + HEADER.size + DIM.size * i)[0] for i in range(ndim))
+    params = LayerNormParams(
+        normalized_shape=dims,
+        eps=eps,
+        input_index=input_index,
+        weight=_operand("weight", w_source, w_index),
+        bias=_operand("bias", b_source, b_index),
+        outputs=tuple(outputs[:n_outputs]),
+        arguments=arguments,
+    )
+    roles = [role for role in ("weight", "bias") if getattr(params, role).source == CONSTANT]
+    stride = _align(params.width * 4) if roles else 0
+    if header.data_size != stride * len(roles):
+        raise ValueError(f"delegate blob data_size {header.data_size}, expected {stride * len(roles)} "
+                         f"for constants {roles or 'none'}")
+    if header.total_size != header.data_offset + header.data_size:
+        raise ValueError(f"delegate blob total_size {header.total_size}, expected data_offset + data_size "
+                         f"= {header.data_offset + header.data_size}")
     arrays = {}
-    for role, loc in constants.items():
-        off, size = loc.get("offset"), loc.get("size")
-        if not isinstance(off, int) or size != width * 4 or off < 0 or off + size > header.data_size:
-            raise ValueError(f"delegate blob {role} constant at {off} of {size} bytes does not fit "
-                             f"{header.data_size} data bytes or {width} floats")
-        start = header.data_offset + off
-        arr = np.frombuffer(blob, dtype="<f4", count=width, offset=start)
+    for i, role in enumerate(roles):
+        start = header.data_offset + i * stride
+        end = start + params.width * 4
+        if any(blob[end : start + stride]):
+            raise ValueError(f"delegate blob padding after the {role} constant is not zero")
+        arr = np.frombuffer(blob, dtype="<f4", count=params.width, offset=start)
         arrays[role] = arr.astype(np.float32).reshape(params.normalized_shape)
     return DelegateBlob(params, arrays)
+
+
+def _check_params_fields(op: int, dtype: int, n_outputs: int, outputs: list[int], ndim: int, pad: int) -> None:
+    """The params fields that have no counterpart in `LayerNormParams` (codes, counts, padding)."""
+    if op != OP_NATIVE_LAYER_NORM:
+        raise ValueError(f"delegate blob op {op}, expected {OP_NATIVE_LAYER_NORM} (native_layer_norm)")
+    if dtype != DTYPE_FLOAT32:
+        raise ValueError(f"delegate blob dtype {dtype}, expected {DTYPE_FLOAT32} (float32, the only one "
+                         f"in format version {VERSION})")
+    if not 1 <= n_outputs <= 3:
+        raise ValueError(f"delegate blob n_outputs {n_outputs}, expected 1 to 3")
+    if any(o not in (0, 1, 2) for o in outputs[:n_outputs]) or any(outputs[n_outputs:]):
+        raise ValueError(f"delegate blob outputs {outputs} for n_outputs {n_outputs}: used entries must be "
+                         "0 (out), 1 (mean) or 2 (rstd), unused ones 0")
+    if not 1 <= ndim <= MAX_NDIM:
+        raise ValueError(f"delegate blob ndim {ndim}, expected 1 to {MAX_NDIM}")
+    if pad != 0:
+        raise ValueError(f"delegate blob pad {pad:#x}, expected 0")
+
+
+def _operand(role: str, source: int, index: int) -> Operand:
+    names = {code: name for name, code in SOURCE_CODES.items()}
+    if source not in names:
+        raise ValueError(f"delegate blob {role}_source {source}, expected 0 (none), 1 (constant) or 2 (input)")
+    if source != SOURCE_CODES[INPUT] and index != 0:
+        raise ValueError(f"delegate blob {role}_index {index} must be 0 for {role}_source {source}")
+    return Operand(names[source], index if names[source] == INPUT else None)

@@ -1,9 +1,9 @@
 """The delegate blob: round trips, refusals of truncated/foreign/newer/corrupt blobs, preprocess errors."""
 
-import json
 import struct
 import subprocess
 import sys
+import zlib
 
 import numpy as np
 import pytest
@@ -58,81 +58,158 @@ def test_round_trip_shapes_eps_and_outputs(shape, eps, outputs):
     assert decoded.constants["weight"].shape == shape
 
 
-def test_header_is_little_endian_and_aligned():
-    data = encode(make_blob())
-    assert data[:4] == blob.MAGIC
-    assert struct.unpack_from("<H", data, 4)[0] == blob.VERSION
-    header = blob.Header.unpack(data)
-    assert header.total_size == len(data) and header.data_offset % blob.ALIGN == 0
+def test_layout_matches_format_version_2():
+    data = encode(make_blob(shape=(1, 3)))
+    magic, version, header_size, bom, p_off, p_size, d_off, d_size, total, crc, reserved = struct.unpack_from(
+        "<4sHHIIIIIIII", data
+    )
+    assert (magic, version, header_size, bom, reserved) == (b"WGLN", 2, 40, 0x01020304, 0)
+    assert (p_off, p_size, d_off, d_size, total) == (40, 64 + 8 * 2, 128, 16 + 16, 160) and total == len(data)
+    assert crc == zlib.crc32(data[40:])
+    op, dtype, eps, input_index, arguments, *rest = struct.unpack_from("<IIdIIIIIIIIIIII", data, 40)
+    assert (op, dtype, eps, input_index, arguments) == (1, 0, 1e-5, 0, 1)
+    assert rest == [1, 0, 1, 0, 3, 0, 1, 2, 2, 0]  # weight, bias, outputs, ndim, pad
+    assert struct.unpack_from("<qq", data, 104) == (1, 3)
+    assert data[120:128] == bytes(8) and data[140:144] == bytes(4) and data[156:160] == bytes(4)
 
 
-def test_truncated_blobs_are_refused():
+def test_truncated_and_extended_blobs_are_refused():
     data = encode(make_blob())
     for cut in range(len(data)):
         with pytest.raises(ValueError, match="truncated"):
             decode(data[:cut])
+    with pytest.raises(ValueError, match="total_size"):
+        decode(data + bytes(16))
 
 
-def patch(data: bytes, offset: int, fmt: str, value) -> bytes:
+def test_every_single_bit_flip_is_refused():
+    data = encode(make_blob(shape=(1, 3)))  # header, params, params padding, two padded constants
+    for bit in range(len(data) * 8):
+        flipped = bytearray(data)
+        flipped[bit // 8] ^= 1 << (bit % 8)
+        with pytest.raises(ValueError, match="delegate blob"):
+            decode(bytes(flipped))
+
+
+def patch(data: bytes, offset: int, fmt: str, value, reseal: bool = True) -> bytes:
+    """`data` with one field rewritten and, unless `reseal` is False, its checksum made to match."""
     out = bytearray(data)
     struct.pack_into(fmt, out, offset, value)
+    if reseal:
+        struct.pack_into("<I", out, 32, zlib.crc32(out[40:]))
     return bytes(out)
 
 
-def test_foreign_newer_and_big_endian_blobs_are_refused():
+def old_version_1_blob() -> bytes:
+    params = b'{"op": "native_layer_norm", "normalized_shape": [4], "eps": "1e-05"}'
+    total = 32 + len(params)
+    return struct.pack("<4sHHIIIIII", b"WGLN", 1, 32, 0x01020304, 32, len(params), total, 0, total) + params
+
+
+def test_older_newer_foreign_and_big_endian_blobs_are_refused():
     data = encode(make_blob())
+    for older in (old_version_1_blob(), old_version_1_blob()[:8], patch(data, 4, "<H", 1)):
+        with pytest.raises(ValueError, match="version 1 is older than this runtime's 2: re-export the model"):
+            decode(older)
+    for newer in (patch(data, 4, "<H", 3), patch(data, 4, "<H", 3)[:12] + bytes(100)):
+        with pytest.raises(ValueError, match="version 3 is newer than this runtime's 2"):
+            decode(newer)
     with pytest.raises(ValueError, match="not a WebGPU delegate blob"):
         decode(b"XNNP" + data[4:])
-    with pytest.raises(ValueError, match="newer"):
-        decode(patch(data, 4, "<H", blob.VERSION + 1))
-    with pytest.raises(ValueError, match="little-endian"):
+    with pytest.raises(ValueError, match="bom .* not little-endian"):
         decode(patch(data, 8, ">I", blob.BYTE_ORDER_MARK))
     with pytest.raises(TypeError, match="blob must be bytes"):
         decode("WGLN")
 
 
-def rewrite_params(data: bytes, edit) -> bytes:
-    """Re-encode with the params JSON edited (offsets recomputed by a fresh header)."""
-    header = blob.Header.unpack(data)
-    doc = json.loads(data[header.params_offset : header.params_offset + header.params_size])
-    edit(doc)
-    params = json.dumps(doc).encode()
-    consts = data[header.data_offset : header.data_offset + header.data_size]
-    data_offset = (blob.HEADER.size + len(params) + 15) // 16 * 16
-    new = blob.Header(blob.VERSION, blob.HEADER.size, len(params), data_offset, len(consts), data_offset + len(consts))
-    return new.pack() + params + bytes(data_offset - blob.HEADER.size - len(params)) + consts
+P = 40  # where the params start
+BASE = make_blob(shape=(1, 3))  # constant weight and bias, outputs (0, 1, 2)
+INPUTS = make_blob(shape=(1, 3), weight=INPUT, bias=INPUT, outputs=(0,))  # arguments 3, indices 1 and 2
+BARE = make_blob(shape=(1, 3), weight=blob.NONE, bias=blob.NONE, outputs=(1,))
 
 
 @pytest.mark.parametrize(
-    "edit, message",
+    "base, offset, fmt, value, message",
     [
-        (lambda d: d.update(op="conv"), "op is not native_layer_norm"),
-        (lambda d: d.pop("eps"), "params corrupt"),
-        (lambda d: d.update(normalized_shape=[0, 3]), "normalized_shape"),
-        (lambda d: d.update(outputs=[3]), "outputs"),
-        (lambda d: d["weight"].update(source="input", index=4), "argument indices"),
-        (lambda d: d["constants"]["bias"].update(offset=10_000), "does not fit"),
-        (lambda d: d["constants"].pop("bias"), "bias"),
-        (lambda d: d.update(constants=[1]), "not a table"),
-        (lambda d: d["constants"].update(gamma=d["constants"]["bias"]), "unknown constants"),
+        (BASE, 6, "<H", 32, "header_size 32"),
+        (BASE, 12, "<I", 48, "params_offset 48"),
+        (BASE, 16, "<I", 64 + 8 * 3, "params_size 88"),
+        (BASE, 20, "<I", 112, "data_offset 112"),  # back into the params
+        (BASE, 20, "<I", 144, "data_offset 144"),
+        (BASE, 24, "<I", 16, "data_size 16"),
+        (BASE, 28, "<I", 144, "total_size says 144"),
+        (BASE, 36, "<I", 1, "reserved"),
+        (BASE, P + 0, "<I", 2, "op 2"),
+        (BASE, P + 4, "<I", 1, "dtype 1"),
+        (BASE, P + 8, "<d", float("nan"), "eps"),
+        (BASE, P + 8, "<d", float("inf"), "eps"),
+        (BASE, P + 8, "<d", -1e-5, "eps"),
+        (BASE, P + 16, "<I", 1, "input_index"),
+        (BASE, P + 20, "<I", 0, "arguments"),
+        (BASE, P + 24, "<I", 3, "weight_source 3"),
+        (BASE, P + 28, "<I", 1, "weight_index 1"),
+        (BASE, P + 32, "<I", 7, "bias_source 7"),
+        (BASE, P + 36, "<I", 2, "bias_index 2"),
+        (BASE, P + 40, "<I", 0, "n_outputs 0"),
+        (BASE, P + 40, "<I", 4, "n_outputs 4"),
+        (BASE, P + 44, "<I", 3, "outputs"),
+        (INPUTS, P + 48, "<I", 1, "outputs"),  # an unused entry not 0
+        (BASE, P + 56, "<I", 0, "ndim 0"),
+        (BASE, P + 56, "<I", 17, "ndim 17"),
+        (BASE, P + 60, "<I", 1, "pad"),
+        (BASE, P + 64, "<q", 0, "dims"),
+        (BASE, P + 64, "<q", -2, "dims"),
+        (BASE, P + 64, "<q", -1, "dynamic dim"),  # with constants
+        (INPUTS, P + 64, "<q", -1, "dynamic dim"),  # with input weight and bias
+        (BARE, P + 64, "<q", 2**30, "does not fit in u32"),
+        (BARE, P + 64, "<q", 2**62, "does not fit in u32"),
+        (INPUTS, P + 28, "<I", 0, "distinct"),  # weight_index == input_index
+        (INPUTS, P + 36, "<I", 1, "distinct"),  # bias_index == weight_index
+        (INPUTS, P + 36, "<I", 3, "below arguments 3"),
+        (INPUTS, P + 28, "<I", 2**32 - 1, "below arguments 3"),
+        (BASE, 120, "<Q", 1, "padding after the params"),
+        (BASE, 140, "<I", 1, "padding after the weight"),
+        (BASE, 156, "<I", 1, "padding after the bias"),
     ],
 )
-def test_corrupt_params_are_refused(edit, message):
+def test_every_rule_is_refused_naming_the_field(base, offset, fmt, value, message):
+    data = encode(base)
+    decode(data)
     with pytest.raises(ValueError, match=message):
-        decode(rewrite_params(encode(make_blob()), edit))
+        decode(patch(data, offset, fmt, value))
 
 
-def test_garbage_params_are_refused():
-    data = bytearray(encode(make_blob()))
-    data[blob.HEADER.size] = 0xFF
-    with pytest.raises(ValueError, match="params corrupt"):
-        decode(bytes(data))
-
-
-def test_section_outside_the_blob_is_refused():
+def test_checksum_mismatch_is_refused():
     data = encode(make_blob())
-    with pytest.raises(ValueError, match="outside the blob"):
-        decode(patch(data, 20, "<I", len(data)))
+    crc = struct.unpack_from("<I", data, 32)[0]
+    with pytest.raises(ValueError, match="checksum"):
+        decode(patch(data, 32, "<I", crc ^ 1, reseal=False))
+
+
+def test_garbage_params_are_value_errors():
+    rng = np.random.default_rng(0)
+    data = encode(make_blob(shape=(2, 3, 4)))
+    for trial in range(3000):
+        garbage = bytearray(data)
+        garbage[P : P + 96] = rng.integers(0, 256, 96, dtype=np.uint8).tobytes()
+        if trial % 2:  # keep the counts in range, to reach the later rules
+            struct.pack_into("<II", garbage, P + 40, 1 + trial % 3, 0)
+            struct.pack_into("<I", garbage, P + 56, 3)
+        with pytest.raises(ValueError, match="delegate blob|eps|input_index|arguments|dims|indices|outputs"):
+            decode(patch(bytes(garbage), 0, "4s", b"WGLN"))
+
+
+def test_encode_refuses_params_the_format_cannot_hold():
+    with pytest.raises(ValueError, match="dims"):
+        LayerNormParams((1,) * 17, 1e-5)
+    with pytest.raises(ValueError, match="does not fit in u32"):
+        LayerNormParams((2**31,), 1e-5)
+    with pytest.raises(ValueError, match="operand index"):
+        Operand(INPUT, 2**32)
+    with pytest.raises(ValueError, match="eps"):
+        LayerNormParams((4,), float("inf"))
+    with pytest.raises(ValueError, match="arguments"):
+        LayerNormParams((4,), 1e-5, arguments=2**32)
 
 
 def test_blob_and_delegate_runner_do_not_import_executorch():
