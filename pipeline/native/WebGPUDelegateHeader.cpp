@@ -272,33 +272,45 @@ bool decode_blob(const uint8_t* data, size_t size, LayerNormBlob* blob, std::str
     return fail(reason, "weight_index and bias_index are both %u", blob->bias.index);
   }
 
-  // Width: the product of the static dims; its bytes must fit in a u32.
+  // Width: with every dim static, its bytes must fit in a u32 (a dynamic width is
+  // checked against the device's limits at run time).
   uint64_t width = 1;
   for (int64_t dim : blob->dims) {
-    if (dim == kDynamicDim) {
-      continue;
+    if (dynamic) {
+      break;
     }
     if (static_cast<uint64_t>(dim) > 0xFFFFFFFFull / 4 / width) {
-      return fail(reason, "width (product of dims) times 4 does not fit in u32");
+      return fail(reason, "a row of prod(dims) floats does not fit in u32 bytes");
     }
     width *= static_cast<uint64_t>(dim);
   }
   blob->width = dynamic ? 0 : width;
 
-  // Data: the constant weight, then the constant bias, each align16(width * 4) bytes.
+  // Data: the constant weight, then the constant bias, each width * 4 bytes zero-padded
+  // to a multiple of 16.
+  const uint64_t stride = align16(width * 4);
   uint64_t expected_data = 0;
   for (Operand* op : {&blob->weight, &blob->bias}) {
+    op->constant = nullptr;
     if (op->source == OperandSource::kConstant) {
       op->constant = data + data_offset + expected_data;
-      expected_data += align16(width * 4);
-    } else {
-      op->constant = nullptr;
+      expected_data += stride;
     }
   }
   if (data_size != expected_data) {
     return fail(reason, "data_size %llu is not the %llu bytes its constants take",
                 static_cast<unsigned long long>(data_size),
                 static_cast<unsigned long long>(expected_data));
+  }
+  for (const Operand* op : {&blob->weight, &blob->bias}) {
+    if (op->constant == nullptr) {
+      continue;
+    }
+    for (uint64_t at = width * 4; at < stride; ++at) {
+      if (op->constant[at] != 0) {
+        return fail(reason, "padding after the %s constant is not 0", op == &blob->weight ? "weight" : "bias");
+      }
+    }
   }
   return true;
 }

@@ -15,12 +15,9 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
-from collections.abc import Sequence
 from pathlib import Path
 
-from pipeline.native.build import BuildError, build, library_path
-
-__all__ = ["BACKEND_NAME", "BuildError", "NativeProgram", "check_blob", "load", "register", "wgsl_source"]
+__all__ = ["BACKEND_NAME", "NativeProgram", "check_blob", "load", "register", "wgsl_source"]
 
 BACKEND_NAME = "WebGPUBackend"
 _REASON_BYTES = 512
@@ -32,11 +29,15 @@ _lock = threading.Lock()
 def library() -> ctypes.CDLL:
     """The backend library loaded into this process (built first if out of date).
 
-    Raises BuildError when it cannot be built (no compiler, wheels missing), saying why.
+    Raises pipeline.native.build.BuildError when it cannot be built (no compiler, wheels
+    missing), saying why.
     """
     global _lib
     with _lock:
         if _lib is None:
+            # Imported here: `python -m pipeline.native.build` must not find it imported.
+            from pipeline.native.build import build
+
             path = build()
             # Our library links against _portable_lib and the registry it uses: load them
             # the way executorch.runtime does first, so that one registry is shared.
