@@ -28,3 +28,12 @@ if ! adapter_ok; then
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q mesa-vulkan-drivers >/dev/null
     adapter_ok || { echo "setup: still no wgpu adapter after installing lavapipe" >&2; exit 1; }
 fi
+
+# The native WebGPUBackend for ExecuTorch's C++ runtime (pipeline.native), built against the
+# installed wheels; rebuilt only when its sources or the WGSL files change. Everything else
+# works without it, so a machine without a compiler gets one line and carries on.
+if ! native=$(.venv/bin/python -m pipeline.native.build 2>&1); then
+    echo "setup: native WebGPUBackend not built: $(echo "$native" | head -n 1 | sed "s/^native backend: //"); the rest works without it" >&2
+else
+    echo "setup: ${native}" >&2
+fi

@@ -149,7 +149,7 @@ def _fingerprint(compiler: str, wheels: Wheels, header: str) -> str:
 def find_compiler() -> str:
     compiler = shutil.which(os.environ.get("CXX", "g++"))
     if compiler is None:
-        raise BuildError("no C++ compiler found (set CXX or install g++); the native WebGPUBackend is not built")
+        raise BuildError("no C++ compiler found (install g++ or set CXX)")
     return compiler
 
 
@@ -164,7 +164,7 @@ def build(force: bool = False, log=None) -> Path:
     fingerprint = _fingerprint(compiler, wheels, header)
     if not force and library.is_file() and stamp.is_file() and stamp.read_text() == fingerprint:
         if log is not None:
-            log(f"native: {library} is up to date")
+            log(f"native backend: {library} is up to date")
         return library
 
     started = time.monotonic()
@@ -191,7 +191,7 @@ def build(force: bool = False, log=None) -> Path:
     os.replace(partial, library)
     stamp.write_text(fingerprint)
     if log is not None:
-        log(f"native: built {library} in {time.monotonic() - started:.1f} s")
+        log(f"native backend: built {library} in {time.monotonic() - started:.1f} s")
     return library
 
 
@@ -212,10 +212,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         mismatches = version_mismatches(find_wheels())
         if mismatches:
-            log(f"native: warning: built for other wheels than installed: {', '.join(mismatches)}")
+            log(f"native backend: warning: built for other wheels than installed: {', '.join(mismatches)}")
         build(force=args.force, log=log)
     except BuildError as exc:
-        log(f"native: {exc}")
+        log(f"native backend: {exc}")
         return 1
     return 0
 
