@@ -237,6 +237,8 @@ class WebGPUBackend final : public BackendInterface {
     if (error != Error::Ok) {
       ET_LOG(Error, "WebGPUBackend init failed (0x%x): %s", static_cast<unsigned>(error),
              reason.c_str());
+      // The runtime never calls destroy() for a failed init: tear down our half here.
+      std::lock_guard<std::mutex> lock(device->mutex());
       d->~WebGPUDelegate();
       return error;
     }
