@@ -407,3 +407,42 @@ def test_damaged_blob_fails_load_method(native_runtime, tmp_path, damage):
     program = Runtime.get().load_program(bytes(data))
     with pytest.raises(RuntimeError, match="0x:?30"):  # Error::DelegateInvalidCompatibility
         program.load_method("forward")
+
+
+# The backend's own checks, which ExecuTorch's runtime never lets a bad call reach
+
+
+def test_backend_refuses_bad_calls_without_crashing(native_runtime, tmp_path):
+    """tests/native/backend_contract.cpp calls init/execute/destroy directly with bad blobs,
+    compile specs, argument counts, non-tensors, dtypes and shapes, then one good call."""
+    import ctypes
+    import subprocess
+    from pathlib import Path
+
+    wheels = native_build.find_wheels()
+    registry = wheels.libraries[1]
+    library = tmp_path / "libcontract.so"
+    source = Path(__file__).parent / "native" / "backend_contract.cpp"
+    subprocess.run(
+        [native_build.find_compiler(), *native_build.CXX_FLAGS, *(f"-I{p}" for p in wheels.includes), "-shared",
+         str(source), "-o", str(library), f"-L{registry.parent}", f"-l:{registry.name}",
+         f"-Wl,-rpath,{registry.parent}"],
+        check=True, capture_output=True,
+    )
+    bias = np.array([0.25, -1.0, 0.0, 3.0], dtype=np.float32)
+    params = LayerNormParams((4,), 1e-5, 0, Operand(INPUT, 1), Operand(CONSTANT), (0, 1, 2), 2)
+    data = blob.encode(DelegateBlob(params, {"bias": bias}))
+    report = ctypes.create_string_buffer(4096)
+    contract = ctypes.CDLL(str(library))
+    assert contract.pipeline_contract(data, len(data), bias.ctypes.data_as(ctypes.c_void_p), report, 4096) == 0
+    results = dict(line.split("=") for line in report.value.decode().splitlines())
+    invalid_argument, memory_allocation_failed, delegate_invalid = "18", "33", "48"
+    assert results.pop("init_truncated") == delegate_invalid
+    assert results.pop("init_compile_spec") == delegate_invalid
+    assert results.pop("init_no_memory") == memory_allocation_failed
+    assert results.pop("init") == "0" and results.pop("freed") == "1"
+    assert results.pop("execute_output_too_small") != "0"
+    assert results.pop("execute") == "0"
+    assert results.pop("out_rows") == results.pop("mean_rows") == "2"
+    assert results.pop("error_below_1e-5") == "1"
+    assert results == {name: invalid_argument for name in results}, results
