@@ -74,13 +74,18 @@ def main(argv: list[str] | None = None) -> int:
     if not available:
         print(f"no device for the native backend: {adapter}", file=sys.stderr)
         return 1
-    results = []
+    report = {
+        "machine": {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine(),
+                    "adapter": adapter, "torch_threads": torch.get_num_threads()},
+        "command": "python benchmarks/executorch_runtime.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "results": [],
+    }
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):
             spec = pipeline.models.build(name)
             model = spec.module.eval()
             with torch.no_grad():
-                eager_first, eager = timed(lambda: model(*spec.example_inputs), args.repeats)
+                _, eager = timed(lambda: model(*spec.example_inputs), args.repeats)
             for cpu_backend in args.cpu_backends.split(","):
                 path = Path(tmp) / f"{name}-{cpu_backend}.pte"
                 lower_seconds = lower_to_file(name, cpu_backend, path)
@@ -98,19 +103,13 @@ def main(argv: list[str] | None = None) -> int:
                     "ratio_to_eager": round(statistics.median(later) / statistics.median(eager), 2),
                     "repeats": args.repeats,
                 }
-                results.append(row)
+                report["results"].append(row)
                 print(f"{name} {cpu_backend}: executorch {row['executorch_seconds']} s "
                       f"(first {row['executorch_first_seconds']} s), eager {row['eager_seconds']} s, "
                       f"x{row['ratio_to_eager']}", flush=True)
-    report = {
-        "machine": {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine(),
-                    "adapter": adapter, "torch_threads": torch.get_num_threads()},
-        "command": "python benchmarks/executorch_runtime.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "results": results,
-    }
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
+                if args.json:  # after every row: a long run keeps what it measured
+                    args.json.parent.mkdir(parents=True, exist_ok=True)
+                    args.json.write_text(json.dumps(report, indent=2) + "\n")
     return 0
 
 
