@@ -1,0 +1,268 @@
+#include "NativeLayerNorm.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+namespace executorch {
+namespace backends {
+namespace webgpu {
+namespace {
+
+constexpr uint64_t kMaxGridX = 65535;
+constexpr uint64_t kParamsBytes = 16;
+constexpr uint64_t kMinBufferBytes = 16;
+constexpr WGPUBufferUsage kStorage =
+    WGPUBufferUsage_Storage | WGPUBufferUsage_CopyDst | WGPUBufferUsage_CopySrc;
+constexpr WGPUBufferUsage kUniform = WGPUBufferUsage_Uniform | WGPUBufferUsage_CopyDst;
+constexpr WGPUBufferUsage kReadBack = WGPUBufferUsage_MapRead | WGPUBufferUsage_CopyDst;
+
+// The kernel's Params struct: rows (u32), eps, a quiet NaN (f32), padded to 16 bytes.
+struct Params {
+  uint32_t rows;
+  float eps;
+  float nan;
+  uint32_t pad;
+};
+static_assert(sizeof(Params) == kParamsBytes, "Params must match the WGSL struct");
+
+}  // namespace
+
+NativeLayerNorm::~NativeLayerNorm() {
+  for (Buffer* b : {&out_read_, &mean_read_, &rstd_read_, &params_, &rstd_, &mean_, &out_, &x_,
+                    &bias_, &weight_}) {
+    if (b->buffer != nullptr) {
+      wgpuBufferDestroy(b->buffer);
+      wgpuBufferRelease(b->buffer);
+    }
+  }
+  for (auto& entry : pipelines_) {
+    wgpuComputePipelineRelease(entry.second);
+  }
+  if (pipeline_layout_ != nullptr) wgpuPipelineLayoutRelease(pipeline_layout_);
+  if (bind_layout_ != nullptr) wgpuBindGroupLayoutRelease(bind_layout_);
+}
+
+bool NativeLayerNorm::ensure(Buffer* b, uint64_t size, WGPUBufferUsage usage, std::string* reason) {
+  size = std::max(size, kMinBufferBytes);
+  if (b->buffer != nullptr && b->size >= size) {
+    return true;
+  }
+  const WGPULimits& limits = device_->limits();
+  if (size > limits.maxBufferSize) {
+    *reason = "a buffer of " + std::to_string(size) + " bytes exceeds the adapter's maxBufferSize " +
+              std::to_string(limits.maxBufferSize);
+    return false;
+  }
+  if (b->buffer != nullptr) {
+    wgpuBufferDestroy(b->buffer);
+    wgpuBufferRelease(b->buffer);
+    b->buffer = nullptr;
+  }
+  WGPUBufferDescriptor desc = WGPU_BUFFER_DESCRIPTOR_INIT;
+  desc.size = size;
+  desc.usage = usage;
+  b->buffer = wgpuDeviceCreateBuffer(device_->device(), &desc);
+  if (b->buffer == nullptr) {
+    *reason = "allocating a GPU buffer of " + std::to_string(size) + " bytes failed";
+    return false;
+  }
+  b->size = size;
+  return true;
+}
+
+bool NativeLayerNorm::prepare(const LayerNormBlob& blob, std::string* reason) {
+  has_weight_ = blob.weight.source != OperandSource::kNone;
+  has_bias_ = blob.bias.source != OperandSource::kNone;
+  eps_ = static_cast<float>(blob.eps);
+
+  // Explicit layout: x, weight, bias (read-only), out, mean, rstd, params. Unused
+  // weight/bias bindings stay in it and get a placeholder buffer.
+  WGPUBindGroupLayoutEntry entries[7];
+  for (uint32_t i = 0; i < 7; ++i) {
+    entries[i] = WGPU_BIND_GROUP_LAYOUT_ENTRY_INIT;
+    entries[i].binding = i;
+    entries[i].visibility = WGPUShaderStage_Compute;
+    entries[i].buffer.type = i < 3 ? WGPUBufferBindingType_ReadOnlyStorage
+                             : i < 6 ? WGPUBufferBindingType_Storage
+                                     : WGPUBufferBindingType_Uniform;
+  }
+  WGPUBindGroupLayoutDescriptor layout_desc = WGPU_BIND_GROUP_LAYOUT_DESCRIPTOR_INIT;
+  layout_desc.entryCount = 7;
+  layout_desc.entries = entries;
+  bind_layout_ = wgpuDeviceCreateBindGroupLayout(device_->device(), &layout_desc);
+  WGPUPipelineLayoutDescriptor pipeline_desc = WGPU_PIPELINE_LAYOUT_DESCRIPTOR_INIT;
+  pipeline_desc.bindGroupLayoutCount = 1;
+  pipeline_desc.bindGroupLayouts = &bind_layout_;
+  pipeline_layout_ = wgpuDeviceCreatePipelineLayout(device_->device(), &pipeline_desc);
+  if (bind_layout_ == nullptr || pipeline_layout_ == nullptr) {
+    *reason = "creating the pipeline layout failed";
+    return false;
+  }
+
+  // A static width compiles now; a dynamic one on first use at each width.
+  if (blob.width > 0) {
+    const uint64_t row_bytes = blob.width * 4;
+    const WGPULimits& limits = device_->limits();
+    const uint64_t limit = std::min<uint64_t>(limits.maxStorageBufferBindingSize, limits.maxBufferSize);
+    if (row_bytes > limit) {
+      *reason = "a row of " + std::to_string(blob.width) +
+                " floats exceeds the adapter's binding limit of " + std::to_string(limit) + " bytes";
+      return false;
+    }
+    if (pipeline_for(blob.width, reason) == nullptr) {
+      return false;
+    }
+  }
+  const Operand* operands[2] = {&blob.weight, &blob.bias};
+  Buffer* buffers[2] = {&weight_, &bias_};
+  for (int i = 0; i < 2; ++i) {
+    const uint64_t bytes = operands[i]->source == OperandSource::kNone ? 0 : blob.width * 4;
+    if (!ensure(buffers[i], bytes, kStorage, reason)) {
+      return false;
+    }
+    if (operands[i]->source == OperandSource::kConstant) {
+      wgpuQueueWriteBuffer(device_->queue(), buffers[i]->buffer, 0, operands[i]->constant, bytes);
+    }
+  }
+  return device_->finish(reason);
+}
+
+WGPUComputePipeline NativeLayerNorm::pipeline_for(uint64_t width, std::string* reason) {
+  auto known = pipelines_.find(width);
+  if (known != pipelines_.end()) {
+    return known->second;
+  }
+  const KernelConfig config =
+      choose_config(width, has_weight_, has_bias_, device_->subgroup_size());
+  WGPUComputePipeline pipeline =
+      device_->create_pipeline(kernel_source(config), pipeline_layout_, "native_layer_norm.wgsl", reason);
+  if (pipeline != nullptr) {
+    pipelines_.emplace(width, pipeline);
+  }
+  return pipeline;
+}
+
+bool NativeLayerNorm::run(const float* x, uint64_t rows, uint64_t width, const float* weight,
+                          const float* bias, const LayerNormOutputs& outputs, std::string* reason) {
+  const uint64_t row_bytes = width * 4;
+  const WGPULimits& limits = device_->limits();
+  const uint64_t limit = std::min<uint64_t>(limits.maxStorageBufferBindingSize, limits.maxBufferSize);
+  if (width == 0 || row_bytes > limit) {
+    *reason = "a row of " + std::to_string(width) + " floats does not fit the adapter's binding limit of " +
+              std::to_string(limit) + " bytes";
+    return false;
+  }
+  if (rows == 0) {
+    return true;
+  }
+  WGPUComputePipeline pipeline = pipeline_for(width, reason);
+  if (pipeline == nullptr) {
+    return false;
+  }
+  const KernelConfig config = choose_config(width, has_weight_, has_bias_, device_->subgroup_size());
+  // Input-sourced weight and bias are uploaded on every call.
+  if (weight != nullptr) {
+    if (!ensure(&weight_, row_bytes, kStorage, reason)) return false;
+    wgpuQueueWriteBuffer(device_->queue(), weight_.buffer, 0, weight, row_bytes);
+  }
+  if (bias != nullptr) {
+    if (!ensure(&bias_, row_bytes, kStorage, reason)) return false;
+    wgpuQueueWriteBuffer(device_->queue(), bias_.buffer, 0, bias, row_bytes);
+  }
+  // Launches of at most `chunk` rows keep every binding under the adapter's limit.
+  const uint64_t chunk = std::max<uint64_t>(1, std::min(rows, limit / row_bytes));
+  for (uint64_t start = 0; start < rows; start += chunk) {
+    const uint64_t n = std::min(chunk, rows - start);
+    LayerNormOutputs part;
+    part.out = outputs.out ? outputs.out + start * width : nullptr;
+    part.mean = outputs.mean ? outputs.mean + start : nullptr;
+    part.rstd = outputs.rstd ? outputs.rstd + start : nullptr;
+    if (!launch(pipeline, config, x + start * width, n, width, part, reason)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+bool NativeLayerNorm::launch(WGPUComputePipeline pipeline, const KernelConfig& config,
+                             const float* x, uint64_t rows, uint64_t width,
+                             const LayerNormOutputs& outputs, std::string* reason) {
+  // Workgroups in x and y; y carries what does not fit under 65,535 in x. Checked here:
+  // wgpu-native treats some submit-time errors as fatal.
+  const uint64_t groups = std::max<uint64_t>(1, (rows + config.rows_per_workgroup() - 1) /
+                                                    config.rows_per_workgroup());
+  const uint64_t grid_x = std::min(groups, kMaxGridX);
+  const uint64_t grid_y = (groups + grid_x - 1) / grid_x;
+  const uint64_t max_grid = device_->limits().maxComputeWorkgroupsPerDimension;
+  if (grid_x > max_grid || grid_y > max_grid) {
+    *reason = std::to_string(rows) + " rows need a " + std::to_string(grid_x) + "x" +
+              std::to_string(grid_y) + " grid, past the adapter's " + std::to_string(max_grid) +
+              " workgroups per dimension";
+    return false;
+  }
+  const uint64_t data_bytes = rows * width * 4;
+  const uint64_t stat_bytes = rows * 4;
+  if (!ensure(&x_, data_bytes, kStorage, reason) || !ensure(&out_, data_bytes, kStorage, reason) ||
+      !ensure(&mean_, stat_bytes, kStorage, reason) || !ensure(&rstd_, stat_bytes, kStorage, reason) ||
+      !ensure(&params_, kParamsBytes, kUniform, reason) ||
+      !ensure(&out_read_, data_bytes, kReadBack, reason) ||
+      !ensure(&mean_read_, stat_bytes, kReadBack, reason) ||
+      !ensure(&rstd_read_, stat_bytes, kReadBack, reason)) {
+    return false;
+  }
+  const Params params{static_cast<uint32_t>(rows), eps_, std::numeric_limits<float>::quiet_NaN(), 0};
+  wgpuQueueWriteBuffer(device_->queue(), x_.buffer, 0, x, data_bytes);
+  wgpuQueueWriteBuffer(device_->queue(), params_.buffer, 0, &params, sizeof params);
+
+  // Bind group: each binding is exactly this launch's bytes (the buffers may be larger).
+  const Buffer* bound[7] = {&x_, &weight_, &bias_, &out_, &mean_, &rstd_, &params_};
+  const uint64_t sizes[7] = {data_bytes, has_weight_ ? width * 4 : kMinBufferBytes,
+                             has_bias_ ? width * 4 : kMinBufferBytes, data_bytes, stat_bytes,
+                             stat_bytes, kParamsBytes};
+  WGPUBindGroupEntry entries[7];
+  for (uint32_t i = 0; i < 7; ++i) {
+    entries[i] = WGPU_BIND_GROUP_ENTRY_INIT;
+    entries[i].binding = i;
+    entries[i].buffer = bound[i]->buffer;
+    entries[i].size = sizes[i];
+  }
+  WGPUBindGroupDescriptor group_desc = WGPU_BIND_GROUP_DESCRIPTOR_INIT;
+  group_desc.layout = bind_layout_;
+  group_desc.entryCount = 7;
+  group_desc.entries = entries;
+  WGPUBindGroup group = wgpuDeviceCreateBindGroup(device_->device(), &group_desc);
+
+  // Dispatch, then copy the results into the read-back buffers.
+  WGPUCommandEncoder encoder = wgpuDeviceCreateCommandEncoder(device_->device(), nullptr);
+  WGPUComputePassEncoder pass = wgpuCommandEncoderBeginComputePass(encoder, nullptr);
+  wgpuComputePassEncoderSetPipeline(pass, pipeline);
+  wgpuComputePassEncoderSetBindGroup(pass, 0, group, 0, nullptr);
+  wgpuComputePassEncoderDispatchWorkgroups(pass, static_cast<uint32_t>(grid_x),
+                                           static_cast<uint32_t>(grid_y), 1);
+  wgpuComputePassEncoderEnd(pass);
+  wgpuComputePassEncoderRelease(pass);
+  wgpuCommandEncoderCopyBufferToBuffer(encoder, out_.buffer, 0, out_read_.buffer, 0, data_bytes);
+  wgpuCommandEncoderCopyBufferToBuffer(encoder, mean_.buffer, 0, mean_read_.buffer, 0, stat_bytes);
+  wgpuCommandEncoderCopyBufferToBuffer(encoder, rstd_.buffer, 0, rstd_read_.buffer, 0, stat_bytes);
+  WGPUCommandBuffer commands = wgpuCommandEncoderFinish(encoder, nullptr);
+  wgpuCommandEncoderRelease(encoder);
+  wgpuBindGroupRelease(group);
+  if (!device_->finish(reason)) {  // an encoding error would make the submit fatal
+    wgpuCommandBufferRelease(commands);
+    return false;
+  }
+  wgpuQueueSubmit(device_->queue(), 1, &commands);
+  wgpuCommandBufferRelease(commands);
+
+  // Read back what the delegate returns.
+  return (outputs.out == nullptr || device_->read_buffer(out_read_.buffer, data_bytes, outputs.out, reason)) &&
+         (outputs.mean == nullptr || device_->read_buffer(mean_read_.buffer, stat_bytes, outputs.mean, reason)) &&
+         (outputs.rstd == nullptr || device_->read_buffer(rstd_read_.buffer, stat_bytes, outputs.rstd, reason)) &&
+         device_->finish(reason);
+}
+
+}  // namespace webgpu
+}  // namespace backends
+}  // namespace executorch

@@ -1,0 +1,50 @@
+// The native_layer_norm kernel's configuration rule and WGSL module, ported from
+// pipeline/runtime/native_layer_norm.py (`choose_config`, `KernelConfig.source`,
+// `_written_out`). The .wgsl files themselves are embedded at build time from
+// pipeline/wgsl/; tests/test_native.py holds the generated module byte for byte
+// against Python's over many widths, so the two rules cannot drift apart unseen.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace executorch {
+namespace backends {
+namespace webgpu {
+
+constexpr uint32_t kMinWorkgroup = 64;
+constexpr uint32_t kMaxThreadsPerRow = 256;
+constexpr uint32_t kMaxHold = 8;  // values of a row one thread holds in registers at most
+constexpr uint32_t kStreamUnroll = 4;  // values a streaming thread loads in one loop step
+
+struct KernelConfig {
+  uint64_t width = 0;  // elements per row, compiled in
+  uint32_t threads_per_row = 1;
+  bool has_weight = false;
+  bool has_bias = false;
+  uint32_t subgroup_size = 0;  // 0: no subgroup operations (workgroup-memory merges)
+  uint32_t workgroup = kMinWorkgroup;
+  uint32_t hold = 0;  // 0: rows streamed; k > 0: each thread holds k values of its row
+  uint32_t unroll = 1;
+
+  uint32_t vec() const { return width % 4 == 0 ? 4 : width % 2 == 0 ? 2 : 1; }
+  uint64_t row_vecs() const { return width / vec(); }
+  bool row_in_subgroup() const { return threads_per_row <= subgroup_size; }
+  uint32_t rows_per_workgroup() const { return workgroup / threads_per_row; }
+};
+
+KernelConfig choose_config(uint64_t width, bool has_weight, bool has_bias, uint32_t subgroup_size);
+
+// The WGSL module: reduction file (entry point), constants prelude, kernel written out.
+std::string kernel_source(const KernelConfig& config);
+
+// `source` with each line ending in `// <marker>` repeated `count` times, K (and the
+// suffix _K of names) becoming 0u, 1u, ... (resp. _0, _1, ...).
+std::string written_out(const std::string& source, const std::string& marker, uint32_t count);
+
+// An embedded pipeline/wgsl/ file by name, or nullptr.
+const std::string* wgsl_file(const std::string& name);
+
+}  // namespace webgpu
+}  // namespace backends
+}  // namespace executorch

@@ -1,0 +1,100 @@
+// extern "C" entry points that pipeline/native/__init__.py calls through ctypes: the
+// registration, a device probe, and the two checks tests hold against Python (the WGSL
+// module and the blob rules). Each returns a status instead of throwing.
+#include <executorch/runtime/core/error.h>
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+#include "NativeLayerNormConfig.h"
+#include "WebGPUDelegateHeader.h"
+#include "WebGPUDevice.h"
+
+namespace executorch {
+namespace backends {
+namespace webgpu {
+executorch::runtime::Error register_webgpu_backend();
+}  // namespace webgpu
+}  // namespace backends
+}  // namespace executorch
+
+namespace webgpu = executorch::backends::webgpu;
+
+// The library is built with hidden visibility; only these functions are its interface.
+#define PIPELINE_EXPORT __attribute__((visibility("default")))
+
+namespace {
+
+// Copies `text` into `out` (NUL-terminated, truncated to `capacity`); returns its length.
+size_t copy_out(const std::string& text, char* out, size_t capacity) {
+  if (out != nullptr && capacity > 0) {
+    const size_t n = std::min(text.size(), capacity - 1);
+    std::memcpy(out, text.data(), n);
+    out[n] = '\0';
+  }
+  return text.size();
+}
+
+}  // namespace
+
+extern "C" {
+
+// The executorch::runtime::Error of registering "WebGPUBackend" (0: Ok). Idempotent.
+PIPELINE_EXPORT int pipeline_webgpu_register() {
+  return static_cast<int>(webgpu::register_webgpu_backend());
+}
+
+// 1 when a device is available; else 0 and the reason in `reason`.
+PIPELINE_EXPORT int pipeline_webgpu_probe(char* reason, size_t capacity) {
+  try {
+    std::string why;
+    webgpu::WebGPUDevice* device = webgpu::WebGPUDevice::get(&why);
+    copy_out(device ? device->adapter_name() : why, reason, capacity);
+    return device != nullptr;
+  } catch (...) {
+    copy_out("unexpected exception", reason, capacity);
+    return 0;
+  }
+}
+
+// The subgroup size the device's kernels use (0: none), or -1 without a device.
+PIPELINE_EXPORT int pipeline_webgpu_subgroup_size() {
+  webgpu::WebGPUDevice* device = webgpu::WebGPUDevice::get(nullptr);
+  return device ? static_cast<int>(device->subgroup_size()) : -1;
+}
+
+// The WGSL module for a configuration; returns its length (copy into `out` when it fits
+// `capacity` including the NUL), or -1 on failure.
+PIPELINE_EXPORT long long pipeline_webgpu_wgsl_source(uint64_t width, int has_weight, int has_bias,
+                                      uint32_t subgroup_size, char* out, size_t capacity) {
+  try {
+    if (width == 0) {
+      return -1;
+    }
+    const std::string source = webgpu::kernel_source(
+        webgpu::choose_config(width, has_weight != 0, has_bias != 0, subgroup_size));
+    if (source.size() < capacity) {
+      copy_out(source, out, capacity);
+    }
+    return static_cast<long long>(source.size());
+  } catch (...) {
+    return -1;
+  }
+}
+
+// 1 when `data` is a valid delegate blob, else 0 with the reason in `reason`.
+PIPELINE_EXPORT int pipeline_webgpu_check_blob(const uint8_t* data, size_t size, char* reason, size_t capacity) {
+  try {
+    webgpu::LayerNormBlob blob;
+    std::string why;
+    const bool ok = webgpu::decode_blob(data, size, &blob, &why);
+    copy_out(why, reason, capacity);
+    return ok ? 1 : 0;
+  } catch (...) {
+    copy_out("unexpected exception", reason, capacity);
+    return 0;
+  }
+}
+
+}  // extern "C"

@@ -1,0 +1,298 @@
+// WebGPUBackend: ExecuTorch's BackendInterface for our delegate blobs. A thin adapter:
+// blob rules live in WebGPUDelegateHeader, the device in WebGPUDevice, the kernel launch
+// in NativeLayerNorm. No exception and no abort crosses this boundary.
+#include <executorch/runtime/backend/interface.h>
+#include <executorch/runtime/core/error.h>
+#include <executorch/runtime/core/evalue.h>
+#include <executorch/runtime/core/exec_aten/util/dim_order_util.h>
+#include <executorch/runtime/core/exec_aten/util/tensor_util.h>
+#include <executorch/runtime/platform/log.h>
+
+#include <array>
+#include <cstring>
+#include <mutex>
+#include <new>
+#include <string>
+
+#include "NativeLayerNorm.h"
+#include "WebGPUDelegateHeader.h"
+#include "WebGPUDevice.h"
+
+namespace executorch {
+namespace backends {
+namespace webgpu {
+namespace {
+
+using executorch::aten::ScalarType;
+using executorch::aten::SizesType;
+using executorch::aten::Tensor;
+using executorch::runtime::ArrayRef;
+using executorch::runtime::Backend;
+using executorch::runtime::BackendExecutionContext;
+using executorch::runtime::BackendInitContext;
+using executorch::runtime::BackendInterface;
+using executorch::runtime::CompileSpec;
+using executorch::runtime::DelegateHandle;
+using executorch::runtime::Error;
+using executorch::runtime::EValue;
+using executorch::runtime::FreeableBuffer;
+using executorch::runtime::kTensorDimensionLimit;
+using executorch::runtime::Result;
+using executorch::runtime::Span;
+
+constexpr const char* kBackendName = "WebGPUBackend";
+enum Output : uint32_t { kOut = 0, kMean = 1, kRstd = 2 };
+
+// One initialised delegate: its decoded params and its op. Lives in runtime-allocator
+// memory (placement new); `destroy` runs the destructor.
+struct WebGPUDelegate {
+  explicit WebGPUDelegate(WebGPUDevice* device) : device(device), op(device) {}
+  WebGPUDevice* device;
+  LayerNormBlob blob;  // constant pointers cleared once `processed` is freed
+  NativeLayerNorm op;
+};
+
+// A float32 tensor in the default (contiguous) dim order, or the reason it is not.
+bool check_tensor(EValue* value, const char* what, uint32_t index, std::string* reason) {
+  if (value == nullptr || !value->isTensor()) {
+    *reason = std::string(what) + " (argument " + std::to_string(index) + ") is not a tensor";
+    return false;
+  }
+  const Tensor& t = value->toTensor();
+  if (t.scalar_type() != ScalarType::Float) {
+    *reason = std::string(what) + " (argument " + std::to_string(index) + ") has dtype " +
+              std::to_string(static_cast<int>(t.scalar_type())) + ", not float32";
+    return false;
+  }
+  if (!executorch::runtime::is_contiguous_dim_order(t.dim_order().data(), t.dim_order().size())) {
+    *reason = std::string(what) + " (argument " + std::to_string(index) + ") is not contiguous";
+    return false;
+  }
+  return true;
+}
+
+Error run_delegate(WebGPUDelegate* d, Span<EValue*> args, std::string* reason) {
+  const LayerNormBlob& blob = d->blob;
+  const size_t n_args = static_cast<size_t>(blob.arguments) + blob.outputs.size();
+  if (args.size() != n_args) {
+    *reason = "expected " + std::to_string(blob.arguments) + " inputs and " +
+              std::to_string(blob.outputs.size()) + " outputs, got " + std::to_string(args.size()) +
+              " arguments";
+    return Error::InvalidArgument;
+  }
+
+  // x: its trailing dims are the normalized dims (dynamic ones read from it), the rest rows.
+  if (!check_tensor(args[blob.input_index], "input", blob.input_index, reason)) {
+    return Error::InvalidArgument;
+  }
+  const Tensor& x = args[blob.input_index]->toTensor();
+  const size_t ndim = blob.dims.size();
+  const size_t rank = static_cast<size_t>(x.dim());
+  if (rank < ndim) {
+    *reason = "input of rank " + std::to_string(rank) + " has fewer dims than the " +
+              std::to_string(ndim) + " normalized ones";
+    return Error::InvalidArgument;
+  }
+  uint64_t width = 1;
+  for (size_t i = 0; i < ndim; ++i) {
+    const int64_t size = x.size(rank - ndim + i);
+    if (blob.dims[i] != kDynamicDim && size != blob.dims[i]) {
+      *reason = "input dim " + std::to_string(rank - ndim + i) + " is " + std::to_string(size) +
+                ", the normalized shape says " + std::to_string(blob.dims[i]);
+      return Error::InvalidArgument;
+    }
+    if (size < 1) {
+      *reason = "normalized dim " + std::to_string(i) + " of the input is empty";
+      return Error::InvalidArgument;
+    }
+    width *= static_cast<uint64_t>(size);  // bounded: it is a factor of numel
+  }
+  const uint64_t rows = static_cast<uint64_t>(x.numel()) / width;
+
+  // Input-sourced weight and bias: float32, shaped like the normalized dims.
+  const float* operands[2] = {nullptr, nullptr};
+  const Operand* roles[2] = {&blob.weight, &blob.bias};
+  for (int i = 0; i < 2; ++i) {
+    if (roles[i]->source != OperandSource::kInput) {
+      continue;
+    }
+    const char* what = i == 0 ? "weight" : "bias";
+    if (!check_tensor(args[roles[i]->index], what, roles[i]->index, reason)) {
+      return Error::InvalidArgument;
+    }
+    const Tensor& t = args[roles[i]->index]->toTensor();
+    bool same = static_cast<size_t>(t.dim()) == ndim;
+    for (size_t k = 0; same && k < ndim; ++k) {
+      same = t.size(k) == x.size(rank - ndim + k);
+    }
+    if (!same) {
+      *reason = std::string(what) + " does not have the normalized shape";
+      return Error::InvalidArgument;
+    }
+    operands[i] = t.const_data_ptr<float>();
+  }
+
+  // Outputs follow the inputs: resized to out = x's shape, mean/rstd = rows then 1s.
+  std::array<SizesType, kTensorDimensionLimit> stat_sizes{};
+  for (size_t i = 0; i < rank; ++i) {
+    stat_sizes[i] = i < rank - ndim ? static_cast<SizesType>(x.size(i)) : 1;
+  }
+  std::array<float*, 3> first{nullptr, nullptr, nullptr};  // first tensor of each kind
+  for (size_t i = 0; i < blob.outputs.size(); ++i) {
+    const uint32_t at = blob.arguments + static_cast<uint32_t>(i);
+    if (!check_tensor(args[at], "output", at, reason)) {
+      return Error::InvalidArgument;
+    }
+    Tensor& t = args[at]->toTensor();
+    if (static_cast<size_t>(t.dim()) != rank) {
+      *reason = "output " + std::to_string(i) + " has rank " + std::to_string(t.dim()) +
+                ", the input " + std::to_string(rank);
+      return Error::InvalidArgument;
+    }
+    const uint32_t kind = blob.outputs[i];
+    Error resized = executorch::runtime::resize_tensor(
+        t, kind == kOut ? x.sizes() : ArrayRef<SizesType>(stat_sizes.data(), rank));
+    if (resized != Error::Ok) {
+      *reason = "resizing output " + std::to_string(i) + " failed";
+      return resized;
+    }
+    if (first[kind] == nullptr) {
+      first[kind] = t.mutable_data_ptr<float>();
+    }
+  }
+
+  LayerNormOutputs outputs{first[kOut], first[kMean], first[kRstd]};
+  {
+    std::lock_guard<std::mutex> lock(d->device->mutex());
+    if (!d->op.run(x.const_data_ptr<float>(), rows, width, operands[0], operands[1], outputs, reason)) {
+      return Error::Internal;
+    }
+  }
+  // An output the delegate returns twice is copied from its first tensor.
+  for (size_t i = 0; i < blob.outputs.size(); ++i) {
+    Tensor& t = args[blob.arguments + i]->toTensor();
+    float* src = first[blob.outputs[i]];
+    if (t.mutable_data_ptr<float>() != src) {
+      std::memcpy(t.mutable_data_ptr<float>(), src, t.nbytes());
+    }
+  }
+  return Error::Ok;
+}
+
+class WebGPUBackend final : public BackendInterface {
+ public:
+  bool is_available() const override {
+    std::string reason;
+    if (WebGPUDevice::get(&reason) == nullptr) {
+      ET_LOG(Error, "WebGPUBackend unavailable: %s", reason.c_str());
+      return false;
+    }
+    return true;
+  }
+
+  Result<DelegateHandle*> init(BackendInitContext& context, FreeableBuffer* processed,
+                               ArrayRef<CompileSpec> compile_specs) const override {
+    std::string reason;
+    WebGPUDevice* device = WebGPUDevice::get(&reason);
+    if (device == nullptr) {
+      ET_LOG(Error, "WebGPUBackend init: no device: %s", reason.c_str());
+      return Error::NotSupported;
+    }
+    if (compile_specs.size() != 0) {
+      ET_LOG(Error, "WebGPUBackend init: takes no compile specs, got %zu", compile_specs.size());
+      return Error::DelegateInvalidCompatibility;
+    }
+    if (processed == nullptr) {
+      ET_LOG(Error, "WebGPUBackend init: no delegate blob");
+      return Error::DelegateInvalidCompatibility;
+    }
+    WebGPUDelegate* d = context.get_runtime_allocator()->allocateInstance<WebGPUDelegate>();
+    if (d == nullptr) {
+      ET_LOG(Error, "WebGPUBackend init: allocating the delegate failed");
+      return Error::MemoryAllocationFailed;
+    }
+    new (d) WebGPUDelegate(device);
+    Error error = Error::Ok;
+    try {
+      Result<const void*> data = processed->data_safe();
+      if (!data.ok()) {
+        reason = "the delegate blob's data cannot be read";
+        error = Error::DelegateInvalidCompatibility;
+      } else if (!decode_blob(static_cast<const uint8_t*>(data.get()), processed->size(), &d->blob,
+                              &reason)) {
+        error = Error::DelegateInvalidCompatibility;
+      } else {
+        std::lock_guard<std::mutex> lock(device->mutex());
+        if (!d->op.prepare(d->blob, &reason)) {
+          error = Error::Internal;
+        }
+      }
+    } catch (const std::bad_alloc&) {
+      reason = "out of memory";
+      error = Error::MemoryAllocationFailed;
+    } catch (...) {
+      reason = "unexpected exception";
+      error = Error::Internal;
+    }
+    if (error != Error::Ok) {
+      ET_LOG(Error, "WebGPUBackend init failed (0x%x): %s", static_cast<unsigned>(error),
+             reason.c_str());
+      // The runtime never calls destroy() for a failed init: tear down our half here.
+      std::lock_guard<std::mutex> lock(device->mutex());
+      d->~WebGPUDelegate();
+      return error;
+    }
+    // Constants are on the GPU now; the blob is not needed any more.
+    d->blob.weight.constant = nullptr;
+    d->blob.bias.constant = nullptr;
+    processed->Free();
+    return d;
+  }
+
+  Error execute(BackendExecutionContext&, DelegateHandle* handle, Span<EValue*> args) const override {
+    if (handle == nullptr) {
+      ET_LOG(Error, "WebGPUBackend execute: no handle");
+      return Error::InvalidArgument;
+    }
+    std::string reason;
+    Error error;
+    try {
+      error = run_delegate(static_cast<WebGPUDelegate*>(handle), args, &reason);
+    } catch (const std::bad_alloc&) {
+      reason = "out of memory";
+      error = Error::MemoryAllocationFailed;
+    } catch (...) {
+      reason = "unexpected exception";
+      error = Error::Internal;
+    }
+    if (error != Error::Ok) {
+      ET_LOG(Error, "WebGPUBackend execute failed (0x%x): %s", static_cast<unsigned>(error),
+             reason.c_str());
+    }
+    return error;
+  }
+
+  void destroy(DelegateHandle* handle) const override {
+    if (handle == nullptr) {
+      return;
+    }
+    auto* d = static_cast<WebGPUDelegate*>(handle);
+    std::lock_guard<std::mutex> lock(d->device->mutex());
+    d->~WebGPUDelegate();
+  }
+};
+
+}  // namespace
+
+// Registers the backend once per process; later calls return the first call's result.
+// A function-local static (rather than a namespace-scope initializer) so that loading
+// the library does nothing until asked.
+Error register_webgpu_backend() {
+  static WebGPUBackend backend;
+  static const Error registered = executorch::runtime::register_backend(Backend{kBackendName, &backend});
+  return registered;
+}
+
+}  // namespace webgpu
+}  // namespace backends
+}  // namespace executorch

@@ -1,0 +1,369 @@
+#include "WebGPUDevice.h"
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <thread>
+#include <vector>
+
+#include "NativeLayerNormConfig.h"
+
+namespace executorch {
+namespace backends {
+namespace webgpu {
+namespace {
+
+// Same switches as the Python runtime (pipeline/runtime/device.py).
+constexpr const char* kAdapterEnv = "PIPELINE_WGPU_ADAPTER";
+constexpr const char* kSubgroupsEnv = "PIPELINE_WGPU_SUBGROUPS";
+// Poll rounds before a wait is declared stuck (each round blocks on the GPU first).
+constexpr int kMaxPollRounds = 100000;
+
+WGPUStringView view(const char* s) { return WGPUStringView{s, s ? std::strlen(s) : 0}; }
+WGPUStringView view(const std::string& s) { return WGPUStringView{s.data(), s.size()}; }
+
+std::string text(WGPUStringView v) {
+  if (v.data == nullptr) {
+    return "";
+  }
+  return v.length == WGPU_STRLEN ? std::string(v.data) : std::string(v.data, v.length);
+}
+
+std::string lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+  return s;
+}
+
+std::string name_of(WGPUAdapter adapter) {
+  WGPUAdapterInfo info = WGPU_ADAPTER_INFO_INIT;
+  if (wgpuAdapterGetInfo(adapter, &info) != WGPUStatus_Success) {
+    return "unknown";
+  }
+  std::string name = text(info.device);
+  if (name.empty()) name = text(info.description);
+  if (name.empty()) name = text(info.vendor);
+  wgpuAdapterInfoFreeMembers(info);
+  return name.empty() ? "unknown" : name;
+}
+
+struct AdapterRequest {
+  bool done = false;
+  WGPUAdapter adapter = nullptr;
+  std::string message;
+};
+
+struct DeviceRequest {
+  bool done = false;
+  WGPUDevice device = nullptr;
+  std::string message;
+};
+
+struct ScopeResult {
+  bool done = false;
+  WGPUErrorType type = WGPUErrorType_NoError;
+  std::string message;
+};
+
+struct MapResult {
+  bool done = false;
+  WGPUMapAsyncStatus status = WGPUMapAsyncStatus_Error;
+  std::string message;
+};
+
+void on_adapter(WGPURequestAdapterStatus status, WGPUAdapter adapter, WGPUStringView message,
+                void* userdata1, void*) {
+  auto* request = static_cast<AdapterRequest*>(userdata1);
+  request->adapter = status == WGPURequestAdapterStatus_Success ? adapter : nullptr;
+  request->message = text(message);
+  request->done = true;
+}
+
+void on_device(WGPURequestDeviceStatus status, WGPUDevice device, WGPUStringView message,
+               void* userdata1, void*) {
+  auto* request = static_cast<DeviceRequest*>(userdata1);
+  request->device = status == WGPURequestDeviceStatus_Success ? device : nullptr;
+  request->message = text(message);
+  request->done = true;
+}
+
+void on_scope(WGPUPopErrorScopeStatus, WGPUErrorType type, WGPUStringView message, void* userdata1,
+              void*) {
+  auto* result = static_cast<ScopeResult*>(userdata1);
+  result->type = type;
+  result->message = text(message);
+  result->done = true;
+}
+
+void on_map(WGPUMapAsyncStatus status, WGPUStringView message, void* userdata1, void*) {
+  auto* result = static_cast<MapResult*>(userdata1);
+  result->status = status;
+  result->message = text(message);
+  result->done = true;
+}
+
+void on_uncaptured_error(WGPUDevice const*, WGPUErrorType, WGPUStringView message, void* userdata1,
+                         void*) {
+  auto* first = static_cast<std::string*>(userdata1);
+  if (first->empty()) {
+    *first = text(message);
+    if (first->empty()) *first = "unspecified wgpu error";
+  }
+}
+
+void on_device_lost(WGPUDevice const*, WGPUDeviceLostReason, WGPUStringView, void*, void*) {}
+
+}  // namespace
+
+WebGPUDevice* WebGPUDevice::get(std::string* reason) {
+  // Created once and kept for the life of the process: releasing wgpu-native objects
+  // from static destructors at exit races with the library's own teardown.
+  static std::string failure;
+  static WebGPUDevice* const shared = [] {
+    auto* device = new (std::nothrow) WebGPUDevice();
+    if (device == nullptr) {
+      failure = "out of memory";
+      return static_cast<WebGPUDevice*>(nullptr);
+    }
+    if (!device->open(&failure)) {
+      return static_cast<WebGPUDevice*>(nullptr);  // half-opened objects are kept, not reused
+    }
+    return device;
+  }();
+  if (shared == nullptr && reason != nullptr) {
+    *reason = failure;
+  }
+  return shared;
+}
+
+bool WebGPUDevice::wait(const bool* done) {
+  for (int round = 0; round < kMaxPollRounds && !*done; ++round) {
+    if (device_ != nullptr) {
+      wgpuDevicePoll(device_, true, nullptr);
+    }
+    wgpuInstanceProcessEvents(instance_);
+    if (!*done && device_ == nullptr) {
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+  }
+  return *done;
+}
+
+bool WebGPUDevice::open(std::string* reason) {
+  // Adapter: by name when PIPELINE_WGPU_ADAPTER is set, else the high-performance one.
+  instance_ = wgpuCreateInstance(nullptr);
+  if (instance_ == nullptr) {
+    *reason = "wgpuCreateInstance failed";
+    return false;
+  }
+  const char* wanted = std::getenv(kAdapterEnv);
+  if (wanted != nullptr && *wanted != '\0') {
+    size_t count = wgpuInstanceEnumerateAdapters(instance_, nullptr, nullptr);
+    std::vector<WGPUAdapter> adapters(count);
+    if (count > 0) {
+      count = wgpuInstanceEnumerateAdapters(instance_, nullptr, adapters.data());
+    }
+    std::string seen;
+    for (size_t i = 0; i < count; ++i) {
+      std::string name = name_of(adapters[i]);
+      if (adapter_ == nullptr && lower(name).find(lower(wanted)) != std::string::npos) {
+        adapter_ = adapters[i];
+      } else {
+        wgpuAdapterRelease(adapters[i]);
+      }
+      seen += (seen.empty() ? "" : ", ") + name;
+    }
+    if (adapter_ == nullptr) {
+      *reason = std::string(kAdapterEnv) + "=" + wanted + " matches no adapter; wgpu sees: " +
+                (seen.empty() ? "none" : seen);
+      return false;
+    }
+  } else {
+    WGPURequestAdapterOptions options = WGPU_REQUEST_ADAPTER_OPTIONS_INIT;
+    options.powerPreference = WGPUPowerPreference_HighPerformance;
+    AdapterRequest request;
+    WGPURequestAdapterCallbackInfo callback = WGPU_REQUEST_ADAPTER_CALLBACK_INFO_INIT;
+    callback.mode = WGPUCallbackMode_AllowProcessEvents;
+    callback.callback = on_adapter;
+    callback.userdata1 = &request;
+    wgpuInstanceRequestAdapter(instance_, &options, callback);
+    if (!wait(&request.done) || request.adapter == nullptr) {
+      *reason = "wgpu found no GPU adapter (" + request.message +
+                "); without a GPU install Mesa's lavapipe: apt-get install mesa-vulkan-drivers";
+      return false;
+    }
+    adapter_ = request.adapter;
+  }
+  adapter_name_ = name_of(adapter_);
+
+  // Device: the adapter's full limits, subgroups when offered.
+  WGPULimits adapter_limits = WGPU_LIMITS_INIT;
+  if (wgpuAdapterGetLimits(adapter_, &adapter_limits) != WGPUStatus_Success) {
+    *reason = "wgpuAdapterGetLimits failed on " + adapter_name_;
+    return false;
+  }
+  adapter_limits.nextInChain = nullptr;
+  const auto subgroup_feature = static_cast<WGPUFeatureName>(WGPUNativeFeature_Subgroup);
+  has_subgroups_ = wgpuAdapterHasFeature(adapter_, subgroup_feature);
+  WGPUDeviceDescriptor descriptor = WGPU_DEVICE_DESCRIPTOR_INIT;
+  descriptor.label = view("pipeline native");
+  descriptor.requiredFeatureCount = has_subgroups_ ? 1 : 0;
+  descriptor.requiredFeatures = has_subgroups_ ? &subgroup_feature : nullptr;
+  descriptor.requiredLimits = &adapter_limits;
+  descriptor.deviceLostCallbackInfo.mode = WGPUCallbackMode_AllowSpontaneous;
+  descriptor.deviceLostCallbackInfo.callback = on_device_lost;
+  descriptor.uncapturedErrorCallbackInfo.callback = on_uncaptured_error;
+  descriptor.uncapturedErrorCallbackInfo.userdata1 = &uncaptured_error_;
+  DeviceRequest request;
+  WGPURequestDeviceCallbackInfo callback = WGPU_REQUEST_DEVICE_CALLBACK_INFO_INIT;
+  callback.mode = WGPUCallbackMode_AllowProcessEvents;
+  callback.callback = on_device;
+  callback.userdata1 = &request;
+  wgpuAdapterRequestDevice(adapter_, &descriptor, callback);
+  if (!wait(&request.done) || request.device == nullptr) {
+    *reason = "requesting a device from " + adapter_name_ + " failed: " + request.message;
+    return false;
+  }
+  device_ = request.device;
+  queue_ = wgpuDeviceGetQueue(device_);
+  limits_ = WGPU_LIMITS_INIT;
+  if (wgpuDeviceGetLimits(device_, &limits_) != WGPUStatus_Success) {
+    *reason = "wgpuDeviceGetLimits failed";
+    return false;
+  }
+  const char* subgroups = std::getenv(kSubgroupsEnv);
+  if (has_subgroups_ && !(subgroups != nullptr && std::strcmp(subgroups, "0") == 0)) {
+    probe_subgroup_size();
+  }
+  return true;
+}
+
+// Runs subgroup_size.wgsl once, as the Python runtime does: the smallest subgroup size
+// any invocation of a 256-thread workgroup sees. Anything but a power of two up to 256
+// turns subgroups off.
+void WebGPUDevice::probe_subgroup_size() {
+  const std::string* source = wgsl_file("subgroup_size.wgsl");
+  std::string reason;
+  WGPUComputePipeline pipeline =
+      source ? create_pipeline(*source, nullptr, "subgroup_size.wgsl", &reason) : nullptr;
+  if (pipeline == nullptr) {
+    return;
+  }
+  WGPUBufferDescriptor desc = WGPU_BUFFER_DESCRIPTOR_INIT;
+  desc.size = 4;
+  desc.usage = WGPUBufferUsage_Storage | WGPUBufferUsage_CopySrc | WGPUBufferUsage_CopyDst;
+  WGPUBuffer result = wgpuDeviceCreateBuffer(device_, &desc);
+  desc.usage = WGPUBufferUsage_MapRead | WGPUBufferUsage_CopyDst;
+  WGPUBuffer staging = wgpuDeviceCreateBuffer(device_, &desc);
+  const uint32_t start = 0xFFFFFFFFu;
+  wgpuQueueWriteBuffer(queue_, result, 0, &start, sizeof start);
+
+  WGPUBindGroupLayout layout = wgpuComputePipelineGetBindGroupLayout(pipeline, 0);
+  WGPUBindGroupEntry entry = WGPU_BIND_GROUP_ENTRY_INIT;
+  entry.binding = 0;
+  entry.buffer = result;
+  entry.size = 4;
+  WGPUBindGroupDescriptor group_desc = WGPU_BIND_GROUP_DESCRIPTOR_INIT;
+  group_desc.layout = layout;
+  group_desc.entryCount = 1;
+  group_desc.entries = &entry;
+  WGPUBindGroup group = wgpuDeviceCreateBindGroup(device_, &group_desc);
+
+  WGPUCommandEncoder encoder = wgpuDeviceCreateCommandEncoder(device_, nullptr);
+  WGPUComputePassEncoder pass = wgpuCommandEncoderBeginComputePass(encoder, nullptr);
+  wgpuComputePassEncoderSetPipeline(pass, pipeline);
+  wgpuComputePassEncoderSetBindGroup(pass, 0, group, 0, nullptr);
+  wgpuComputePassEncoderDispatchWorkgroups(pass, 1, 1, 1);
+  wgpuComputePassEncoderEnd(pass);
+  wgpuComputePassEncoderRelease(pass);
+  wgpuCommandEncoderCopyBufferToBuffer(encoder, result, 0, staging, 0, 4);
+  WGPUCommandBuffer commands = wgpuCommandEncoderFinish(encoder, nullptr);
+  wgpuQueueSubmit(queue_, 1, &commands);
+  wgpuCommandBufferRelease(commands);
+  wgpuCommandEncoderRelease(encoder);
+
+  uint32_t size = 0;
+  if (read_buffer(staging, 4, &size, &reason)) {
+    subgroup_size_ = size > 0 && size <= 256 && (size & (size - 1)) == 0 ? size : 0;
+  }
+  wgpuBindGroupRelease(group);
+  wgpuBindGroupLayoutRelease(layout);
+  wgpuBufferRelease(staging);
+  wgpuBufferRelease(result);
+  wgpuComputePipelineRelease(pipeline);
+}
+
+WGPUComputePipeline WebGPUDevice::create_pipeline(const std::string& wgsl, WGPUPipelineLayout layout,
+                                                  const char* label, std::string* reason) {
+  wgpuDevicePushErrorScope(device_, WGPUErrorFilter_Validation);
+  WGPUShaderSourceWGSL code = WGPU_SHADER_SOURCE_WGSL_INIT;
+  code.code = view(wgsl);
+  WGPUShaderModuleDescriptor module_desc = WGPU_SHADER_MODULE_DESCRIPTOR_INIT;
+  module_desc.nextInChain = &code.chain;
+  module_desc.label = view(label);
+  WGPUShaderModule module = wgpuDeviceCreateShaderModule(device_, &module_desc);
+  WGPUComputePipelineDescriptor desc = WGPU_COMPUTE_PIPELINE_DESCRIPTOR_INIT;
+  desc.label = view(label);
+  desc.layout = layout;
+  desc.compute.module = module;
+  desc.compute.entryPoint = view("main");
+  WGPUComputePipeline pipeline = wgpuDeviceCreateComputePipeline(device_, &desc);
+  ScopeResult scope;
+  WGPUPopErrorScopeCallbackInfo callback = WGPU_POP_ERROR_SCOPE_CALLBACK_INFO_INIT;
+  callback.mode = WGPUCallbackMode_AllowProcessEvents;
+  callback.callback = on_scope;
+  callback.userdata1 = &scope;
+  wgpuDevicePopErrorScope(device_, callback);
+  const bool answered = wait(&scope.done);
+  if (module != nullptr) {
+    wgpuShaderModuleRelease(module);
+  }
+  if (!answered || scope.type != WGPUErrorType_NoError || pipeline == nullptr) {
+    *reason = std::string("compiling ") + label + " failed: " +
+              (answered ? scope.message : "no answer from the device");
+    if (pipeline != nullptr) {
+      wgpuComputePipelineRelease(pipeline);
+    }
+    return nullptr;
+  }
+  return pipeline;
+}
+
+bool WebGPUDevice::read_buffer(WGPUBuffer buffer, size_t size, void* dst, std::string* reason) {
+  MapResult result;
+  WGPUBufferMapCallbackInfo callback = WGPU_BUFFER_MAP_CALLBACK_INFO_INIT;
+  callback.mode = WGPUCallbackMode_AllowProcessEvents;
+  callback.callback = on_map;
+  callback.userdata1 = &result;
+  wgpuBufferMapAsync(buffer, WGPUMapMode_Read, 0, size, callback);
+  if (!wait(&result.done) || result.status != WGPUMapAsyncStatus_Success) {
+    *reason = "reading back from the GPU failed: " +
+              (result.done ? result.message : std::string("no answer from the device"));
+    return false;
+  }
+  const void* mapped = wgpuBufferGetConstMappedRange(buffer, 0, size);
+  if (mapped == nullptr) {
+    wgpuBufferUnmap(buffer);
+    *reason = "mapping the read-back buffer failed";
+    return false;
+  }
+  std::memcpy(dst, mapped, size);
+  wgpuBufferUnmap(buffer);
+  return true;
+}
+
+bool WebGPUDevice::finish(std::string* reason) {
+  wgpuDevicePoll(device_, true, nullptr);
+  if (!uncaptured_error_.empty()) {
+    *reason = "wgpu error: " + uncaptured_error_;
+    uncaptured_error_.clear();
+    return false;
+  }
+  return true;
+}
+
+}  // namespace webgpu
+}  // namespace backends
+}  // namespace executorch

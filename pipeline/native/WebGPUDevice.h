@@ -1,0 +1,67 @@
+// The process's wgpu-native adapter, device and queue, created on first use and shared by
+// every delegate. wgpu-native specifics: no wgpuInstanceWaitAny (it panics), so every
+// asynchronous step uses WGPUCallbackMode_AllowProcessEvents and a poll loop; errors go
+// to an uncaptured-error callback or an error scope instead of the default fatal handler.
+#pragma once
+
+#include <webgpu.h>
+#include <wgpu.h>
+
+#include <cstdint>
+#include <mutex>
+#include <string>
+
+namespace executorch {
+namespace backends {
+namespace webgpu {
+
+class WebGPUDevice {
+ public:
+  // The shared device, or nullptr with `reason` when no adapter or device can be had.
+  // Never throws.
+  static WebGPUDevice* get(std::string* reason);
+
+  WGPUDevice device() const { return device_; }
+  WGPUQueue queue() const { return queue_; }
+  const WGPULimits& limits() const { return limits_; }
+  // The smallest subgroup size the kernel may rely on; 0 when subgroups are not used.
+  uint32_t subgroup_size() const { return subgroup_size_; }
+  const std::string& adapter_name() const { return adapter_name_; }
+
+  // All GPU work of the backend runs under this lock (the queue and the pools are shared).
+  std::mutex& mutex() { return mutex_; }
+
+  // Creates a shader module and a compute pipeline inside a validation error scope.
+  // Returns nullptr with `reason` on a compile or validation error.
+  WGPUComputePipeline create_pipeline(const std::string& wgsl, WGPUPipelineLayout layout,
+                                      const char* label, std::string* reason);
+
+  // Maps `buffer` for reading, waits, and copies its first `size` bytes to `dst`.
+  bool read_buffer(WGPUBuffer buffer, size_t size, void* dst, std::string* reason);
+
+  // Waits for submitted work; false with `reason` if a validation error was reported since
+  // the last call.
+  bool finish(std::string* reason);
+
+ private:
+  WebGPUDevice() = default;
+  bool open(std::string* reason);
+  void probe_subgroup_size();
+  // Polls the device and processes events until `*done`, or gives up.
+  bool wait(const bool* done);
+
+  WGPUInstance instance_ = nullptr;
+  WGPUAdapter adapter_ = nullptr;
+  WGPUDevice device_ = nullptr;
+  WGPUQueue queue_ = nullptr;
+  WGPULimits limits_ = WGPU_LIMITS_INIT;
+  uint32_t subgroup_size_ = 0;
+  bool has_subgroups_ = false;
+  std::string adapter_name_;
+  std::string uncaptured_error_;  // the first error nobody captured, reported by finish()
+  std::mutex mutex_;
+};
+
+}  // namespace webgpu
+}  // namespace backends
+}  // namespace executorch

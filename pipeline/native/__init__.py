@@ -1,0 +1,129 @@
+"""The native WebGPUBackend: our delegate blobs run by ExecuTorch's own C++ runtime.
+
+    import pipeline.native
+    pipeline.native.register()          # builds if needed, then registers "WebGPUBackend"
+    program = pipeline.native.load("model.pte")
+    outputs = program(*inputs)          # a list of tensors, as ExecuTorch's runtime returns
+
+The backend (C++ in this folder) decodes the same blob as `pipeline.blob`, runs the same
+WGSL files with the same configuration rule as `pipeline.runtime`, and is built against
+the installed executorch and wgpu wheels by `python -m pipeline.native.build`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from pathlib import Path
+
+__all__ = ["BACKEND_NAME", "NativeProgram", "check_blob", "load", "register", "wgsl_source"]
+
+BACKEND_NAME = "WebGPUBackend"
+_REASON_BYTES = 512
+
+_lib: ctypes.CDLL | None = None
+_lock = threading.Lock()
+
+
+def library() -> ctypes.CDLL:
+    """The backend library loaded into this process (built first if out of date).
+
+    Raises pipeline.native.build.BuildError when it cannot be built (no compiler, wheels
+    missing), saying why.
+    """
+    global _lib
+    with _lock:
+        if _lib is None:
+            # Imported here: `python -m pipeline.native.build` must not find it imported.
+            from pipeline.native.build import build
+
+            path = build()
+            # Our library links against _portable_lib and the registry it uses: load them
+            # the way executorch.runtime does first, so that one registry is shared.
+            import executorch.extension.pybindings.portable_lib  # noqa: F401
+
+            lib = ctypes.CDLL(os.fspath(path))
+            lib.pipeline_webgpu_register.restype = ctypes.c_int
+            lib.pipeline_webgpu_probe.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+            lib.pipeline_webgpu_probe.restype = ctypes.c_int
+            lib.pipeline_webgpu_subgroup_size.restype = ctypes.c_int
+            lib.pipeline_webgpu_wgsl_source.argtypes = [
+                ctypes.c_uint64, ctypes.c_int, ctypes.c_int, ctypes.c_uint32, ctypes.c_char_p, ctypes.c_size_t,
+            ]
+            lib.pipeline_webgpu_wgsl_source.restype = ctypes.c_longlong
+            lib.pipeline_webgpu_check_blob.argtypes = [
+                ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t,
+            ]
+            lib.pipeline_webgpu_check_blob.restype = ctypes.c_int
+            _lib = lib
+        return _lib
+
+
+def register() -> None:
+    """Make ExecuTorch's runtime in this process able to run our files. Idempotent.
+
+    After it, `executorch.runtime.Runtime.get().backend_registry.registered_backend_names`
+    lists "WebGPUBackend". Raises BuildError if the backend cannot be built, RuntimeError if
+    registration fails.
+    """
+    error = library().pipeline_webgpu_register()
+    if error != 0:
+        raise RuntimeError(f"registering {BACKEND_NAME} failed: executorch error 0x{error:x}")
+
+
+def device() -> tuple[bool, str]:
+    """(available, adapter name or the reason there is none), as the backend sees it."""
+    reason = ctypes.create_string_buffer(_REASON_BYTES)
+    ok = library().pipeline_webgpu_probe(reason, _REASON_BYTES)
+    return bool(ok), reason.value.decode(errors="replace")
+
+
+def subgroup_size() -> int:
+    """The subgroup size the backend's kernels use (0: none); -1 without a device."""
+    return library().pipeline_webgpu_subgroup_size()
+
+
+def wgsl_source(width: int, has_weight: bool, has_bias: bool, subgroup_size: int) -> str:
+    """The WGSL module the backend compiles for this configuration (no device needed)."""
+    lib = library()
+    args = (width, int(has_weight), int(has_bias), subgroup_size)
+    size = lib.pipeline_webgpu_wgsl_source(*args, None, 0)
+    if size < 0:
+        raise ValueError(f"no WGSL for width={width!r}")
+    out = ctypes.create_string_buffer(size + 1)
+    lib.pipeline_webgpu_wgsl_source(*args, out, size + 1)
+    return out.raw[:size].decode()
+
+
+def check_blob(blob: bytes) -> str | None:
+    """None when the backend accepts `blob`, else its reason for refusing it."""
+    reason = ctypes.create_string_buffer(_REASON_BYTES)
+    data = bytes(blob)
+    ok = library().pipeline_webgpu_check_blob(data, len(data), reason, _REASON_BYTES)
+    return None if ok else reason.value.decode(errors="replace")
+
+
+class NativeProgram:
+    """A `.pte` loaded in ExecuTorch's runtime; call it with the method's inputs."""
+
+    def __init__(self, path: str | os.PathLike, method: str = "forward") -> None:
+        register()
+        from executorch.runtime import Runtime
+
+        self.path = Path(path)
+        self.program = Runtime.get().load_program(self.path)
+        self.method = self.program.load_method(method)
+
+    def __call__(self, *inputs) -> list:
+        """The method's outputs, a list as ExecuTorch's runtime returns it (tensors copied
+        out, so a later call does not overwrite them)."""
+        outputs = self.method.execute(list(inputs))
+        return [o.clone() if hasattr(o, "clone") else o for o in outputs]
+
+
+def load(path: str | os.PathLike, method: str = "forward") -> NativeProgram:
+    """Load `path` (a .pte) in ExecuTorch's runtime with our backend registered."""
+    return NativeProgram(path, method)
+
+

@@ -1,0 +1,224 @@
+"""Build the native WebGPUBackend: `python -m pipeline.native.build [--force]`.
+
+Compiles pipeline/native/*.cpp with the system C++ compiler against what `pip install`
+put on disk, nothing else: ExecuTorch's runtime headers (`executorch/include`), its
+`_portable_lib` (resize_tensor_impl) and `libqnn_executorch_backend.so` (the backend
+registry and logging), and wgpu's bundled wgpu-native (`webgpu.h`, `wgpu.h`,
+`libwgpu_native-release.so`). The WGSL files of pipeline/wgsl/ are embedded into a
+generated header, so the C++ kernel is the Python runtime's kernel.
+
+Output: build/native/libpipeline_webgpu.so (git-ignored; PIPELINE_NATIVE_BUILD_DIR moves
+it). A stamp (hash of sources, WGSL, flags and wheel versions) skips an up-to-date build.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.metadata
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+# The wheels this build was written and tested against (RUNTIME_NOTES, issue 12): which
+# library exports the registry and which exports resize_tensor_impl is not an API promise.
+PINNED_VERSIONS = {"executorch": "1.4.1", "wgpu": "0.32.0"}
+
+SOURCE_DIR = Path(__file__).resolve().parent
+WGSL_DIR = SOURCE_DIR.parent / "wgsl"
+# The kernel files the backend embeds (pipeline/wgsl/ also holds benchmark-only shaders).
+WGSL_FILES = ("native_layer_norm.wgsl", "reduce_subgroup.wgsl", "reduce_workgroup.wgsl", "subgroup_size.wgsl")
+LIBRARY_NAME = "libpipeline_webgpu.so"
+BUILD_DIR_ENV = "PIPELINE_NATIVE_BUILD_DIR"
+CXX_FLAGS = (
+    "-std=c++17", "-O2", "-fPIC", "-Wall", "-Wno-unused-parameter",
+    "-fvisibility=hidden", "-fvisibility-inlines-hidden",
+    # As ExecuTorch's own wheel build compiles its runtime headers.
+    "-DC10_USING_CUSTOM_GENERATED_MACROS",
+)
+
+
+class BuildError(RuntimeError):
+    """The native backend cannot be built here; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class Wheels:
+    """Where the installed wheels keep what the build needs."""
+
+    executorch_version: str
+    wgpu_version: str
+    includes: tuple[Path, ...]
+    libraries: tuple[Path, ...]  # linked by file name, found at run time through rpath
+
+
+def build_dir() -> Path:
+    override = os.environ.get(BUILD_DIR_ENV)
+    return Path(override) if override else SOURCE_DIR.parents[1] / "build" / "native"
+
+
+def library_path() -> Path:
+    return build_dir() / LIBRARY_NAME
+
+
+def _package_dir(name: str) -> Path:
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        raise BuildError(f"the {name} package is not installed; run scripts/setup.sh")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def find_wheels() -> Wheels:
+    """The headers and libraries of the installed executorch and wgpu wheels."""
+    et = _package_dir("executorch")
+    wgpu_dir = _package_dir("wgpu")
+    portable = sorted((et / "extension" / "pybindings").glob("_portable_lib*.so"))
+    needed = {
+        "ExecuTorch runtime headers": et / "include" / "executorch" / "runtime" / "backend" / "interface.h",
+        "ExecuTorch _portable_lib": portable[0] if portable else et / "extension" / "pybindings" / "_portable_lib.so",
+        "ExecuTorch backend registry library": et / "backends" / "qualcomm" / "libqnn_executorch_backend.so",
+        "wgpu-native header": wgpu_dir / "resources" / "wgpu.h",
+        "wgpu-native library": wgpu_dir / "resources" / "libwgpu_native-release.so",
+    }
+    for what, path in needed.items():
+        if not path.is_file():
+            raise BuildError(f"{what} not found at {path}; is the wheel the pinned one ({PINNED_VERSIONS})?")
+    return Wheels(
+        executorch_version=importlib.metadata.version("executorch"),
+        wgpu_version=importlib.metadata.version("wgpu"),
+        includes=(
+            et / "include",
+            et / "include" / "executorch" / "runtime" / "core" / "portable_type" / "c10",
+            wgpu_dir / "resources",
+        ),
+        libraries=(
+            needed["ExecuTorch _portable_lib"],
+            needed["ExecuTorch backend registry library"],
+            needed["wgpu-native library"],
+        ),
+    )
+
+
+def version_mismatches(wheels: Wheels) -> list[str]:
+    """Installed versions that differ from PINNED_VERSIONS (local tags like +cpu ignored)."""
+    found = {"executorch": wheels.executorch_version, "wgpu": wheels.wgpu_version}
+    return [
+        f"{name} {found[name]} (pinned {pinned})"
+        for name, pinned in PINNED_VERSIONS.items()
+        if found[name].split("+")[0] != pinned
+    ]
+
+
+def wgsl_header() -> str:
+    """wgsl_sources.h: each embedded kernel file as the Python runtime reads it (text mode,
+    universal newlines), its UTF-8 bytes as octal escapes."""
+    entries = []
+    for name in WGSL_FILES:
+        data = (WGSL_DIR / name).read_text().encode("utf-8")
+        escaped = "".join(f"\\{b:03o}" for b in data)
+        lines = [escaped[i : i + 96] for i in range(0, len(escaped), 96)] or [""]
+        literal = "\n".join(f'        "{line}"' for line in lines)
+        entries.append(f'    {{"{name}",\n{literal},\n        {len(data)}}},')
+    return (
+        "// Generated by pipeline/native/build.py from pipeline/wgsl/; do not edit.\n"
+        "#pragma once\n#include <cstddef>\n\n"
+        "struct EmbeddedWgsl {\n  const char* name;\n  const char* text;\n  size_t size;\n};\n\n"
+        "static const EmbeddedWgsl kEmbeddedWgsl[] = {\n" + "\n".join(entries) + "\n};\n"
+    )
+
+
+def _sources() -> list[Path]:
+    return sorted(SOURCE_DIR.glob("*.cpp"))
+
+
+def _fingerprint(compiler: str, wheels: Wheels, header: str) -> str:
+    digest = hashlib.sha256()
+    for path in [*_sources(), *sorted(SOURCE_DIR.glob("*.h")), Path(__file__)]:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    digest.update(header.encode())
+    digest.update(repr((compiler, CXX_FLAGS, wheels)).encode())
+    return digest.hexdigest()
+
+
+def find_compiler() -> str:
+    compiler = shutil.which(os.environ.get("CXX", "g++"))
+    if compiler is None:
+        raise BuildError("no C++ compiler found (install g++ or set CXX)")
+    return compiler
+
+
+def build(force: bool = False, log=None) -> Path:
+    """Build the backend library if sources, WGSL, flags or wheels changed; return its path."""
+    compiler = find_compiler()
+    wheels = find_wheels()
+    header = wgsl_header()
+    out_dir = build_dir()
+    library = out_dir / LIBRARY_NAME
+    stamp = out_dir / "stamp"
+    fingerprint = _fingerprint(compiler, wheels, header)
+    if not force and library.is_file() and stamp.is_file() and stamp.read_text() == fingerprint:
+        if log is not None:
+            log(f"native backend: {library} is up to date")
+        return library
+
+    started = time.monotonic()
+    gen = out_dir / "gen"
+    objects = out_dir / "obj"
+    gen.mkdir(parents=True, exist_ok=True)
+    objects.mkdir(parents=True, exist_ok=True)
+    (gen / "wgsl_sources.h").write_text(header)
+    includes = [f"-I{p}" for p in (SOURCE_DIR, gen, *wheels.includes)]
+
+    def compile_one(source: Path) -> Path:
+        target = objects / (source.stem + ".o")
+        _run([compiler, *CXX_FLAGS, *includes, "-c", str(source), "-o", str(target)])
+        return target
+
+    with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
+        compiled = list(pool.map(compile_one, _sources()))
+
+    link = []
+    for lib in wheels.libraries:
+        link += [f"-L{lib.parent}", f"-l:{lib.name}", f"-Wl,-rpath,{lib.parent}"]
+    partial = out_dir / (LIBRARY_NAME + ".tmp")
+    _run([compiler, "-shared", "-Wl,--no-undefined", "-o", str(partial), *map(str, compiled), *link])
+    os.replace(partial, library)
+    stamp.write_text(fingerprint)
+    if log is not None:
+        log(f"native backend: built {library} in {time.monotonic() - started:.1f} s")
+    return library
+
+
+def _run(command: list[str]) -> None:
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise BuildError(f"`{' '.join(command[:1] + command[-3:])}` failed:\n{result.stderr.strip()}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipeline.native.build", description=__doc__.splitlines()[0])
+    parser.add_argument("--force", action="store_true", help="rebuild even when up to date")
+    args = parser.parse_args(argv)
+
+    def log(message: str) -> None:
+        print(message, file=sys.stderr)
+
+    try:
+        mismatches = version_mismatches(find_wheels())
+        if mismatches:
+            log(f"native backend: warning: built for other wheels than installed: {', '.join(mismatches)}")
+        build(force=args.force, log=log)
+    except BuildError as exc:
+        log(f"native backend: {exc}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,448 @@
+"""The native WebGPUBackend: ExecuTorch's C++ runtime runs our .pte files.
+
+Its kernel and its blob rules are Python's (the WGSL module byte for byte, the same blobs
+accepted and refused); its outputs are our Python runtime's within one float32 ulp on
+the LayerNorms and eager's within the float32 envelope on whole models.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import random
+import struct
+import types
+import zlib
+from importlib import resources
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch.export import Dim
+
+import pipeline
+from pipeline import blob
+from pipeline.blob import CONSTANT, DYNAMIC, INPUT, NONE, DelegateBlob, LayerNormParams, Operand
+from pipeline.native import build as native_build
+from pipeline.runtime.native_layer_norm import choose_config
+from tests.lowering import TOLERANCE
+
+WIDTHS = [*range(1, 71), 384, 766, 768, 1023, 1024, 1280, 3072, 4096, 4098, 100000, 400000]
+
+
+@pytest.fixture(scope="session")
+def native():
+    """pipeline.native with its library built and loaded; a skip only when no compiler exists."""
+    try:
+        native_build.find_compiler()
+    except native_build.BuildError as exc:
+        pytest.skip(str(exc))
+    module = importlib.import_module("pipeline.native")
+    module.library()
+    return module
+
+
+@pytest.fixture(scope="session")
+def native_runtime(native, gpu_info):
+    """The backend registered in ExecuTorch's runtime, with a device."""
+    available, reason = native.device()
+    assert available, f"the native backend finds no device although wgpu does: {reason}"
+    native.register()
+    return native
+
+
+# Wheels and build
+
+
+def test_installed_wheels_are_the_pinned_ones():
+    mismatches = native_build.version_mismatches(native_build.find_wheels())
+    assert not mismatches, (
+        f"the native backend is built against {', '.join(mismatches)}: which libraries export the backend "
+        "registry and resize_tensor_impl is not an API promise; re-check RUNTIME_NOTES' 'Build/link against "
+        "the wheel', run tests/test_native.py, then update PINNED_VERSIONS in pipeline/native/build.py"
+    )
+
+
+def test_changed_kernel_file_changes_the_build(tmp_path, monkeypatch):
+    """An edit of pipeline/wgsl/*.wgsl changes the embedded header and so the build stamp."""
+    for name in native_build.WGSL_FILES:
+        (tmp_path / name).write_text((native_build.WGSL_DIR / name).read_text())
+    wheels = native_build.find_wheels()
+    monkeypatch.setattr(native_build, "WGSL_DIR", tmp_path)
+    before = native_build.wgsl_header()
+    stamp = native_build._fingerprint("g++", wheels, before)
+    with open(tmp_path / "native_layer_norm.wgsl", "a") as f:
+        f.write("// an edit\n")
+    after = native_build.wgsl_header()
+    assert after != before and native_build._fingerprint("g++", wheels, after) != stamp
+
+
+# One source of truth for the kernel
+
+
+def _python_source(width: int, has_weight: bool, has_bias: bool, subgroup_size: int) -> str:
+    files = types.SimpleNamespace(
+        shader_source=lambda name: resources.files("pipeline.wgsl").joinpath(name).read_text()
+    )
+    return choose_config(width, has_weight, has_bias, subgroup_size).source(files)
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_wgsl_module_is_pythons(native, width):
+    for has_weight in (False, True):
+        for has_bias in (False, True):
+            for subgroup_size in (0, 8, 32):
+                got = native.wgsl_source(width, has_weight, has_bias, subgroup_size)
+                want = _python_source(width, has_weight, has_bias, subgroup_size)
+                assert got == want, f"width {width} weight {has_weight} bias {has_bias} subgroups {subgroup_size}"
+
+
+# One set of blob rules
+
+
+def _python_accepts(data: bytes) -> bool:
+    try:
+        blob.decode(data)
+    except ValueError:
+        return False
+    return True
+
+
+def _assert_same_verdict(native, data: bytes, what: str) -> None:
+    python = _python_accepts(data)
+    reason = native.check_blob(data)
+    assert python == (reason is None), f"{what}: Python {'accepts' if python else 'refuses'}, C++ says {reason}"
+
+
+def _valid_blobs() -> list[tuple[str, bytes]]:
+    rng = np.random.default_rng(0)
+    blobs = []
+    for weight in (NONE, CONSTANT, INPUT):
+        for bias in (NONE, CONSTANT, INPUT):
+            for shape in ((1,), (5,), (4, 3), (2, 3, 4)):
+                indices = iter(range(1, 3))
+                ops = {r: Operand(s, next(indices) if s == INPUT else None) for r, s in (("weight", weight), ("bias", bias))}
+                constants = {
+                    r: rng.standard_normal(shape).astype(np.float32) for r, op in ops.items() if op.source == CONSTANT
+                }
+                arguments = 1 + sum(op.source == INPUT for op in ops.values())
+                params = LayerNormParams(shape, 1e-5, 0, ops["weight"], ops["bias"], (0, 1, 2), arguments)
+                blobs.append((f"{weight}/{bias} {shape}", blob.encode(DelegateBlob(params, constants))))
+    for shape, arguments, input_index in (((DYNAMIC,), 2, 0), ((3, DYNAMIC), 3, 2), ((DYNAMIC, DYNAMIC), 1, 0)):
+        params = LayerNormParams(shape, 0.0, input_index, outputs=(2, 0), arguments=arguments)
+        blobs.append((f"dynamic {shape}", blob.encode(DelegateBlob(params))))
+    for eps, outputs in ((1e-12, (1,)), (1 / 3, (0, 0, 2)), (-0.0, (2,))):
+        blobs.append((f"eps {eps} outputs {outputs}", blob.encode(DelegateBlob(LayerNormParams((7,), eps, outputs=outputs)))))
+    return blobs
+
+
+def _reseal(data: bytearray) -> bytes:
+    """`data` with its checksum recomputed, so that the rules past the CRC are what decide."""
+    struct.pack_into("<I", data, 32, zlib.crc32(bytes(data[40:])))
+    return bytes(data)
+
+
+def test_both_accept_every_kind_of_valid_blob(native):
+    for what, data in _valid_blobs():
+        assert _python_accepts(data), what
+        assert native.check_blob(data) is None, f"{what}: {native.check_blob(data)}"
+
+
+# Constant weight and bias (4, 3); input weight and bias (4, 3); a dynamic dim.
+@pytest.mark.parametrize("index", [18, 34, 36])
+def test_both_refuse_every_single_bit_flip(native, index):
+    what, data = _valid_blobs()[index]
+    for bit in range(len(data) * 8):
+        flipped = bytearray(data)
+        flipped[bit // 8] ^= 1 << (bit % 8)
+        _assert_same_verdict(native, bytes(flipped), f"{what}, bit {bit} flipped")
+        assert not _python_accepts(bytes(flipped)), f"{what}: bit {bit} flipped is accepted"
+
+
+def test_both_decide_alike_on_fields_past_the_checksum(native):
+    """Every params field set to edge values (checksum resealed), then random resealed bytes."""
+    base = dict(_valid_blobs())
+    # Params fields at their blob offsets: op .. pad as u32 (eps apart), then the dims.
+    fields = [(off, "<I") for off in (40, 44, *range(56, 104, 4))] + [(off, "<q") for off in (104, 112, 120)]
+    values = [0, 1, 2, 3, 4, 16, 17, 2**31, 2**32 - 1]
+    for what in ("constant/input (4, 3)", "input/input (2, 3, 4)", "dynamic (3, -1)", "none/none (5,)"):
+        data = base[what]
+        for off, fmt in fields:
+            if off + struct.calcsize(fmt) > len(data):
+                continue
+            for value in values + ([-1, -2, 2**30, 2**62] if fmt == "<q" else []):
+                mutated = bytearray(data)
+                struct.pack_into(fmt, mutated, off, value)
+                _assert_same_verdict(native, _reseal(mutated), f"{what}: field at {off} = {value}")
+        for eps in (float("nan"), float("inf"), -1e-5, -0.0, 5e-324, 1e300):
+            mutated = bytearray(data)
+            struct.pack_into("<d", mutated, 48, eps)
+            _assert_same_verdict(native, _reseal(mutated), f"{what}: eps {eps}")
+    # Rows too wide for u32 bytes: refused when every dim is static, not when one is dynamic.
+    for shape in ((2**15, 2**15), (DYNAMIC, 2**31)):
+        params = struct.pack("<IIdIIIIIIIIIIII", 1, 0, 1e-5, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0, len(shape), 0)
+        params += b"".join(struct.pack("<q", d) for d in shape)
+        offset = (40 + len(params) + 15) // 16 * 16
+        body = params + bytes(offset - 40 - len(params))
+        header = struct.pack("<4sHHIIIIIIII", b"WGLN", 2, 40, 0x01020304, 40, len(params), offset, 0, offset,
+                             zlib.crc32(body), 0)
+        _assert_same_verdict(native, header + body, f"dims {shape}")
+    rng = random.Random(0)
+    for what, data in _valid_blobs():
+        for _ in range(40):
+            mutated = bytearray(data)
+            at = rng.randrange(40, len(data))
+            mutated[at] = rng.randrange(256)
+            _assert_same_verdict(native, _reseal(mutated), f"{what}: byte {at} = {mutated[at]}")
+
+
+def test_both_refuse_truncated_extended_and_garbage_blobs(native):
+    what, data = _valid_blobs()[0]
+    for n in range(len(data)):
+        assert native.check_blob(data[:n]) is not None and not _python_accepts(data[:n]), f"{what}[:{n}]"
+    for extra in (b"\0", bytes(16)):
+        assert native.check_blob(data + extra) is not None and not _python_accepts(data + extra)
+    rng = random.Random(1)
+    for size in (0, 1, 39, 40, 104, 200, 4096):
+        garbage = bytes(rng.randrange(256) for _ in range(size))
+        _assert_same_verdict(native, garbage, f"{size} random bytes")
+        _assert_same_verdict(native, b"WGLN" + garbage, f"WGLN + {size} random bytes")
+
+
+def test_refusals_name_the_field(native):
+    data = bytearray(_valid_blobs()[0][1])
+    struct.pack_into("<H", data, 4, 1)
+    assert "re-export" in native.check_blob(bytes(data))
+    struct.pack_into("<H", data, 4, 3)
+    assert "newer" in native.check_blob(bytes(data))
+    data = bytearray(_valid_blobs()[0][1])
+    data[-1] ^= 1
+    assert "checksum" in native.check_blob(bytes(data))
+
+
+# ExecuTorch's runtime
+
+
+def test_registered_in_executorch_runtime(native_runtime):
+    from executorch.runtime import Runtime
+
+    native_runtime.register()  # idempotent
+    registry = Runtime.get().backend_registry
+    assert "WebGPUBackend" in registry.registered_backend_names
+    assert registry.is_available("WebGPUBackend")
+
+
+class SmallModel(nn.Module):
+    """Linear + LayerNorm (constant weight and bias, weight only) + GroupNorm; returns the
+    LayerNorm outputs too, so they can be held against the Python runtime's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(16)
+        self.linear = nn.Linear(16, 32)
+        self.norm_weight_only = nn.LayerNorm(32, bias=False)
+        self.group_norm = nn.GroupNorm(4, 8, affine=False)
+        with torch.no_grad():
+            for p in (self.norm.weight, self.norm.bias, self.norm_weight_only.weight):
+                p.normal_()
+
+    def forward(self, x, y):
+        normed = self.norm(x)
+        return normed, self.norm_weight_only(self.linear(normed)), self.group_norm(y)
+
+
+class DynamicModel(nn.Module):
+    """LayerNorm over a dynamic number of rows, GroupNorm over a dynamic length."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(16)
+        self.group_norm = nn.GroupNorm(2, 4, affine=False)
+
+    def forward(self, x, y):
+        return self.norm(x), self.group_norm(y)
+
+
+def _assert_within_one_ulp(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
+    assert got.shape == want.shape and got.dtype == want.dtype == torch.float32, what
+    ulp = torch.nextafter(want.abs(), torch.tensor(float("inf"))) - want.abs()
+    worst = ((got - want).abs() - ulp).max().item()
+    assert worst <= 0, f"{what}: differs from the Python runtime by more than one float32 ulp"
+
+
+def _assert_close_to_eager(got: list, want, what: str, atol: float = TOLERANCE) -> None:
+    want = list(want) if isinstance(want, (tuple, list)) else [want]
+    assert len(got) == len(want), f"{what}: {len(got)} outputs, eager has {len(want)}"
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert g.shape == w.shape and g.dtype == w.dtype, f"{what} output {i}: {g.shape} vs eager {w.shape}"
+        err = (g.double() - w.double()).abs().max().item()
+        assert err <= atol, f"{what} output {i}: max abs error {err:.3g} against eager > {atol}"
+
+
+def test_small_model_runs_in_executorch_runtime(native_runtime, tmp_path):
+    torch.manual_seed(0)
+    model = SmallModel().eval()
+    inputs = (torch.randn(3, 5, 16), torch.randn(2, 8, 7))
+    prog = pipeline.lower(model, inputs)
+    assert prog.coverage.delegated == prog.coverage.total == 3
+    prog.save(tmp_path / "small.pte")
+    program = native_runtime.load(tmp_path / "small.pte")
+    for run in (inputs, (torch.randn(3, 5, 16) * 50 + 3, torch.randn(2, 8, 7) * 1e-3)):
+        got = program(*run)
+        with torch.no_grad():
+            _assert_close_to_eager(got, model(*run), "small model")
+        python = prog(*run)
+        _assert_within_one_ulp(got[0], python[0], "LayerNorm (constant weight and bias)")
+        _assert_within_one_ulp(got[2], python[2], "GroupNorm's LayerNorm")
+
+
+def test_dynamic_lengths_run_in_executorch_runtime(native_runtime, tmp_path):
+    torch.manual_seed(0)
+    model = DynamicModel().eval()
+    inputs = (torch.randn(2, 5, 16), torch.randn(2, 4, 9))
+    shapes = ({1: Dim("T", min=2, max=64)}, {2: Dim("L", min=2, max=64)})
+    prog = pipeline.lower(model, inputs, dynamic_shapes=shapes)
+    prog.save(tmp_path / "dynamic.pte")
+    program = native_runtime.load(tmp_path / "dynamic.pte")
+    for t, length in ((5, 9), (17, 3), (64, 64), (2, 2)):
+        run = (torch.randn(2, t, 16), torch.randn(2, 4, length))
+        got = program(*run)
+        with torch.no_grad():
+            _assert_close_to_eager(got, model(*run), f"T={t} L={length}")
+        for g, p in zip(got, prog(*run)):
+            _assert_within_one_ulp(g, p, f"T={t} L={length}")
+
+
+def _lower_with_xnnpack(model: nn.Module, inputs: tuple, path) -> None:
+    """Our partitioner first, then XNNPACK's: the file one would deploy. Asserts that every
+    LayerNorm is in a WebGPU partition and none in an XNNPACK one."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    from pipeline.backend.webgpu import NATIVE_LAYER_NORM
+    from pipeline.executor import count_layer_norms
+    from pipeline.partitioner import LayerNormPartitioner
+    from pipeline.passes import reframe_group_norm
+
+    exported = reframe_group_norm(torch.export.export(model, inputs))
+    total = count_layer_norms(exported)
+    edge = to_edge_transform_and_lower(exported, partitioner=[LayerNormPartitioner(), XnnpackPartitioner()])
+    gm = edge.exported_program().graph_module
+    placed = {"WebGPUBackend": 0, "XnnpackBackend": 0}
+    for node in gm.graph.nodes:
+        if node.op == "get_attr" and node.target.startswith("lowered_module"):
+            lowered = getattr(gm, node.target)
+            norms = sum(n.target == NATIVE_LAYER_NORM for n in lowered.original_module.graph.nodes)
+            placed[lowered.backend_id] = placed.get(lowered.backend_id, 0) + norms
+    assert placed["XnnpackBackend"] == 0, f"{placed['XnnpackBackend']} LayerNorm(s) landed in XNNPACK"
+    assert placed["WebGPUBackend"] == total > 0, placed
+    assert placed["XnnpackBackend"] == 0 and any(
+        n.op == "get_attr" and getattr(gm, n.target).backend_id == "XnnpackBackend"
+        for n in gm.graph.nodes if n.op == "get_attr" and n.target.startswith("lowered_module")
+    ), "XNNPACK took nothing: not the deployable file"
+    path.write_bytes(edge.to_executorch().buffer)
+
+
+def test_small_model_with_xnnpack_runs_in_executorch_runtime(native_runtime, tmp_path):
+    torch.manual_seed(0)
+    model = SmallModel().eval()
+    inputs = (torch.randn(3, 5, 16), torch.randn(2, 8, 7))
+    _lower_with_xnnpack(model, inputs, tmp_path / "small-xnnpack.pte")
+    got = native_runtime.load(tmp_path / "small-xnnpack.pte")(*inputs)
+    with torch.no_grad():
+        _assert_close_to_eager(got, model(*inputs), "small model, xnnpack")
+    python = pipeline.lower(model, inputs)(*inputs)
+    _assert_within_one_ulp(got[0], python[0], "LayerNorm next to XNNPACK")
+
+
+def _float64_error_ratio(model: nn.Module, inputs: tuple, got: torch.Tensor) -> float:
+    with torch.no_grad():
+        eager = model(*inputs)
+        exact = copy.deepcopy(model).double()(*(i.double() for i in inputs))
+    eager_err = (eager.double() - exact).abs().max().item()
+    return (got.double() - exact).abs().max().item() / eager_err
+
+
+@pytest.mark.parametrize("cpu_backend", ["xnnpack", pytest.param("portable", marks=pytest.mark.slow)])
+def test_whisper_tiny_runs_in_executorch_runtime(native_runtime, tmp_path, cpu_backend):
+    spec = pipeline.models.build("whisper", variant="tiny")
+    model = spec.module.eval()
+    path = tmp_path / f"whisper-tiny-{cpu_backend}.pte"
+    if cpu_backend == "xnnpack":
+        _lower_with_xnnpack(model, spec.example_inputs, path)
+    else:
+        pipeline.lower(model, spec.example_inputs).save(path)
+    got = native_runtime.load(path)(*spec.example_inputs)
+    with torch.no_grad():
+        _assert_close_to_eager(got, model(*spec.example_inputs), f"whisper tiny, {cpu_backend}")
+    # ExecuTorch's CPU kernels alone (every op on XNNPACK, LayerNorms included) measure 2.4x
+    # eager float32's error against float64 on this model; the LayerNorms add nothing to it.
+    assert _float64_error_ratio(model, spec.example_inputs, got[0]) <= 3.0
+
+
+# Damaged files fail with an error, never a crash
+
+
+@pytest.mark.parametrize("damage", ["bit flip in params", "foreign magic", "version 1", "version 3", "bit flip in data"])
+def test_damaged_blob_fails_load_method(native_runtime, tmp_path, damage):
+    from executorch.runtime import Runtime
+
+    torch.manual_seed(0)
+    model = SmallModel().eval()
+    pipeline.lower(model, (torch.randn(3, 5, 16), torch.randn(2, 8, 7))).save(tmp_path / "small.pte")
+    data = bytearray((tmp_path / "small.pte").read_bytes())
+    at = data.find(b"WGLN")
+    assert at >= 0 and struct.unpack_from("<H", data, at + 4)[0] == 2
+    if damage == "bit flip in params":
+        data[at + 60] ^= 0x10
+    elif damage == "foreign magic":
+        data[at : at + 4] = b"XGLN"
+    elif damage == "version 1":
+        struct.pack_into("<H", data, at + 4, 1)
+    elif damage == "version 3":
+        struct.pack_into("<H", data, at + 4, 3)
+    else:
+        data[at + struct.unpack_from("<I", data, at + 20)[0] + 5] ^= 0x01
+    program = Runtime.get().load_program(bytes(data))
+    with pytest.raises(RuntimeError, match="0x:?30"):  # Error::DelegateInvalidCompatibility
+        program.load_method("forward")
+
+
+# The backend's own checks, which ExecuTorch's runtime never lets a bad call reach
+
+
+def test_backend_refuses_bad_calls_without_crashing(native_runtime, tmp_path):
+    """tests/native/backend_contract.cpp calls init/execute/destroy directly with bad blobs,
+    compile specs, argument counts, non-tensors, dtypes and shapes, then one good call."""
+    import ctypes
+    import subprocess
+    from pathlib import Path
+
+    wheels = native_build.find_wheels()
+    registry = wheels.libraries[1]
+    library = tmp_path / "libcontract.so"
+    source = Path(__file__).parent / "native" / "backend_contract.cpp"
+    subprocess.run(
+        [native_build.find_compiler(), *native_build.CXX_FLAGS, *(f"-I{p}" for p in wheels.includes), "-shared",
+         str(source), "-o", str(library), f"-L{registry.parent}", f"-l:{registry.name}",
+         f"-Wl,-rpath,{registry.parent}"],
+        check=True, capture_output=True,
+    )
+    bias = np.array([0.25, -1.0, 0.0, 3.0], dtype=np.float32)
+    params = LayerNormParams((4,), 1e-5, 0, Operand(INPUT, 1), Operand(CONSTANT), (0, 1, 2), 2)
+    data = blob.encode(DelegateBlob(params, {"bias": bias}))
+    report = ctypes.create_string_buffer(4096)
+    contract = ctypes.CDLL(str(library))
+    assert contract.pipeline_contract(data, len(data), bias.ctypes.data_as(ctypes.c_void_p), report, 4096) == 0
+    results = dict(line.split("=") for line in report.value.decode().splitlines())
+    invalid_argument, memory_allocation_failed, delegate_invalid = "18", "33", "48"
+    assert results.pop("init_truncated") == delegate_invalid
+    assert results.pop("init_compile_spec") == delegate_invalid
+    assert results.pop("init_no_memory") == memory_allocation_failed
+    assert results.pop("init") == "0" and results.pop("freed") == "1"
+    assert results.pop("execute_output_too_small") != "0"
+    assert results.pop("execute") == "0"
+    assert results.pop("out_rows") == results.pop("mean_rows") == "2"
+    assert results.pop("error_below_1e-5") == "1"
+    assert results == {name: invalid_argument for name in results}, results
