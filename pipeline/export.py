@@ -25,19 +25,23 @@ class ArtifactCheckError(RuntimeError):
     """The written `.pte`, loaded back and run, does not reproduce the program that wrote it."""
 
 
-def write_checked(program, path: Path, example_inputs: tuple, expected) -> None:
-    """Write `program` to `path` only if the file, loaded back and run on `example_inputs`,
-    gives `expected` bit for bit; otherwise nothing appears under `path`."""
-    from pipeline.executor import Program
+def write_checked(buffer: bytes, path: Path, example_inputs: tuple, expected,
+                  load: Callable | None = None) -> None:
+    """Write `buffer` (a program) to `path` only if the file, loaded back with `load`
+    (default `pipeline.load`) and run on `example_inputs`, gives `expected` bit for bit;
+    otherwise nothing appears under `path`."""
+    if load is None:
+        from pipeline.executor import Program
 
+        load = Program.load
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(program.buffer)
+            f.write(buffer)
             f.flush()
             os.fsync(f.fileno())
-        got = Program.load(tmp)(*example_inputs)
+        got = load(tmp)(*example_inputs)
         if not same_outputs(got, expected):
             raise ArtifactCheckError(f"{path.name}: the written file, loaded back, does not reproduce the "
                                      "program's outputs bit for bit; nothing was written")
@@ -55,6 +59,7 @@ def export_model(
     seed: int = 0,
     dynamic: bool = False,
     progress: Callable[[str], None] | None = None,
+    cpu_backend: str = "portable",
 ) -> dict[str, Any]:
     """Export model `name` to `<output_dir>/<name>-<variant>.pte` with its `.coverage.json`.
 
@@ -67,6 +72,9 @@ def export_model(
     inputs, it must reproduce the in-memory program bit for bit (ArtifactCheckError
     otherwise). The coverage file names the `.pte`'s sha256, so a pair left mismatched by
     an interrupted export is refused by its readers (`read_artifact`).
+
+    `cpu_backend="xnnpack"` puts what is not a LayerNorm on XNNPACK: such a file runs in
+    ExecuTorch's runtime (`pipeline.native`), which then does the check above.
     """
     import pipeline
     from pipeline import models
@@ -85,12 +93,18 @@ def export_model(
     shapes = ", ".join("x".join(map(str, t.shape)) for t in spec.example_inputs)
     stage(f"lowering {name}-{spec.variant}: torch.export ({shapes}{', dynamic' if dynamic else ''}), "
           "LayerNorm partitioning, WebGPU delegate")
-    prog = pipeline.lower(spec.module, spec.example_inputs, spec.dynamic_shapes)
+    if cpu_backend == "portable":
+        prog = pipeline.lower(spec.module, spec.example_inputs, spec.dynamic_shapes)
+        coverage = prog.coverage
+    else:
+        import copy
 
-    coverage = prog.coverage
+        from pipeline.executor.lowering import lower_to_edge
+
+        edge, coverage = lower_to_edge(spec.module, spec.example_inputs, spec.dynamic_shapes, cpu_backend)
     out_dir = Path(output_dir)
     # A dynamic export gets its own files: it must not replace the static one.
-    stem = f"{name}-{spec.variant}" + ("-dynamic" if dynamic else "")
+    stem = f"{name}-{spec.variant}" + ("-dynamic" if dynamic else "") + ("-xnnpack" if cpu_backend == "xnnpack" else "")
     pte_path = out_dir / f"{stem}.pte"
     coverage_path = out_dir / f"{stem}.coverage.json"
     summary: dict[str, Any] = {
@@ -99,6 +113,7 @@ def export_model(
         "checkpoint": spec.checkpoint,
         "seed": seed,
         "dynamic": dynamic,
+        "cpu_backend": cpu_backend,
         "parameters": sum(p.numel() for p in spec.module.parameters()),
         "hidden_size": models.family(name).hidden_size(spec.config),
         "example_input_shapes": [list(t.shape) for t in spec.example_inputs],
@@ -119,10 +134,18 @@ def export_model(
             f"{stem}: only {coverage.delegated}/{coverage.total} LayerNorms delegated{cause}; see {coverage_path}"
         )
 
-    stage("running the program on the example inputs")
-    expected = prog(*spec.example_inputs)
+    if cpu_backend == "portable":
+        stage("running the program on the example inputs")
+        buffer, load = prog.buffer, None
+        expected = prog(*spec.example_inputs)
+    else:
+        from pipeline import native
+
+        stage("serializing; running the program in ExecuTorch's runtime on the example inputs")
+        buffer, load = copy.deepcopy(edge).to_executorch().buffer, native.load
+        expected = native.load(buffer)(*spec.example_inputs)
     stage(f"writing {pte_path}, loading it back and checking it reproduces that run")
-    write_checked(prog, pte_path, spec.example_inputs, expected)
+    write_checked(buffer, pte_path, spec.example_inputs, expected, load)
     summary["pte"] = str(pte_path)
     summary["pte_bytes"] = pte_path.stat().st_size
     summary["pte_sha256"] = sha256_of(pte_path)

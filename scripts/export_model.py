@@ -31,6 +31,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=cli.seed, default=0,
                         help="seed of the random weights and example inputs, 0 to 2**64 - 1 (default 0)")
     parser.add_argument("--dynamic", action="store_true", help="dynamic sequence lengths (bart)")
+    parser.add_argument("--cpu-backend", choices=("portable", "xnnpack"), default="portable",
+                        help="what runs the ops that are not LayerNorms: portable (ExecuTorch's CPU kernels; "
+                        "default) or xnnpack (XNNPACK delegates: for ExecuTorch's runtime, see pipeline.native); "
+                        "files of the latter are named <model>-<variant>-xnnpack.*")
     cli.add_verbose(parser)
     args = parser.parse_args(argv)
     try:
@@ -51,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         summary = export_model(
             args.model, args.variant, args.checkpoint, args.output_dir, args.seed, args.dynamic,
-            progress=lambda line: print(line, file=sys.stderr, flush=True),
+            progress=lambda line: print(line, file=sys.stderr, flush=True), cpu_backend=args.cpu_backend,
         )
     except KeyboardInterrupt:
         print("export_model: interrupted; no file was left half-written", file=sys.stderr)

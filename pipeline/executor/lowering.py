@@ -15,6 +15,7 @@ from executorch.exir import EdgeProgramManager, to_edge_transform_and_lower
 from executorch.exir.lowered_backend_module import LoweredBackendModule
 from torch.export import ExportedProgram
 
+from pipeline.backend import WebGPUBackend
 from pipeline.backend.webgpu import NATIVE_LAYER_NORM
 from pipeline.executor.program import Coverage, Program
 from pipeline.executor.pte import PteFile
@@ -55,6 +56,7 @@ def _coverage(edge: EdgeProgramManager, total: int, rejected: Sequence[tuple[str
     delegated = sum(
         1
         for _, lowered in _delegate_nodes(edge)
+        if lowered.backend_id == WebGPUBackend.__name__
         for n in lowered.original_module.graph.nodes
         if n.op == "call_function" and n.target == NATIVE_LAYER_NORM
     )
@@ -110,6 +112,38 @@ def _delegate_names(edge: EdgeProgramManager, pte: PteFile) -> list[str]:
     return names
 
 
+CPU_BACKENDS = ("portable", "xnnpack")
+
+
+def lower_to_edge(module: torch.nn.Module, example_inputs: tuple, dynamic_shapes=None,
+                  cpu_backend: str = "portable") -> tuple[EdgeProgramManager, Coverage]:
+    """Export, reframe group norms, delegate every supported LayerNorm to WebGPU; with
+    `cpu_backend="xnnpack"` XNNPACK's partitioner then takes what it can of the rest (the
+    file one would deploy: LayerNorms on WebGPU, the rest on XNNPACK, for ExecuTorch's
+    runtime). Returns the edge program and its coverage."""
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
+    if not isinstance(example_inputs, tuple):
+        raise TypeError(f"example_inputs must be a tuple, got {type(example_inputs).__name__}")
+    if cpu_backend not in CPU_BACKENDS:
+        raise ValueError(f"cpu_backend must be one of {', '.join(CPU_BACKENDS)}, got {cpu_backend!r}")
+    exported = reframe_group_norm(torch.export.export(module, example_inputs, dynamic_shapes=dynamic_shapes))
+    total = count_layer_norms(exported)
+    partitioner = LayerNormPartitioner()
+    partitioners = [partitioner]
+    if cpu_backend == "xnnpack":
+        from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+        partitioners.append(XnnpackPartitioner())
+    edge = to_edge_transform_and_lower(exported, partitioner=partitioners)
+    coverage = _coverage(edge, total, partitioner.rejected)
+    for name, lowered in _delegate_nodes(edge):
+        if lowered.backend_id != WebGPUBackend.__name__ and any(
+                n.op == "call_function" and n.target == NATIVE_LAYER_NORM for n in lowered.original_module.graph.nodes):
+            raise RuntimeError(f"{name}: a LayerNorm landed in a {lowered.backend_id} partition")
+    return edge, coverage
+
+
 def lower(module: torch.nn.Module, example_inputs: tuple, dynamic_shapes=None) -> Program:
     """Export `module` on `example_inputs`, delegate every supported LayerNorm to WebGPU,
     serialize, and return the serialized program ready to run.
@@ -118,15 +152,7 @@ def lower(module: torch.nn.Module, example_inputs: tuple, dynamic_shapes=None) -
     dimension runs at any size in its range. The module is exported as it is (call
     `.eval()` first for inference).
     """
-    if not isinstance(module, torch.nn.Module):
-        raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
-    if not isinstance(example_inputs, tuple):
-        raise TypeError(f"example_inputs must be a tuple, got {type(example_inputs).__name__}")
-    exported = reframe_group_norm(torch.export.export(module, example_inputs, dynamic_shapes=dynamic_shapes))
-    total = count_layer_norms(exported)
-    partitioner = LayerNormPartitioner()
-    edge = to_edge_transform_and_lower(exported, partitioner=[partitioner])
-    coverage = _coverage(edge, total, partitioner.rejected)
+    edge, coverage = lower_to_edge(module, example_inputs, dynamic_shapes)
     # to_executorch rewrites the edge graph in place (out variants, memory planning); work
     # on a copy so `edge` keeps the delegates' original graphs for the evaluator.
     pte = PteFile(copy.deepcopy(edge).to_executorch().buffer, "<lowered program>")

@@ -105,14 +105,16 @@ def check_blob(blob: bytes) -> str | None:
 
 
 class NativeProgram:
-    """A `.pte` loaded in ExecuTorch's runtime; call it with the method's inputs."""
+    """A `.pte` (a path, or its bytes) loaded in ExecuTorch's runtime; call it with the
+    method's inputs. The ExecuTorch Program is kept alive with the method: dropping it
+    first crashes ExecuTorch's runtime."""
 
-    def __init__(self, path: str | os.PathLike, method: str = "forward") -> None:
+    def __init__(self, path: str | os.PathLike | bytes, method: str = "forward") -> None:
         register()
         from executorch.runtime import Runtime
 
-        self.path = Path(path)
-        self.program = Runtime.get().load_program(self.path)
+        self.path = None if isinstance(path, bytes) else Path(path)
+        self.program = Runtime.get().load_program(path if isinstance(path, bytes) else self.path)
         self.method = self.program.load_method(method)
 
     def __call__(self, *inputs) -> list:
