@@ -7,14 +7,13 @@ model zoo and ExecuTorch load on the first export).
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from pipeline.artifact import same_outputs, sha256_of
-from pipeline.ioutil import write_json_atomic
+from pipeline.ioutil import write_bytes_atomic, write_json_atomic
 
 
 class IncompleteDelegationError(RuntimeError):
@@ -34,21 +33,13 @@ def write_checked(buffer: bytes, path: Path, example_inputs: tuple, expected,
         from pipeline.executor import Program
 
         load = Program.load
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(buffer)
-            f.flush()
-            os.fsync(f.fileno())
-        got = load(tmp)(*example_inputs)
-        if not same_outputs(got, expected):
+
+    def check(written: str) -> None:
+        if not same_outputs(load(written)(*example_inputs), expected):
             raise ArtifactCheckError(f"{path.name}: the written file, loaded back, does not reproduce the "
                                      "program's outputs bit for bit; nothing was written")
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
+
+    write_bytes_atomic(path, buffer, check)
 
 
 def export_model(

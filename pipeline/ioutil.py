@@ -5,11 +5,16 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 
-def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
-    """Write `data` to `path` so that readers see the old file or the whole new one."""
+def write_bytes_atomic(path: str | os.PathLike, data: bytes, check: Callable[[str], None] | None = None) -> None:
+    """Write `data` to `path` so that readers see the old file or the whole new one.
+
+    `check(temp_path)` runs on the complete file before it takes its name; whatever it
+    raises leaves `path` as it was.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -18,6 +23,8 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        if check is not None:
+            check(tmp)
         # mkstemp makes the file private (0600); give it the mode a plain open() would.
         os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
