@@ -1,9 +1,11 @@
-"""Whisper tiny's output error against float64 in ExecuTorch's runtime WITHOUT our delegate
+"""A model's output error against float64 in ExecuTorch's runtime WITHOUT our delegate
 (portable kernels; XNNPACK), next to eager float32's: the floor that ExecuTorch's own CPU
 kernels set for any file run there.
 
-    python benchmarks/executorch_reference_error.py
+    python benchmarks/executorch_reference_error.py [MODEL [VARIANT]]   # default: whisper tiny
 """
+
+import sys
 
 import torch
 from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
@@ -14,7 +16,10 @@ import pipeline
 from pipeline.evaluation.eager import run_eager, to_float64
 from pipeline.evaluation.metrics import compare, flatten_output
 
-spec = pipeline.models.build("whisper", variant="tiny")
+name = sys.argv[1] if len(sys.argv) > 1 else "whisper"
+variant = sys.argv[2] if len(sys.argv) > 2 else ("tiny" if name == "whisper" else None)
+spec = pipeline.models.build(name, variant=variant)
+print(f"{name}-{spec.variant}")
 inputs = spec.example_inputs
 reference = flatten_output(run_eager(*to_float64(spec.module, inputs), keep_tensors=False).outputs)
 eager = compare(flatten_output(run_eager(spec.module, inputs, keep_tensors=False).outputs), reference)["max_abs"]
