@@ -274,3 +274,14 @@ def test_sigterm_during_export_ends_with_one_line(tmp_path):
     assert proc.wait(timeout=120) == 130
     assert rest.strip().splitlines()[-1] == "export_model: interrupted; no file was left half-written"
     assert not list(tmp_path.glob("out/.*.tmp")) and not list(tmp_path.glob("out/*.pte"))
+
+
+def test_calls_from_several_threads_take_turns(block):
+    from concurrent.futures import ThreadPoolExecutor
+
+    _, _, program, _ = block
+    cases = [(randn(2, 5, 12, seed=s), randn(2, 6, 7, seed=s + 50)) for s in range(6)]
+    want = [program(*inputs) for inputs in cases]
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda inputs: program(*inputs), cases))
+    assert all(same_outputs(g, w) for g, w in zip(got, want))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -84,6 +85,8 @@ class Program:
         self._steps, self.layer_norm_sites = self._init_chain()
         self.coverage = coverage if coverage is not None else self._file_coverage()
         self._in_spec, self._out_spec = _specs(plan.container_meta_type)
+        # One set of values and planned memory: calls from several threads take turns.
+        self._lock = threading.Lock()
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Program:
@@ -304,11 +307,11 @@ class Program:
         if len(flat) != len(plan.inputs):
             raise TypeError(f"the program takes {len(plan.inputs)} inputs, got {len(flat)}")
         values = self._values
-        for k, (j, given) in enumerate(zip(plan.inputs, flat)):
-            self._set_input(k, j, given, values)
-        with torch.no_grad():
+        with self._lock, torch.no_grad():
+            for k, (j, given) in enumerate(zip(plan.inputs, flat)):
+                self._set_input(k, j, given, values)
             self._run(values, on_delegate)
-        outputs = [_output(values[j]) for j in plan.outputs]
+            outputs = [_output(values[j]) for j in plan.outputs]
         if self._out_spec is None:
             return outputs[0] if len(outputs) == 1 else tuple(outputs)
         return pytree.tree_unflatten(outputs, self._out_spec)
