@@ -91,6 +91,24 @@ class LateAffine(KernelConfig):
 
 
 @dataclass(frozen=True)
+class EarlyAffine(KernelConfig):
+    """Held rows with weight and bias loaded before x (as the persistent kernel does once)."""
+
+    def source(self, g) -> str:
+        source = super().source(g)
+        head, held = source.split("fn normalize_held(", 1)
+        held, tail = held.split("fn normalize_streamed(", 1)
+        loads = [line for line in held.splitlines() if line.lstrip().startswith(("let w_", "let b_"))]
+        if len(loads) != 2 * self.hold:
+            raise RuntimeError(f"early_affine: expected {2 * self.hold} weight/bias loads, found {len(loads)}")
+        for line in loads:
+            held = _edit(held, line + "\n", "")
+        anchor = next(line for line in held.splitlines() if line.lstrip().startswith("let v_0 ")) + "\n"
+        held = _edit(held, anchor, "".join(line + "\n" for line in loads) + anchor)
+        return head + "fn normalize_held(" + held + "fn normalize_streamed(" + tail
+
+
+@dataclass(frozen=True)
 class Persistent(KernelConfig):
     """Held rows on a persistent grid: about `sms` x `threads_per_sm` / workgroup workgroups,
     each taking rows_per_step rows at a time, grid-strided (persistent_rows.wgsl).
@@ -136,6 +154,7 @@ def variants(rows: int, width: int, subgroup_size: int, sms: int) -> dict[str, K
         return found
     fields = {k: getattr(product, k) for k in product.__dataclass_fields__}
     found["late_affine"] = LateAffine(**fields)
+    found["early_affine"] = EarlyAffine(**fields)
     tpr = product.threads_per_row
     for name, threads in (("threads_x2", 2 * tpr), ("threads_x4", 4 * tpr), ("threads_half", tpr // 2)):
         if 1 <= threads <= 1024 and math.ceil(product.row_vecs / threads) <= 16:
@@ -291,9 +310,11 @@ def _guarded(what: str, fn, *args, **kwargs):
         return None, f"{type(exc).__name__}: {str(exc)[:300]}"
 
 
-def probe_shape(rows: int, width: int, sms: int, repeats: int, rounds: int, with_torch: bool) -> dict:
+def probe_shape(rows: int, width: int, sms: int, repeats: int, rounds: int, with_torch: bool,
+                only: set[str] | None = None) -> dict:
     g = gpu()
-    configs = variants(rows, width, g.subgroup_size, sms)
+    configs = {name: c for name, c in variants(rows, width, g.subgroup_size, sms).items()
+               if only is None or name == "product" or name in only}
     t0 = time.perf_counter()
     checker = Checker(rows, width)
     checks = {name: checker.check(c, is_product=(name == "product")) for name, c in configs.items()}
@@ -382,6 +403,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds, order alternating (default 2)")
     parser.add_argument("--sms", type=int, default=0, help="SMs for the persistent grid (default: CUDA's count, else 132)")
     parser.add_argument("--no-torch", action="store_true", help="skip the torch columns")
+    parser.add_argument("--variants", help="comma-separated variant names to time besides the product (default: all)")
     parser.add_argument("--json", help="output file (default: $OUT/waves_probe.json)")
     args = parser.parse_args()
     shapes = parse_shapes(args.shapes)
@@ -406,7 +428,8 @@ def main() -> int:
     start = time.perf_counter()
     failed = 0
     for rows, width in shapes:
-        r = probe_shape(rows, width, sms, args.repeats, args.rounds, not args.no_torch)
+        r = probe_shape(rows, width, sms, args.repeats, args.rounds, not args.no_torch,
+                        set(args.variants.split(",")) if args.variants else None)
         failed += sum(not c["ok"] for c in r["checks"].values())
         doc["results"].append(r)
         doc["seconds"] = round(time.perf_counter() - start, 1)
