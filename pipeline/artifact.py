@@ -60,7 +60,8 @@ def build_for_artifact(summary: dict[str, Any]):
 
     checkpoint = summary.get("checkpoint")
     return models.build(summary["model"], variant=None if checkpoint else summary["variant"], checkpoint=checkpoint,
-                        seed=summary.get("seed", 0), dynamic=summary.get("dynamic", False))
+                        seed=summary.get("seed", 0), dynamic=summary.get("dynamic", False),
+                        dtype=summary.get("dtype", "float32"))
 
 
 def same_outputs(got, want) -> bool:

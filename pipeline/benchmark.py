@@ -7,6 +7,11 @@ like the runtime needs only wgpu, numpy and torch (no ExecuTorch), so it runs on
 GPU time comes from timestamp queries around each compute pass when the adapter has
 `timestamp-query` (wall clock over a batch of dispatches otherwise). Inputs rotate over
 enough copies to exceed the last-level cache, so a shape is not timed from cache.
+
+`dtype` float16 or bfloat16 times the half kernel (weight and bias of the same dtype)
+against torch at that dtype; bandwidth counts 2 bytes a value. On CUDA, torch.compile of
+F.layer_norm (default mode, compiled and warmed before timing) is timed too, as eager is:
+CUDA graph + events.
 """
 
 from __future__ import annotations
@@ -40,9 +45,19 @@ ROTATE_BYTES = 256 << 20
 MAX_COPIES = 16
 
 
-def effective_gbps(rows: int, width: int, us: float) -> float:
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def effective_gbps(rows: int, width: int, us: float, itemsize: int = 4) -> float:
     """Input read once + output written once, over the time."""
-    return 2 * rows * width * 4 / (us * 1e-6) / 1e9
+    return 2 * rows * width * itemsize / (us * 1e-6) / 1e9
+
+
+def _values(values: np.ndarray, dtype: str) -> np.ndarray:
+    """float32 `values` as the kernel's buffers hold them in `dtype` (half ones as bits)."""
+    if dtype == "float32":
+        return values
+    return torch.from_numpy(values).to(DTYPES[dtype]).view(torch.int16).numpy()
 
 
 def _copies(nbytes: int) -> int:
@@ -73,27 +88,30 @@ def candidate_configs(width: int, subgroup_size: int, affine: bool = True) -> li
 
 
 def time_kernel(rows: int, width: int, configs: list[KernelConfig] | None = None, affine: bool = True,
-                warmup: int = 10, repeats: int = 100) -> tuple[list[tuple[float, float]], str]:
+                warmup: int = 10, repeats: int = 100, dtype: str = "float32") -> tuple[list[tuple[float, float]], str]:
     """GPU microseconds of one launch over (rows, width) for each config (default: the
-    runtime's own choice), as (batched, isolated) medians; returns (times, clock)."""
+    runtime's own choice at `dtype`), as (batched, isolated) medians; returns (times, clock)."""
     g = gpu()
-    configs = configs or [choose_config(width, affine, affine, g.subgroup_size)]
-    nbytes = rows * width * 4
+    configs = configs or [choose_config(width, affine, affine, g.subgroup_size, dtype)]
+    itemsize = DTYPES[dtype].itemsize
+    nbytes = (rows * width * itemsize + 3) // 4 * 4  # whole u32 words
     copies = _copies(nbytes)
     rng = np.random.default_rng(0)
     affine_bufs = []
     for _ in ("weight", "bias"):
-        buf = g.device.create_buffer(size=max(16, width * 4), usage=STORAGE)
-        g.device.queue.write_buffer(buf, 0, rng.standard_normal(width, dtype=np.float32))
+        buf = g.device.create_buffer(size=max(16, (width * itemsize + 3) // 4 * 4), usage=STORAGE)
+        values = _values(rng.standard_normal(width, dtype=np.float32), dtype)
+        g.device.queue.write_buffer(buf, 0, np.concatenate([values.view(np.uint8), np.zeros(values.nbytes % 4, np.uint8)]))
         affine_bufs.append(buf)
     params = g.device.create_buffer(size=PARAMS_BYTES, usage=UNIFORM)
-    row = rng.standard_normal(width, dtype=np.float32)
+    row = _values(rng.standard_normal(width, dtype=np.float32), dtype)
     # Inputs and outputs rotate; mean and rstd are shared, which orders the launches.
     stats = [g.device.create_buffer(size=rows * 4, usage=STORAGE) for _ in range(2)]
     sets = []
     for _ in range(copies):
         x = g.device.create_buffer(size=nbytes, usage=STORAGE)
-        g.device.queue.write_buffer(x, 0, np.tile(row, rows))
+        data = np.tile(row, rows).view(np.uint8)
+        g.device.queue.write_buffer(x, 0, np.concatenate([data, np.zeros(nbytes - data.size, np.uint8)]))
         sets.append([x, *affine_bufs, g.device.create_buffer(size=nbytes, usage=STORAGE), *stats, params])
     timed = _timestamped if "timestamp-query" in g.features else _wall_clock
     times = []
@@ -111,13 +129,14 @@ def time_kernel(rows: int, width: int, configs: list[KernelConfig] | None = None
     return times, clock
 
 
-def time_copy(rows: int, width: int, warmup: int = 10, repeats: int = 100) -> float | None:
-    """Batched GPU microseconds of bench_copy.wgsl over rows*width floats (None when the width
-    is not a multiple of 4 or the adapter has no timestamps): the floor a WGSL kernel can reach."""
+def time_copy(rows: int, width: int, warmup: int = 10, repeats: int = 100, itemsize: int = 4) -> float | None:
+    """Batched GPU microseconds of bench_copy.wgsl over rows*width values of `itemsize` bytes
+    (None when that is not whole vec4s or the adapter has no timestamps): the floor a WGSL
+    kernel can reach."""
     g = gpu()
-    if width % 4 or "timestamp-query" not in g.features:
+    nbytes = rows * width * itemsize
+    if nbytes % 16 or "timestamp-query" not in g.features:
         return None
-    nbytes = rows * width * 4
     module = g.device.create_shader_module(code=g.shader_source("bench_copy.wgsl"))
     pipeline = g.device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"})
     dst = g.device.create_buffer(size=nbytes, usage=STORAGE)  # shared: orders the launches
@@ -203,12 +222,13 @@ def _wall_clock(g: Gpu, pipeline, bind_groups, groups, warmup: int, repeats: int
     return us, us
 
 
-def time_torch(rows: int, width: int, affine: bool = True, warmup: int = 10, repeats: int = 100) -> tuple[float, str]:
+def time_torch(rows: int, width: int, affine: bool = True, warmup: int = 10, repeats: int = 100,
+               dtype: str = "float32") -> tuple[float, str]:
     """Median microseconds of torch.nn.functional.layer_norm: CUDA graph + events, else CPU."""
     if torch.cuda.is_available():
-        return _time_torch_cuda(rows, width, affine, warmup, repeats), "cuda-graph-events"
-    x = torch.randn(rows, width)
-    w, b = (torch.randn(width), torch.randn(width)) if affine else (None, None)
+        return _time_torch_cuda(rows, width, affine, warmup, repeats, dtype=dtype), "cuda-graph-events"
+    x = torch.randn(rows, width).to(DTYPES[dtype])
+    w, b = (torch.randn(width).to(x.dtype), torch.randn(width).to(x.dtype)) if affine else (None, None)
     for _ in range(max(1, warmup // 5)):
         torch.nn.functional.layer_norm(x, (width,), w, b)
     times = []
@@ -219,18 +239,41 @@ def time_torch(rows: int, width: int, affine: bool = True, warmup: int = 10, rep
     return statistics.median(times), "cpu-wall-clock"
 
 
-def time_torch_copy(rows: int, width: int, warmup: int = 10, repeats: int = 100) -> float | None:
+def time_torch_copy(rows: int, width: int, warmup: int = 10, repeats: int = 100, dtype: str = "float32") -> float | None:
     """torch's device-to-device copy of the same bytes (CUDA graph + events); None without CUDA."""
     if not torch.cuda.is_available():
         return None
-    return _time_torch_cuda(rows, width, False, warmup, repeats, copy=True)
+    return _time_torch_cuda(rows, width, False, warmup, repeats, copy=True, dtype=dtype)
 
 
-def _time_torch_cuda(rows: int, width: int, affine: bool, warmup: int, repeats: int, copy: bool = False) -> float:
+def time_torch_compiled(rows: int, width: int, affine: bool = True, warmup: int = 10, repeats: int = 100,
+                        dtype: str = "float32") -> float | None:
+    """Median microseconds of torch.compile(F.layer_norm) (default mode), compiled and warmed
+    first, then timed as eager is (CUDA graph + events); None without CUDA."""
+    if not torch.cuda.is_available():
+        return None
+    return _time_torch_cuda(rows, width, affine, warmup, repeats, dtype=dtype, compiled=True)
+
+
+def compiled_layer_norm(x: torch.Tensor, width: int, w: torch.Tensor | None, b: torch.Tensor | None):
+    """torch.compile of F.layer_norm (default mode), compiled and warmed on `x`: ready to time."""
+    fn = torch.compile(torch.nn.functional.layer_norm)
+    for _ in range(3):
+        fn(x, (width,), w, b)
+    if x.is_cuda:
+        torch.cuda.synchronize()
+    return fn
+
+
+def _time_torch_cuda(rows: int, width: int, affine: bool, warmup: int, repeats: int, copy: bool = False,
+                     dtype: str = "float32", compiled: bool = False) -> float:
     dev = torch.device("cuda")
-    copies = _copies(rows * width * 4)
-    xs = [torch.randn(rows, width, device=dev) for _ in range(copies)]
-    w, b = (torch.randn(width, device=dev), torch.randn(width, device=dev)) if affine else (None, None)
+    kind = DTYPES[dtype]
+    copies = _copies(rows * width * kind.itemsize)
+    xs = [torch.randn(rows, width, device=dev, dtype=kind) for _ in range(copies)]
+    w, b = ((torch.randn(width, device=dev, dtype=kind), torch.randn(width, device=dev, dtype=kind)) if affine
+            else (None, None))
+    layer_norm = compiled_layer_norm(xs[0], width, w, b) if compiled else torch.nn.functional.layer_norm
 
     dst = torch.empty_like(xs[0])
 
@@ -240,7 +283,7 @@ def _time_torch_cuda(rows: int, width: int, affine: bool, warmup: int, repeats: 
             if copy:
                 dst.copy_(x)
             else:
-                torch.nn.functional.layer_norm(x, (width,), w, b)
+                layer_norm(x, (width,), w, b)
 
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -298,29 +341,40 @@ def parse_shapes(spec: str) -> list[tuple[int, int]]:
     return shapes
 
 
-def run_benchmark(shapes: list[tuple[int, int]], repeats: int = 100, sweep: bool = False, progress=print) -> dict:
-    """Time kernel and torch on each shape; the JSON-ready result of bench_layer_norm.py.
+def run_benchmark(shapes: list[tuple[int, int]], repeats: int = 100, sweep: bool = False, progress=print,
+                  dtype: str = "float32") -> dict:
+    """Time kernel and torch (eager, and compiled on CUDA) on each shape at `dtype`; the
+    JSON-ready result of bench_layer_norm.py.
 
     With `sweep`, also time the candidate configs of each shape (under "sweep").
     """
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    itemsize = DTYPES[dtype].itemsize
     info = device_info()
     results = []
     for rows, width in shapes:
         g = gpu()
-        configs = candidate_configs(width, g.subgroup_size) if sweep else None
-        times, clock = time_kernel(rows, width, configs, repeats=repeats)
+        configs = None
+        if sweep:
+            configs = [replace(c, dtype=dtype, affine_dtype=dtype) for c in candidate_configs(width, g.subgroup_size)]
+        times, clock = time_kernel(rows, width, configs, repeats=repeats, dtype=dtype)
         wgpu_us, isolated_us = times[0]
-        torch_us, torch_clock = time_torch(rows, width, repeats=repeats)
-        copy_us, torch_copy_us = time_copy(rows, width, repeats=repeats), time_torch_copy(rows, width, repeats=repeats)
+        torch_us, torch_clock = time_torch(rows, width, repeats=repeats, dtype=dtype)
+        compiled_us = time_torch_compiled(rows, width, repeats=repeats, dtype=dtype)
+        copy_us = time_copy(rows, width, repeats=repeats, itemsize=itemsize)
+        torch_copy_us = time_torch_copy(rows, width, repeats=repeats, dtype=dtype)
         result = {
             "rows": rows,
             "width": width,
-            "mbytes": round(rows * width * 4 / 1e6, 2),
+            "mbytes": round(rows * width * itemsize / 1e6, 2),
             "wgpu_us": round(wgpu_us, 2),
-            "wgpu_gbps": round(effective_gbps(rows, width, wgpu_us), 1),
+            "wgpu_gbps": round(effective_gbps(rows, width, wgpu_us, itemsize), 1),
             "wgpu_isolated_us": round(isolated_us, 2),
             "torch_us": round(torch_us, 2),
-            "torch_gbps": round(effective_gbps(rows, width, torch_us), 1),
+            "torch_gbps": round(effective_gbps(rows, width, torch_us, itemsize), 1),
+            "compiled_us": None if compiled_us is None else round(compiled_us, 2),
+            "compiled_gbps": None if compiled_us is None else round(effective_gbps(rows, width, compiled_us, itemsize), 1),
             "wgsl_copy_us": None if copy_us is None else round(copy_us, 2),
             "torch_copy_us": None if torch_copy_us is None else round(torch_copy_us, 2),
         }
@@ -333,9 +387,11 @@ def run_benchmark(shapes: list[tuple[int, int]], repeats: int = 100, sweep: bool
                 key=lambda r: r["us"])
         results.append(result)
         best = f" | best of sweep {min(t[0] for t in times):9.2f} us" if sweep else ""
+        compiled = "" if compiled_us is None else f" | compiled {compiled_us:9.2f} us {result['compiled_gbps']:8.1f} GB/s"
         progress(f"{rows:>6}x{width:<5} wgpu {wgpu_us:9.2f} us {result['wgpu_gbps']:8.1f} GB/s | "
-                 f"torch {torch_us:9.2f} us {result['torch_gbps']:8.1f} GB/s{best}")
+                 f"torch {torch_us:9.2f} us {result['torch_gbps']:8.1f} GB/s{compiled}{best}")
     return {
+        "dtype": dtype,
         "machine": platform.node() + " " + platform.machine(),
         "adapter": info["adapter"],
         "backend": info["backend"],

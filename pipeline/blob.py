@@ -3,22 +3,28 @@
 Imports only the standard library and numpy, so both the ahead-of-time side (which has
 ExecuTorch) and the runtime side (which has wgpu) can load it.
 
-Format version 2, all integers little-endian; a blob is exactly `total_size` bytes:
+Format version 3, all integers little-endian; a blob is exactly `total_size` bytes:
 
-    header   40 bytes at 0     magic b"WGLN", version 2, header size 40, byte-order mark
+    header   40 bytes at 0     magic b"WGLN", version 3, header size 40, byte-order mark
                                0x01020304, params (offset, size), data (offset, size),
                                total size, CRC-32 of everything after the header, reserved 0
-    params   64 + 8*ndim bytes op 1 (native_layer_norm), dtype 0 (float32), eps (f64),
+    params   64 + 8*ndim bytes op 1 (native_layer_norm), dtype of x and out, eps (f64),
              at 40               input index, argument count, weight and bias (source, index),
-                               outputs (count, 3 slots), ndim, pad, then ndim i64 dims
+                               outputs (count, 3 slots), ndim, affine dtype, then ndim i64 dims
     padding  zeros up to the next multiple of 16
-    data     the constant weight, then the constant bias (those present): float32
-             row-major, each taking its width*4 bytes rounded up to 16 (zero padded)
+    data     the constant weight, then the constant bias (those present) in the affine
+             dtype, row-major, each taking its width*itemsize bytes rounded up to 16 (zero padded)
+
+Dtype codes: 0 float32, 1 float16, 2 bfloat16 (its bits: the top half of a float32's).
+The affine dtype is that of weight and bias, and of mean and rstd as aten returns them:
+x's dtype, or float32 when x is half and weight or bias is float32 (aten's mixed case);
+with neither weight nor bias it is x's dtype. Version 2 (float32 only, the affine dtype
+field a zero pad) is refused: re-export.
 
 Every field has one valid value or a checked range and the CRC covers params, padding
 and data, so a blob that decodes is the blob that was encoded; anything else is a
 ValueError naming the field. The byte-level contract (shared with the C++ backend) is
-written out in the notes `blob_v2.md`.
+written out in the notes `blob_v3.md`.
 
 One blob describes one `native_layer_norm`: the partitioner makes one partition per
 LayerNorm. Row counts are not stored; the runtime reads them from the input tensor. A
@@ -37,13 +43,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 MAGIC = b"WGLN"
-VERSION = 2
+VERSION = 3
 BYTE_ORDER_MARK = 0x01020304
 # magic, version, header size, BOM, params (offset, size), data (offset, size), total size,
 # checksum, reserved
 HEADER = struct.Struct("<4sHHIIIIIIII")
 # op, dtype, eps, input index, arguments, weight (source, index), bias (source, index),
-# output count, outputs[3], ndim, pad; the ndim dims follow
+# output count, outputs[3], ndim, affine dtype; the ndim dims follow
 PARAMS = struct.Struct("<IIdIIIIIIIIIIII")
 DIM = struct.Struct("<q")
 ALIGN = 16
@@ -51,7 +57,9 @@ MAX_NDIM = 16
 U32_MAX = 2**32 - 1
 
 OP_NATIVE_LAYER_NORM = 1
-DTYPE_FLOAT32 = 0
+DTYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2}
+# How constants of each dtype are held as numpy arrays (numpy has no bfloat16: its bits).
+CONSTANT_ARRAYS = {"float32": np.dtype("<f4"), "float16": np.dtype("<f2"), "bfloat16": np.dtype("<u2")}
 
 DYNAMIC = -1  # a normalized dim taken from the input at run time
 NONE = "none"
@@ -150,8 +158,21 @@ class LayerNormParams:
     # Delegate arguments in all: x, input weight/bias, and sizes of dynamic dims, which the
     # partition receives as inputs too (the runtime reads those from x instead).
     arguments: int = 1
+    dtype: str = "float32"  # of x and out
+    # Of weight, bias, mean and rstd: dtype, or float32 with a half dtype and weight or
+    # bias present (aten's mixed case). None: the same as dtype.
+    affine_dtype: str | None = None
 
     def __post_init__(self) -> None:
+        if self.dtype not in DTYPE_CODES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPE_CODES)}, got {self.dtype!r}")
+        if self.affine_dtype is None:
+            object.__setattr__(self, "affine_dtype", self.dtype)
+        affine_present = self.weight.source != NONE or self.bias.source != NONE
+        allowed = {self.dtype, "float32"} if affine_present else {self.dtype}
+        if self.affine_dtype not in allowed:
+            raise ValueError(f"affine_dtype must be {' or '.join(sorted(allowed))} for dtype {self.dtype} "
+                             f"{'with' if affine_present else 'without'} weight or bias, got {self.affine_dtype!r}")
         shape = self.normalized_shape
         if not isinstance(shape, tuple) or not 1 <= len(shape) <= MAX_NDIM or not all(
             _is_int(d) and (1 <= d < 2**63 or d == DYNAMIC) for d in shape
@@ -197,7 +218,8 @@ class LayerNormParams:
 
 @dataclass(frozen=True)
 class DelegateBlob:
-    """A decoded blob: the op's parameters and its constant weight/bias (float32, normalized_shape)."""
+    """A decoded blob: the op's parameters and its constant weight/bias (normalized_shape, in
+    CONSTANT_ARRAYS[params.affine_dtype]: float32, float16, or bfloat16 bits as uint16)."""
 
     params: LayerNormParams
     constants: dict[str, np.ndarray] = field(default_factory=dict)
@@ -210,9 +232,10 @@ class DelegateBlob:
                                  f"constants {'lack' if wanted else 'hold'} it")
             if wanted:
                 arr = self.constants[role]
-                if arr.dtype != np.float32 or arr.shape != self.params.normalized_shape:
-                    raise ValueError(f"{role} constant must be float32 {list(self.params.normalized_shape)}, "
-                                     f"got {arr.dtype} {list(arr.shape)}")
+                kind = CONSTANT_ARRAYS[self.params.affine_dtype]
+                if arr.dtype != kind or arr.shape != self.params.normalized_shape:
+                    raise ValueError(f"{role} constant must be {kind} ({self.params.affine_dtype}) "
+                                     f"{list(self.params.normalized_shape)}, got {arr.dtype} {list(arr.shape)}")
         if set(self.constants) - {"weight", "bias"}:
             raise ValueError(f"unknown constants {sorted(set(self.constants) - {'weight', 'bias'})}")
 
@@ -226,15 +249,15 @@ def encode(blob: DelegateBlob) -> bytes:
     p = blob.params
     outputs = list(p.outputs) + [0] * (3 - len(p.outputs))
     params = PARAMS.pack(
-        OP_NATIVE_LAYER_NORM, DTYPE_FLOAT32, p.eps, p.input_index, p.arguments,
+        OP_NATIVE_LAYER_NORM, DTYPE_CODES[p.dtype], p.eps, p.input_index, p.arguments,
         SOURCE_CODES[p.weight.source], p.weight.index or 0,
         SOURCE_CODES[p.bias.source], p.bias.index or 0,
-        len(p.outputs), *outputs, len(p.normalized_shape), 0,
+        len(p.outputs), *outputs, len(p.normalized_shape), DTYPE_CODES[p.affine_dtype],
     ) + b"".join(DIM.pack(d) for d in p.normalized_shape)
     data = bytearray()
     for role in ("weight", "bias"):
         if role in blob.constants:
-            raw = np.ascontiguousarray(blob.constants[role], dtype="<f4").tobytes()
+            raw = np.ascontiguousarray(blob.constants[role], dtype=CONSTANT_ARRAYS[p.affine_dtype]).tobytes()
             data += raw + bytes(_align(len(raw)) - len(raw))
     data_offset = _align(HEADER.size + len(params))
     body = params + bytes(data_offset - HEADER.size - len(params)) + bytes(data)
@@ -258,8 +281,8 @@ def decode(blob: bytes | bytearray | memoryview) -> DelegateBlob:
     if header.total_size < HEADER.size + PARAMS.size:
         raise ValueError(f"delegate blob truncated: total_size {header.total_size} leaves no room for params")
     (op, dtype, eps, input_index, arguments, w_source, w_index, b_source, b_index, n_outputs,
-     *outputs, ndim, pad) = PARAMS.unpack_from(blob, HEADER.size)
-    _check_params_fields(op, dtype, n_outputs, outputs, ndim, pad)
+     *outputs, ndim, affine_dtype) = PARAMS.unpack_from(blob, HEADER.size)
+    _check_params_fields(op, dtype, affine_dtype, n_outputs, outputs, ndim)
     if header.params_size != PARAMS.size + DIM.size * ndim:
         raise ValueError(f"delegate blob params_size {header.params_size}, expected "
                          f"{PARAMS.size + DIM.size * ndim} for ndim {ndim}")
@@ -279,9 +302,12 @@ def decode(blob: bytes | bytearray | memoryview) -> DelegateBlob:
         bias=_operand("bias", b_source, b_index),
         outputs=tuple(outputs[:n_outputs]),
         arguments=arguments,
+        dtype=_DTYPE_NAMES[dtype],
+        affine_dtype=_DTYPE_NAMES[affine_dtype],
     )
     roles = [role for role in ("weight", "bias") if getattr(params, role).source == CONSTANT]
-    stride = _align(params.width * 4) if roles else 0
+    kind = CONSTANT_ARRAYS[params.affine_dtype]
+    stride = _align(params.width * kind.itemsize) if roles else 0
     if header.data_size != stride * len(roles):
         raise ValueError(f"delegate blob data_size {header.data_size}, expected {stride * len(roles)} "
                          f"for constants {roles or 'none'}")
@@ -291,21 +317,25 @@ def decode(blob: bytes | bytearray | memoryview) -> DelegateBlob:
     arrays = {}
     for i, role in enumerate(roles):
         start = header.data_offset + i * stride
-        end = start + params.width * 4
+        end = start + params.width * kind.itemsize
         if any(blob[end : start + stride]):
             raise ValueError(f"delegate blob padding after the {role} constant is not zero")
-        arr = np.frombuffer(blob, dtype="<f4", count=params.width, offset=start)
-        arrays[role] = arr.astype(np.float32).reshape(params.normalized_shape)
+        arr = np.frombuffer(blob, dtype=kind, count=params.width, offset=start)
+        arrays[role] = arr.astype(kind.newbyteorder("=")).reshape(params.normalized_shape)
     return DelegateBlob(params, arrays)
 
 
-def _check_params_fields(op: int, dtype: int, n_outputs: int, outputs: list[int], ndim: int, pad: int) -> None:
-    """The params fields that have no counterpart in `LayerNormParams` (codes, counts, padding)."""
+_DTYPE_NAMES = {code: name for name, code in DTYPE_CODES.items()}
+
+
+def _check_params_fields(op: int, dtype: int, affine_dtype: int, n_outputs: int, outputs: list[int],
+                         ndim: int) -> None:
+    """The params fields that have no counterpart in `LayerNormParams` (codes, counts)."""
     if op != OP_NATIVE_LAYER_NORM:
         raise ValueError(f"delegate blob op {op}, expected {OP_NATIVE_LAYER_NORM} (native_layer_norm)")
-    if dtype != DTYPE_FLOAT32:
-        raise ValueError(f"delegate blob dtype {dtype}, expected {DTYPE_FLOAT32} (float32, the only one "
-                         f"in format version {VERSION})")
+    for name, code in (("dtype", dtype), ("affine_dtype", affine_dtype)):
+        if code not in _DTYPE_NAMES:
+            raise ValueError(f"delegate blob {name} {code}, expected 0 (float32), 1 (float16) or 2 (bfloat16)")
     if not 1 <= n_outputs <= 3:
         raise ValueError(f"delegate blob n_outputs {n_outputs}, expected 1 to 3")
     if any(o not in (0, 1, 2) for o in outputs[:n_outputs]) or any(outputs[n_outputs:]):
@@ -313,8 +343,6 @@ def _check_params_fields(op: int, dtype: int, n_outputs: int, outputs: list[int]
                          "0 (out), 1 (mean) or 2 (rstd), unused ones 0")
     if not 1 <= ndim <= MAX_NDIM:
         raise ValueError(f"delegate blob ndim {ndim}, expected 1 to {MAX_NDIM}")
-    if pad != 0:
-        raise ValueError(f"delegate blob pad {pad:#x}, expected 0")
 
 
 def _operand(role: str, source: int, index: int) -> Operand:

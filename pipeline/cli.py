@@ -39,6 +39,11 @@ def _int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
 
 
+def add_dtype(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32",
+                        help="cast the model and its inputs to this dtype (default float32)")
+
+
 def add_verbose(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--verbose", action="store_true",
                         help="also show the warnings and log lines of the libraries this uses")

@@ -51,6 +51,7 @@ def export_model(
     dynamic: bool = False,
     progress: Callable[[str], None] | None = None,
     cpu_backend: str = "portable",
+    dtype: str = "float32",
 ) -> dict[str, Any]:
     """Export model `name` to `<output_dir>/<name>-<variant>.pte` with its `.coverage.json`.
 
@@ -80,7 +81,7 @@ def export_model(
         stage(f"building {name} from checkpoint {checkpoint}")
     else:
         stage(f"building {name} {variant or models.default_variant(name)} (seeded random weights, seed {seed})")
-    spec = models.build(name, variant=variant, checkpoint=checkpoint, seed=seed, dynamic=dynamic)
+    spec = models.build(name, variant=variant, checkpoint=checkpoint, seed=seed, dynamic=dynamic, dtype=dtype)
     shapes = ", ".join("x".join(map(str, t.shape)) for t in spec.example_inputs)
     stage(f"lowering {name}-{spec.variant}: torch.export ({shapes}{', dynamic' if dynamic else ''}), "
           "LayerNorm partitioning, WebGPU delegate")
@@ -95,7 +96,8 @@ def export_model(
         edge, coverage = lower_to_edge(spec.module, spec.example_inputs, spec.dynamic_shapes, cpu_backend)
     out_dir = Path(output_dir)
     # A dynamic export gets its own files: it must not replace the static one.
-    stem = f"{name}-{spec.variant}" + ("-dynamic" if dynamic else "") + ("-xnnpack" if cpu_backend == "xnnpack" else "")
+    stem = (f"{name}-{spec.variant}" + ("-dynamic" if dynamic else "") + ("" if dtype == "float32" else f"-{dtype}")
+            + ("-xnnpack" if cpu_backend == "xnnpack" else ""))
     pte_path = out_dir / f"{stem}.pte"
     coverage_path = out_dir / f"{stem}.coverage.json"
     summary: dict[str, Any] = {
@@ -104,6 +106,7 @@ def export_model(
         "checkpoint": spec.checkpoint,
         "seed": seed,
         "dynamic": dynamic,
+        "dtype": dtype,
         "cpu_backend": cpu_backend,
         "parameters": sum(p.numel() for p in spec.module.parameters()),
         "hidden_size": models.family(name).hidden_size(spec.config),

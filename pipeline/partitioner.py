@@ -19,6 +19,7 @@ logger = logging.getLogger(__name__)
 # WebGPU's guaranteed maxStorageBufferBindingSize: one row must fit in one binding on any adapter.
 MAX_ROW_BYTES = 128 * 1024 * 1024
 TAG_PREFIX = "webgpu_layer_norm_"
+KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def unsupported_reason(node: torch.fx.Node) -> str | None:
@@ -27,8 +28,8 @@ def unsupported_reason(node: torch.fx.Node) -> str | None:
     x_val = x.meta.get("val") if isinstance(x, torch.fx.Node) else None
     if not isinstance(x_val, torch.Tensor):
         return "input has no tensor metadata"
-    if x_val.dtype != torch.float32:
-        return f"input dtype {x_val.dtype}; the kernel is float32 only"
+    if x_val.dtype not in KERNEL_DTYPES:
+        return f"input dtype {x_val.dtype}; the kernel takes float32, float16 and bfloat16"
     if not isinstance(shape, (list, tuple)) or not shape:
         return f"normalized_shape {shape!r} is not a non-empty list"
     static = all(type(d) is int for d in shape)
@@ -50,10 +51,13 @@ def unsupported_reason(node: torch.fx.Node) -> str | None:
         val = t.meta.get("val") if isinstance(t, torch.fx.Node) else None
         if not isinstance(val, torch.Tensor):
             return f"{role} is not a tensor"
-        if val.dtype != torch.float32:
-            return f"{role} dtype {val.dtype}; the kernel is float32 only"
+        # aten's rule, which the kernel follows: x's dtype, or float32 with a half x.
+        if val.dtype not in (x_val.dtype, torch.float32):
+            return f"{role} dtype {val.dtype} with input dtype {x_val.dtype}; the kernel takes x's dtype or float32"
         if tuple(val.shape) != tuple(shape):
             return f"{role} shape {list(val.shape)} differs from normalized_shape {list(shape)}"
+    if weight is not None and bias is not None and weight.meta["val"].dtype != bias.meta["val"].dtype:
+        return f"weight dtype {weight.meta['val'].dtype} differs from bias dtype {bias.meta['val'].dtype}"
     if not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
         return f"eps {eps!r} is not a finite non-negative number"
     return None

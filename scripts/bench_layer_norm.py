@@ -21,6 +21,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=cli.positive_int, default=100, help="timed launches per shape (default 100)")
     parser.add_argument("--sweep", action="store_true", help="also time threads-per-row/workgroup variants")
     parser.add_argument("--json", metavar="FILE", help="write the results here (atomically)")
+    parser.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32",
+                        help="of x, weight, bias and out, for the kernel and torch (default float32); "
+                        "bandwidth counts its bytes a value")
     cli.add_verbose(parser)
     args = parser.parse_args(argv)
     try:
@@ -34,7 +37,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"argument --json: {exc}")
     cli.quiet_dependencies(args.verbose)
     try:
-        result = run_benchmark(shapes, repeats=args.repeats, sweep=args.sweep, progress=lambda line: print(line, flush=True))
+        result = run_benchmark(shapes, repeats=args.repeats, sweep=args.sweep,
+                               progress=lambda line: print(line, flush=True), dtype=args.dtype)
     except Exception as exc:  # one line for the user, status 1
         print(f"bench_layer_norm: {exc}", file=sys.stderr)
         return 1

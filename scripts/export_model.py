@@ -3,9 +3,10 @@
     python scripts/export_model.py bart
     python scripts/export_model.py whisper --variant tiny --output-dir out/
     python scripts/export_model.py bart --checkpoint path/to/bart-base --dynamic
+    python scripts/export_model.py whisper --variant tiny --dtype float16
 
 Writes <output-dir>/<model>-<variant>.pte and <model>-<variant>.coverage.json
-(<model>-<variant>-dynamic.* with --dynamic).
+(<model>-<variant>-dynamic.* with --dynamic, <model>-<variant>-float16.* with --dtype float16).
 Exit status: 0 done, 1 failed (one line on stderr), 2 bad usage.
 """
 
@@ -35,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="what runs the ops that are not LayerNorms: portable (ExecuTorch's CPU kernels; "
                         "default) or xnnpack (XNNPACK delegates: for ExecuTorch's runtime, see pipeline.native); "
                         "files of the latter are named <model>-<variant>-xnnpack.*")
+    cli.add_dtype(parser)
     cli.add_verbose(parser)
     args = parser.parse_args(argv)
     try:
@@ -56,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         summary = export_model(
             args.model, args.variant, args.checkpoint, args.output_dir, args.seed, args.dynamic,
             progress=lambda line: print(line, file=sys.stderr, flush=True), cpu_backend=args.cpu_backend,
+            dtype=args.dtype,
         )
     except KeyboardInterrupt:
         print("export_model: interrupted; no file was left half-written", file=sys.stderr)

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from pipeline import benchmark
 
@@ -45,3 +46,23 @@ def test_a_small_benchmark_runs(monkeypatch):
     result = benchmark.run_benchmark([(16, 128)], repeats=2, progress=lambda line: None)
     (row,) = result["results"]
     assert row["rows"] == 16 and row["width"] == 128 and row["wgpu_us"] > 0 and row["torch_us"] > 0
+
+
+@pytest.mark.usefixtures("gpu_info")
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_a_small_half_benchmark_runs_and_counts_two_bytes_a_value(monkeypatch, dtype):
+    monkeypatch.setattr(benchmark, "ROTATE_BYTES", 1 << 16)
+    result = benchmark.run_benchmark([(16, 128), (5, 7)], repeats=2, progress=lambda line: None, dtype=dtype)
+    assert result["dtype"] == dtype
+    row = result["results"][0]
+    assert row["mbytes"] == round(16 * 128 * 2 / 1e6, 2) and row["wgpu_us"] > 0 and row["torch_us"] > 0
+    assert row["wgpu_gbps"] == round(benchmark.effective_gbps(16, 128, row["wgpu_us"], 2), 1)
+    # Without CUDA there is no compiled column to time; on CUDA every row has one.
+    assert all((r["compiled_us"] is None) != torch.cuda.is_available() for r in result["results"])
+
+
+def test_compiled_layer_norm_is_compiled_and_warmed_before_timing():
+    # What the CUDA column times, run here on the CPU: torch.compile's default mode.
+    x, w, b = torch.randn(8, 24), torch.randn(24), torch.randn(24)
+    fn = benchmark.compiled_layer_norm(x, 24, w, b)
+    torch.testing.assert_close(fn(x, (24,), w, b), torch.nn.functional.layer_norm(x, (24,), w, b))

@@ -14,14 +14,23 @@ from pipeline import blob
 from pipeline.blob import CONSTANT, INPUT, DelegateBlob, LayerNormParams, Operand, decode, encode
 
 
-def make_blob(shape=(4, 3), weight=CONSTANT, bias=CONSTANT, outputs=(0, 1, 2), eps=1e-5) -> DelegateBlob:
+def make_blob(shape=(4, 3), weight=CONSTANT, bias=CONSTANT, outputs=(0, 1, 2), eps=1e-5, dtype="float32",
+              affine_dtype=None) -> DelegateBlob:
     rng = np.random.default_rng(0)
     next_index = iter(range(1, 3))
     operands = {r: Operand(s, next(next_index) if s == INPUT else None) for r, s in (("weight", weight), ("bias", bias))}
-    constants = {r: rng.standard_normal(shape).astype(np.float32) for r, op in operands.items() if op.source == CONSTANT}
-    arguments = 1 + sum(op.source == INPUT for op in operands.values())
-    params = LayerNormParams(shape, eps, 0, operands["weight"], operands["bias"], outputs, arguments)
+    params = LayerNormParams(shape, eps, 0, operands["weight"], operands["bias"], outputs,
+                             1 + sum(op.source == INPUT for op in operands.values()), dtype, affine_dtype)
+    values = {r: torch.from_numpy(rng.standard_normal(shape).astype(np.float32)) for r in operands}
+    constants = {r: _stored(values[r], params.affine_dtype) for r, op in operands.items() if op.source == CONSTANT}
     return DelegateBlob(params, constants)
+
+
+def _stored(t: torch.Tensor, dtype: str) -> np.ndarray:
+    """`t` as the blob holds a constant of `dtype` (bfloat16 as its bits)."""
+    if dtype == "bfloat16":
+        return t.bfloat16().view(torch.int16).numpy().view(np.uint16)
+    return t.to(getattr(torch, dtype)).numpy()
 
 
 @pytest.mark.parametrize("weight", [blob.NONE, CONSTANT, INPUT])
@@ -34,6 +43,43 @@ def test_round_trip_every_operand_source(weight, bias):
     for role, arr in original.constants.items():
         np.testing.assert_array_equal(decoded.constants[role], arr)
         assert decoded.constants[role].dtype == np.float32
+
+
+@pytest.mark.parametrize("dtype, affine_dtype", [("float16", None), ("bfloat16", None), ("float16", "float32"),
+                                                 ("bfloat16", "float32")])
+@pytest.mark.parametrize("shape", [(3,), (4, 3), (8,)])
+def test_round_trip_half_dtypes(dtype, affine_dtype, shape):
+    original = make_blob(shape=shape, dtype=dtype, affine_dtype=affine_dtype)
+    data = encode(original)
+    decoded = decode(data)
+    assert decoded.params == original.params
+    assert decoded.params.affine_dtype == (affine_dtype or dtype)
+    codes = {"float32": 0, "float16": 1, "bfloat16": 2}
+    assert struct.unpack_from("<I", data, 44)[0] == codes[dtype]
+    assert struct.unpack_from("<I", data, 100)[0] == codes[affine_dtype or dtype]
+    itemsize = 4 if affine_dtype == "float32" else 2
+    assert struct.unpack_from("<I", data, 24)[0] == 2 * ((np.prod(shape) * itemsize + 15) // 16 * 16)
+    for role, arr in original.constants.items():
+        assert decoded.constants[role].dtype == blob.CONSTANT_ARRAYS[decoded.params.affine_dtype]
+        np.testing.assert_array_equal(decoded.constants[role], arr)
+
+
+@pytest.mark.parametrize("dtype, affine_dtype, message", [
+    ("float64", None, "dtype must be one of"),
+    ("float32", "float16", "affine_dtype must be float32"),
+    ("float16", "bfloat16", "affine_dtype must be float16 or float32"),
+])
+def test_params_refuse_dtypes_aten_refuses(dtype, affine_dtype, message):
+    with pytest.raises(ValueError, match=message):
+        LayerNormParams((4,), 1e-5, weight=Operand(CONSTANT), dtype=dtype, affine_dtype=affine_dtype)
+    with pytest.raises(ValueError, match="affine_dtype must be float16 for dtype float16 without weight or bias"):
+        LayerNormParams((4,), 1e-5, dtype="float16", affine_dtype="float32")
+
+
+def test_constants_must_be_held_in_the_affine_dtype():
+    half = make_blob(shape=(4,), dtype="float16")
+    with pytest.raises(ValueError, match="weight constant must be float16"):
+        DelegateBlob(half.params, {r: a.astype(np.float32) for r, a in half.constants.items()})
 
 
 def test_round_trip_dynamic_dims_and_extra_arguments():
@@ -58,17 +104,17 @@ def test_round_trip_shapes_eps_and_outputs(shape, eps, outputs):
     assert decoded.constants["weight"].shape == shape
 
 
-def test_layout_matches_format_version_2():
+def test_layout_matches_format_version_3():
     data = encode(make_blob(shape=(1, 3)))
     magic, version, header_size, bom, p_off, p_size, d_off, d_size, total, crc, reserved = struct.unpack_from(
         "<4sHHIIIIIIII", data
     )
-    assert (magic, version, header_size, bom, reserved) == (b"WGLN", 2, 40, 0x01020304, 0)
+    assert (magic, version, header_size, bom, reserved) == (b"WGLN", 3, 40, 0x01020304, 0)
     assert (p_off, p_size, d_off, d_size, total) == (40, 64 + 8 * 2, 128, 16 + 16, 160) and total == len(data)
     assert crc == zlib.crc32(data[40:])
     op, dtype, eps, input_index, arguments, *rest = struct.unpack_from("<IIdIIIIIIIIIIII", data, 40)
     assert (op, dtype, eps, input_index, arguments) == (1, 0, 1e-5, 0, 1)
-    assert rest == [1, 0, 1, 0, 3, 0, 1, 2, 2, 0]  # weight, bias, outputs, ndim, pad
+    assert rest == [1, 0, 1, 0, 3, 0, 1, 2, 2, 0]  # weight, bias, outputs, ndim, affine dtype
     assert struct.unpack_from("<qq", data, 104) == (1, 3)
     assert data[120:128] == bytes(8) and data[140:144] == bytes(4) and data[156:160] == bytes(4)
 
@@ -109,10 +155,13 @@ def old_version_1_blob() -> bytes:
 def test_older_newer_foreign_and_big_endian_blobs_are_refused():
     data = encode(make_blob())
     for older in (old_version_1_blob(), old_version_1_blob()[:8], patch(data, 4, "<H", 1)):
-        with pytest.raises(ValueError, match="version 1 is older than this runtime's 2: re-export the model"):
+        with pytest.raises(ValueError, match="version 1 is older than this runtime's 3: re-export the model"):
             decode(older)
-    for newer in (patch(data, 4, "<H", 3), patch(data, 4, "<H", 3)[:12] + bytes(100)):
-        with pytest.raises(ValueError, match="version 3 is newer than this runtime's 2"):
+    # A float32 blob of format version 2 differs from version 3's only in that field.
+    with pytest.raises(ValueError, match="version 2 is older than this runtime's 3: re-export the model"):
+        decode(patch(data, 4, "<H", 2))
+    for newer in (patch(data, 4, "<H", 4), patch(data, 4, "<H", 4)[:12] + bytes(100)):
+        with pytest.raises(ValueError, match="version 4 is newer than this runtime's 3"):
             decode(newer)
     with pytest.raises(ValueError, match="not a WebGPU delegate blob"):
         decode(b"XNNP" + data[4:])
@@ -126,6 +175,7 @@ P = 40  # where the params start
 BASE = make_blob(shape=(1, 3))  # constant weight and bias, outputs (0, 1, 2)
 INPUTS = make_blob(shape=(1, 3), weight=INPUT, bias=INPUT, outputs=(0,))  # arguments 3, indices 1 and 2
 BARE = make_blob(shape=(1, 3), weight=blob.NONE, bias=blob.NONE, outputs=(1,))
+HALF = make_blob(shape=(1, 3), dtype="float16")  # float16 x, weight and bias
 
 
 @pytest.mark.parametrize(
@@ -140,7 +190,10 @@ BARE = make_blob(shape=(1, 3), weight=blob.NONE, bias=blob.NONE, outputs=(1,))
         (BASE, 28, "<I", 144, "total_size says 144"),
         (BASE, 36, "<I", 1, "reserved"),
         (BASE, P + 0, "<I", 2, "op 2"),
-        (BASE, P + 4, "<I", 1, "dtype 1"),
+        (BASE, P + 4, "<I", 3, "dtype 3"),
+        (BARE, P + 4, "<I", 1, "affine_dtype must be float16"),  # neither weight nor bias: x's dtype
+        (HALF, P + 4, "<I", 0, "affine_dtype must be float32"),  # float32 x with float16 weight
+        (HALF, P + 4, "<I", 2, "affine_dtype must be"),  # bfloat16 x with float16 weight
         (BASE, P + 8, "<d", float("nan"), "eps"),
         (BASE, P + 8, "<d", float("inf"), "eps"),
         (BASE, P + 8, "<d", -1e-5, "eps"),
@@ -156,7 +209,8 @@ BARE = make_blob(shape=(1, 3), weight=blob.NONE, bias=blob.NONE, outputs=(1,))
         (INPUTS, P + 48, "<I", 1, "outputs"),  # an unused entry not 0
         (BASE, P + 56, "<I", 0, "ndim 0"),
         (BASE, P + 56, "<I", 17, "ndim 17"),
-        (BASE, P + 60, "<I", 1, "pad"),
+        (BASE, P + 60, "<I", 1, "affine_dtype must be float32"),
+        (BASE, P + 60, "<I", 3, "affine_dtype 3"),
         (BASE, P + 64, "<q", 0, "dims"),
         (BASE, P + 64, "<q", -2, "dims"),
         (BASE, P + 64, "<q", -1, "dynamic dim"),  # with constants

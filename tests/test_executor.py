@@ -265,9 +265,10 @@ def test_unsupported_layer_norms_are_reported_and_still_run(caplog):
         prog = lower_and_compare(model, (randn(3, 8),), [(randn(5, 8, seed=1),)], complete=False,
                                  dynamic_shapes=({0: Dim("rows", max=32)},), layer_norms=4)
     cov = prog.coverage
-    assert cov.delegated == 2 and len(cov.not_delegated) == 2
+    # bfloat16 is delegated (the half kernel); float64 is not.
+    assert cov.delegated == 3 and len(cov.not_delegated) == 1
     reasons = " ".join(reason for _, reason in cov.not_delegated)
-    assert "torch.float64" in reasons and "torch.bfloat16" in reasons
+    assert "torch.float64" in reasons
     assert all(name in caplog.text for name, _ in cov.not_delegated)
 
 

@@ -81,21 +81,29 @@ def test_changed_kernel_file_changes_the_build(tmp_path, monkeypatch):
 # One source of truth for the kernel
 
 
-def _python_source(width: int, has_weight: bool, has_bias: bool, subgroup_size: int) -> str:
+def _python_source(width: int, has_weight: bool, has_bias: bool, subgroup_size: int, dtype: str = "float32",
+                   affine_dtype: str | None = None) -> str:
     files = types.SimpleNamespace(
         shader_source=lambda name: resources.files("pipeline.wgsl").joinpath(name).read_text()
     )
-    return choose_config(width, has_weight, has_bias, subgroup_size).source(files)
+    return choose_config(width, has_weight, has_bias, subgroup_size, dtype, affine_dtype).source(files)
 
 
+# (dtype, affine dtype): float32, and each half dtype with weight and bias like x or float32.
+DTYPE_PAIRS = [("float32", "float32"), ("float16", "float16"), ("float16", "float32"), ("bfloat16", "bfloat16"),
+               ("bfloat16", "float32")]
+
+
+@pytest.mark.parametrize("dtype, affine_dtype", DTYPE_PAIRS)
 @pytest.mark.parametrize("width", WIDTHS)
-def test_wgsl_module_is_pythons(native, width):
+def test_wgsl_module_is_pythons(native, width, dtype, affine_dtype):
     for has_weight in (False, True):
         for has_bias in (False, True):
             for subgroup_size in (0, 8, 32):
-                got = native.wgsl_source(width, has_weight, has_bias, subgroup_size)
-                want = _python_source(width, has_weight, has_bias, subgroup_size)
-                assert got == want, f"width {width} weight {has_weight} bias {has_bias} subgroups {subgroup_size}"
+                got = native.wgsl_source(width, has_weight, has_bias, subgroup_size, dtype, affine_dtype)
+                want = _python_source(width, has_weight, has_bias, subgroup_size, dtype, affine_dtype)
+                assert got == want, (f"width {width} weight {has_weight} bias {has_bias} subgroups {subgroup_size} "
+                                     f"{dtype}/{affine_dtype}")
 
 
 # One set of blob rules
@@ -134,6 +142,20 @@ def _valid_blobs() -> list[tuple[str, bytes]]:
         blobs.append((f"dynamic {shape}", blob.encode(DelegateBlob(params))))
     for eps, outputs in ((1e-12, (1,)), (1 / 3, (0, 0, 2)), (-0.0, (2,))):
         blobs.append((f"eps {eps} outputs {outputs}", blob.encode(DelegateBlob(LayerNormParams((7,), eps, outputs=outputs)))))
+    # Half dtypes: constants of 2 bytes a value (odd counts pad), or float32 ones.
+    for dtype, affine_dtype in DTYPE_PAIRS[1:]:
+        for shape in ((1,), (5,), (4, 3), (8,)):
+            params = LayerNormParams(shape, 1e-5, 0, Operand(CONSTANT), Operand(CONSTANT), (0, 1, 2), 1, dtype,
+                                     affine_dtype)
+            values = rng.standard_normal((2, *shape)).astype(np.float32)
+            if affine_dtype == "bfloat16":
+                values = torch.from_numpy(values).bfloat16().view(torch.int16).numpy().view(np.uint16)
+            constants = dict(zip(("weight", "bias"), values.astype(blob.CONSTANT_ARRAYS[affine_dtype])))
+            blobs.append((f"{dtype}/{affine_dtype} constant {shape}", blob.encode(DelegateBlob(params, constants))))
+        params = LayerNormParams((3, DYNAMIC), 1e-5, 0, outputs=(0, 1), dtype=dtype)
+        blobs.append((f"{dtype} dynamic", blob.encode(DelegateBlob(params))))
+        params = LayerNormParams((6,), 1e-5, 0, Operand(INPUT, 1), Operand(INPUT, 2), (0,), 3, dtype, affine_dtype)
+        blobs.append((f"{dtype}/{affine_dtype} input", blob.encode(DelegateBlob(params))))
     return blobs
 
 
@@ -163,10 +185,12 @@ def test_both_refuse_every_single_bit_flip(native, index):
 def test_both_decide_alike_on_fields_past_the_checksum(native):
     """Every params field set to edge values (checksum resealed), then random resealed bytes."""
     base = dict(_valid_blobs())
-    # Params fields at their blob offsets: op .. pad as u32 (eps apart), then the dims.
+    # Params fields at their blob offsets: op .. affine_dtype as u32 (eps apart), then the dims.
     fields = [(off, "<I") for off in (40, 44, *range(56, 104, 4))] + [(off, "<q") for off in (104, 112, 120)]
     values = [0, 1, 2, 3, 4, 16, 17, 2**31, 2**32 - 1]
-    for what in ("constant/input (4, 3)", "input/input (2, 3, 4)", "dynamic (3, -1)", "none/none (5,)"):
+    for what in ("constant/input (4, 3)", "input/input (2, 3, 4)", "dynamic (3, -1)", "none/none (5,)",
+                 "float16/float16 constant (5,)", "bfloat16/float32 constant (4, 3)", "bfloat16 dynamic",
+                 "float16/float32 input"):
         data = base[what]
         for off, fmt in fields:
             if off + struct.calcsize(fmt) > len(data):
@@ -185,7 +209,7 @@ def test_both_decide_alike_on_fields_past_the_checksum(native):
         params += b"".join(struct.pack("<q", d) for d in shape)
         offset = (40 + len(params) + 15) // 16 * 16
         body = params + bytes(offset - 40 - len(params))
-        header = struct.pack("<4sHHIIIIIIII", b"WGLN", 2, 40, 0x01020304, 40, len(params), offset, 0, offset,
+        header = struct.pack("<4sHHIIIIIIII", b"WGLN", 3, 40, 0x01020304, 40, len(params), offset, 0, offset,
                              zlib.crc32(body), 0)
         _assert_same_verdict(native, header + body, f"dims {shape}")
     rng = random.Random(0)
@@ -212,9 +236,10 @@ def test_both_refuse_truncated_extended_and_garbage_blobs(native):
 
 def test_refusals_name_the_field(native):
     data = bytearray(_valid_blobs()[0][1])
-    struct.pack_into("<H", data, 4, 1)
-    assert "re-export" in native.check_blob(bytes(data))
-    struct.pack_into("<H", data, 4, 3)
+    for older in (1, 2):
+        struct.pack_into("<H", data, 4, older)
+        assert "re-export" in native.check_blob(bytes(data))
+    struct.pack_into("<H", data, 4, 4)
     assert "newer" in native.check_blob(bytes(data))
     data = bytearray(_valid_blobs()[0][1])
     data[-1] ^= 1
@@ -295,6 +320,41 @@ def test_small_model_runs_in_executorch_runtime(native_runtime, tmp_path):
         python = prog(*run)
         _assert_within_one_ulp(got[0], python[0], "LayerNorm (constant weight and bias)")
         _assert_within_one_ulp(got[2], python[2], "GroupNorm's LayerNorm")
+
+
+class HalfModel(nn.Module):
+    """LayerNorms of odd and even widths (the half kernel's two storage layouts), one
+    returning mean and rstd, and an affine GroupNorm."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(15)
+        self.group_norm = nn.GroupNorm(2, 4)
+        with torch.no_grad():
+            for p in self.parameters():
+                p.normal_()
+
+    def forward(self, x, y):
+        out, mean, rstd = torch.ops.aten.native_layer_norm(x, [15], self.norm.weight, self.norm.bias, 1e-5)
+        return out, mean, rstd, self.group_norm(y)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_model_runs_in_executorch_runtime(native_runtime, tmp_path, dtype):
+    torch.manual_seed(0)
+    model = HalfModel().eval().to(dtype)
+    inputs = ((torch.randn(3, 5, 15) * 2 + 30).to(dtype), torch.randn(2, 4, 7).to(dtype))
+    prog = pipeline.lower(model, inputs)
+    assert prog.coverage.delegated == prog.coverage.total == 2
+    prog.save(tmp_path / "half.pte")
+    got = native_runtime.load(tmp_path / "half.pte")(*inputs)
+    python = prog(*inputs)
+    eager = model(*inputs)
+    for i, (g, p, e) in enumerate(zip(got, python, eager)):
+        # The same kernel on the same bytes, statistics rounded alike: the same bits.
+        assert g.dtype == p.dtype == e.dtype == dtype and torch.equal(g, p), f"output {i}"
+        # Eager rounds the GroupNorm once, the reframe twice: a few half ulps apart.
+        assert (g.double() - e.double()).abs().max() <= 4 * torch.finfo(dtype).eps * e.double().abs().max(), i
 
 
 def test_dynamic_lengths_run_in_executorch_runtime(native_runtime, tmp_path):
@@ -384,7 +444,7 @@ def test_whisper_tiny_runs_in_executorch_runtime(native_runtime, tmp_path, cpu_b
 # Damaged files fail with an error, never a crash
 
 
-@pytest.mark.parametrize("damage", ["bit flip in params", "foreign magic", "version 1", "version 3", "bit flip in data"])
+@pytest.mark.parametrize("damage", ["bit flip in params", "foreign magic", "version 2", "version 4", "bit flip in data"])
 def test_damaged_blob_fails_load_method(native_runtime, tmp_path, damage):
     from executorch.runtime import Runtime
 
@@ -393,15 +453,15 @@ def test_damaged_blob_fails_load_method(native_runtime, tmp_path, damage):
     pipeline.lower(model, (torch.randn(3, 5, 16), torch.randn(2, 8, 7))).save(tmp_path / "small.pte")
     data = bytearray((tmp_path / "small.pte").read_bytes())
     at = data.find(b"WGLN")
-    assert at >= 0 and struct.unpack_from("<H", data, at + 4)[0] == 2
+    assert at >= 0 and struct.unpack_from("<H", data, at + 4)[0] == 3
     if damage == "bit flip in params":
         data[at + 60] ^= 0x10
     elif damage == "foreign magic":
         data[at : at + 4] = b"XGLN"
-    elif damage == "version 1":
-        struct.pack_into("<H", data, at + 4, 1)
-    elif damage == "version 3":
-        struct.pack_into("<H", data, at + 4, 3)
+    elif damage == "version 2":
+        struct.pack_into("<H", data, at + 4, 2)
+    elif damage == "version 4":
+        struct.pack_into("<H", data, at + 4, 4)
     else:
         data[at + struct.unpack_from("<I", data, at + 20)[0] + 5] ^= 0x01
     program = Runtime.get().load_program(bytes(data))

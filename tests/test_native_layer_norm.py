@@ -279,7 +279,10 @@ def test_pipelines_and_buffers_are_reused():
     "args,match",
     [
         ((torch.randn(4, 8).double(), [8]), "input must be float32"),
-        ((torch.randn(4, 8).half(), [8]), "input must be float32"),
+        ((torch.randn(4, 8).to(torch.int32), [8]), "input must be float32, float16 or bfloat16"),
+        ((torch.randn(4, 8).half(), [8], torch.randn(8).bfloat16()), "weight must be"),
+        ((torch.randn(4, 8), [8], torch.randn(8).half()), "weight must be"),
+        ((torch.randn(4, 8).half(), [8], torch.randn(8).half(), torch.randn(8)), "bias must have weight's dtype"),
         ((torch.randn(4, 8), [7]), "normalized_shape"),
         ((torch.randn(4, 8), [4, 8, 1]), "normalized_shape"),
         ((torch.randn(4, 8), []), "normalized_shape"),
@@ -389,3 +392,151 @@ def test_marked_lines_are_written_out_once_per_value():
         "fn f() {\n    let v_0 = g(lane + 0u * T);\n    let v_1 = g(lane + 1u * T);\n"
         "    let v_2 = g(lane + 2u * T);\n}\n"
     )
+
+
+# Half precision: float16 and bfloat16 rows, read and written as u32 pairs, computed in f32.
+
+HALF_DTYPES = [torch.float16, torch.bfloat16]
+
+
+def assert_half_close_to_reference(x, shape, weight=None, bias=None, eps=1e-5, factor=1.25):
+    """Half `x`: dtypes exactly aten's, and the error vs float64 (of the same half inputs) at
+    most `factor` x eager's at the same dtype. Both round once to the output dtype, so out's
+    bound is strict; mean and rstd may sit one half ulp the other side of a tie."""
+    ours = pipeline.layer_norm(x, shape, weight, bias, eps)
+    eager = ATEN(x, list(shape), weight, bias, eps)
+    truth = reference(x, shape, weight, bias, eps)
+    for name, o, e, t in zip(("out", "mean", "rstd"), ours, eager, truth):
+        assert o.dtype == e.dtype and o.shape == e.shape, f"{name}: {o.dtype} {list(o.shape)} vs aten's"
+        same = torch.isnan if name == "out" else torch.isfinite
+        assert torch.equal(same(o), same(e)), f"{name}: non-finite pattern differs from PyTorch"
+        finite = torch.isfinite(t) & torch.isfinite(e)
+        if not finite.any():
+            continue
+        err = (o.double() - t)[finite].abs().max().item()
+        eager_err = (e.double() - t)[finite].abs().max().item()
+        tie = 0.0 if name == "out" else float(torch.finfo(o.dtype).eps * t[finite].abs().max())
+        assert err <= factor * eager_err + tie, f"{name}: error {err:.3g} vs float64, eager {eager_err:.3g}"
+    return ours
+
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("width", [6, 384, 768, 1023, 1280])
+@pytest.mark.parametrize("shift", [0.0, 30.0])
+@pytest.mark.parametrize("affine_dtype", ["same", torch.float32, None])
+def test_half_rows_against_float64(dtype, width, shift, affine_dtype, reduction):
+    gen = torch.Generator().manual_seed(width + int(shift))
+    x = (torch.randn(33, width, generator=gen) * (2.0 if shift else 1.0) + shift).to(dtype)
+    weight, bias = make_affine((width,), affine_dtype is not None, affine_dtype is not None, gen)
+    if affine_dtype is not None:
+        weight, bias = (t.to(dtype if affine_dtype == "same" else affine_dtype) for t in (weight, bias))
+    assert_half_close_to_reference(x, (width,), weight, bias)
+
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("width", [1, 2, 3, 5, 7, 132, 766, 4097, 4098])
+@pytest.mark.parametrize("has_weight,has_bias", AFFINE)
+def test_half_widths_and_affine(dtype, width, has_weight, has_bias, reduction):
+    gen = torch.Generator().manual_seed(width)
+    x = (torch.randn(7, width, generator=gen) * 2 + 0.5).to(dtype)
+    weight, bias = make_affine((width,), has_weight, has_bias, gen)
+    weight, bias = (None if t is None else t.to(dtype) for t in (weight, bias))
+    assert_half_close_to_reference(x, (width,), weight, bias)
+
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("width", [5, 768, 1023])
+def test_half_large_mean_small_variance(dtype, width, reduction):
+    gen = torch.Generator().manual_seed(width)
+    x = (2048 + 4 * torch.randn(16, width, generator=gen)).to(dtype)
+    weight, bias = make_affine((width,), True, True, gen)
+    assert_half_close_to_reference(x, (width,), weight.to(dtype), bias.to(dtype))
+
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("width", [1, 3, 768, 4097])
+def test_half_constant_rows(dtype, width):
+    x = torch.full((5, width), 3.25, dtype=dtype)
+    x[1] = -1e4
+    bias = torch.linspace(-1, 1, width).to(dtype)
+    out, mean, rstd = pipeline.layer_norm(x, [width], None, bias, eps=1e-5)
+    assert torch.equal(out, bias.expand(5, width))
+    assert torch.equal(mean.flatten(), x[:, 0])
+    assert rstd.dtype == dtype and torch.equal(rstd, torch.full_like(rstd, 1e-5 ** -0.5))
+
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("width", [3, 6, 128, 1023])
+def test_half_nan_and_inf_rows(dtype, width, reduction):
+    gen = torch.Generator().manual_seed(width)
+    x = torch.randn(6, width, generator=gen)
+    x[1, width // 2] = float("nan")
+    x[2, 0] = float("inf")
+    x[3, -1] = float("-inf")
+    x[4, 0], x[4, -1] = float("inf"), float("-inf")
+    weight, bias = make_affine((width,), True, True, gen)
+    out, _, rstd = assert_half_close_to_reference(x.to(dtype), (width,), weight.to(dtype), bias.to(dtype))
+    assert out[1:5].isnan().all() and rstd[1:5].isnan().all() and not out[[0, 5]].isnan().any()
+
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("width", [3, 128])
+def test_half_more_rows_than_one_grid_dimension(dtype, width, reduction):
+    gen = torch.Generator().manual_seed(width)
+    x = torch.randn(70_001, width, generator=gen).to(dtype)
+    weight, bias = make_affine((width,), True, True, gen)
+    assert_half_close_to_reference(x, (width,), weight.to(dtype), bias.to(dtype))
+
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+def test_half_output_is_rounded_once_to_nearest_even(dtype, reduction):
+    # Zero rows normalize to exactly 0, so out is the float32 bias rounded to `dtype`:
+    # random bit patterns, ties, the largest finite values, overflow, subnormals, NaN.
+    gen = torch.Generator().manual_seed(0)
+    bits = torch.randint(-(2**31), 2**31 - 1, (4093,), generator=gen, dtype=torch.int64).to(torch.int32)
+    edges = [65504.0, 65519.99, 65520.0, 1e-8, 2.98e-8, 2.9802322e-08, 5.96e-8, 6.1e-5, 6.103515625e-05,
+             1 + 2**-11, 1 + 3 * 2**-11, 1 + 2**-8, 1 + 3 * 2**-8, 3.3961e38, 3.4e38, float("inf"), float("nan")]
+    bias = torch.cat([bits.view(torch.float32), torch.tensor(edges), -torch.tensor(edges)])
+    width = bias.numel()  # odd: the atomic half-word stores
+    for w in (width, width - 1):  # and whole u32 pairs
+        out, _, _ = pipeline.layer_norm(torch.zeros(3, w, dtype=dtype), [w], None, bias[:w])
+        expected = bias[:w].to(dtype).expand(3, w)
+        assert torch.equal(out.isnan(), expected.isnan())
+        assert torch.equal(out[~out.isnan()], expected[~expected.isnan()])
+
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+def test_half_input_is_read_exactly(dtype):
+    # Every finite bit pattern as a row of one: with a float32 weight, mean comes back in
+    # float32 and is the value itself.
+    values = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(dtype)
+    values = values[values.isfinite()].reshape(-1, 1)
+    _, mean, _ = pipeline.layer_norm(values, [1], torch.ones(1), None)
+    assert mean.dtype == torch.float32 and torch.equal(mean, values.float())
+
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("width", [3, 6, 1023])
+def test_half_every_output_element_is_written(dtype, width, reduction):
+    x = torch.randn(37, width).to(dtype)
+    out, mean, rstd = runtime.native_layer_norm(x, [width], None, None, 1e-5, poison=float("nan"))
+    assert not out.isnan().any() and not mean.isnan().any() and not rstd.isnan().any()
+
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+def test_half_launches_split_at_the_binding_limit(dtype, monkeypatch):
+    # Odd rows of 2-byte values: every launch but the first starts mid-word in the tensor.
+    g = runtime_device.gpu()
+    monkeypatch.setitem(g.limits, "max-storage-buffer-binding-size", 1023 * 2 * 9 + 4)
+    before = runtime.stats()["dispatches"]
+    x = torch.randn(100, 1023).to(dtype)
+    assert_half_close_to_reference(x, (1023,), torch.randn(1023).to(dtype), torch.randn(1023).to(dtype))
+    assert runtime.stats()["dispatches"] - before == 12
+
+
+def test_half_pipelines_use_no_shader_f16():
+    # Core WGSL only: the module compiles on adapters without the `shader-f16` feature.
+    for dtype, affine in (("float16", "float16"), ("bfloat16", "float32")):
+        for width in (4, 6, 7):
+            source = kernel.choose_config(width, True, True, 0, dtype, affine).source(runtime_device.gpu())
+            assert "enable f16" not in source and "f16>" not in source and " f16" not in source

@@ -54,9 +54,13 @@ def describe_partition(edge_program: ExportedProgram) -> blob_format.DelegateBlo
     # Symbolic dims (a dynamic length) are read from the input at run time.
     shape = tuple(int(d) if isinstance(d, int) else blob_format.DYNAMIC for d in shape)
 
+    dtype = _dtype_name(x, f"{norm.name} input")
+    affine_dtype = dtype
     operands: dict[str, blob_format.Operand] = {}
     constants: dict[str, np.ndarray] = {}
     for role, node in (("weight", weight), ("bias", bias)):
+        if node is not None:
+            affine_dtype = _dtype_name(node, f"{norm.name} {role}")
         if node is None:
             operands[role] = blob_format.Operand()
         elif node in arg_index:
@@ -80,8 +84,20 @@ def describe_partition(edge_program: ExportedProgram) -> blob_format.DelegateBlo
         bias=operands["bias"],
         outputs=tuple(outputs),
         arguments=len(user_inputs),
+        dtype=dtype,
+        affine_dtype=affine_dtype,
     )
     return blob_format.DelegateBlob(params, constants)
+
+
+DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+
+
+def _dtype_name(node: torch.fx.Node, what: str) -> str:
+    val = node.meta.get("val")
+    if not isinstance(val, torch.Tensor) or val.dtype not in DTYPE_NAMES:
+        raise ValueError(f"{what}: dtype {getattr(val, 'dtype', None)} is not float32, float16 or bfloat16")
+    return DTYPE_NAMES[val.dtype]
 
 
 def layer_norm_args(node: torch.fx.Node) -> tuple:
@@ -105,6 +121,11 @@ def _constant(edge_program: ExportedProgram, spec, shape: tuple[int, ...], what:
         raise ValueError(f"{what}: input kind {spec.kind.name} cannot be carried in the blob")
     if not isinstance(tensor, torch.Tensor):
         raise ValueError(f"{what}: no tensor stored for {spec.target}")
-    if tensor.dtype != torch.float32 or tuple(tensor.shape) != shape:
-        raise ValueError(f"{what}: must be float32 {list(shape)}, got {tensor.dtype} {list(tensor.shape)}")
-    return tensor.detach().cpu().contiguous().numpy().copy()
+    if tensor.dtype not in DTYPE_NAMES or tuple(tensor.shape) != shape:
+        raise ValueError(f"{what}: must be float32, float16 or bfloat16 {list(shape)}, "
+                         f"got {tensor.dtype} {list(tensor.shape)}")
+    tensor = tensor.detach().cpu().contiguous()
+    # numpy has no bfloat16: the blob carries its bits.
+    if tensor.dtype == torch.bfloat16:
+        return tensor.view(torch.int16).numpy().view(np.uint16).copy()
+    return tensor.numpy().copy()

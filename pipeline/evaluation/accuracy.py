@@ -2,10 +2,16 @@
 
 Verdict: outputs finite and delegated-vs-float64 max error <= 2 x eager-float32-vs-float64
 max error, i.e. delegation stays inside float32 eager's own error envelope.
+
+A half-precision model (float16, bfloat16) is held against eager at its own dtype: the
+`eager_fp32_*` figures are then eager at that dtype (`dtype` says which), and
+`eager_float32_vs_fp64_max_abs` gives float32 eager's error with the same (half) weights
+and inputs beside them.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -44,6 +50,8 @@ class AccuracyReport:
     layer_norms: list[LayerNormError] = field(default_factory=list)
     # The coverage audit of the same eager float32 run (not part of `as_dict`).
     coverage: CoverageAudit | None = None
+    dtype: str = "float32"  # of the module and inputs, and so of the eager run held against
+    eager_float32_vs_fp64: dict | None = None  # for a half dtype: float32 eager, same weights
 
     @property
     def worst_layer_norm(self) -> LayerNormError | None:
@@ -65,6 +73,9 @@ class AccuracyReport:
                 "delegated_vs_fp64_max_abs": self.delegated_vs_fp64["max_abs"],
                 "eager_fp32_vs_fp64_max_abs": self.eager_fp32_vs_fp64["max_abs"],
                 "envelope": ENVELOPE,
+                "dtype": self.dtype,
+                "eager_float32_vs_fp64_max_abs": (None if self.eager_float32_vs_fp64 is None
+                                                  else self.eager_float32_vs_fp64["max_abs"]),
                 "cosine": self.delegated_vs_fp64["cosine"],
                 "sqnr_db": self.delegated_vs_fp64["sqnr_db"],
                 "worst_layer_norm": None if worst is None else {
@@ -107,18 +118,25 @@ def evaluate_accuracy(
     model: str = "",
     variant: str | None = None,
 ) -> AccuracyReport:
-    """Run eager float32, eager float64 and `program` on `inputs`; compare outputs and LayerNorms."""
+    """Run eager (at the module's dtype: float32, float16 or bfloat16), eager float64 and
+    `program` on `inputs`; compare outputs and LayerNorms."""
     fp32 = run_eager(module, inputs)
     fp64 = run_eager(*to_float64(module, inputs))
     delegated_out, captured = run_delegated(program, inputs)
 
     reference = flatten_output(fp64.outputs)
+    dtype = next((p.dtype for p in module.parameters() if p.is_floating_point()), torch.float32)
     report = AccuracyReport(
         model=model,
         variant=variant,
         delegated_vs_fp64=compare(flatten_output(delegated_out), reference),
         eager_fp32_vs_fp64=compare(flatten_output(fp32.outputs), reference),
+        dtype=str(dtype).removeprefix("torch."),
     )
+    if dtype != torch.float32:
+        single = copy.deepcopy(module).float()
+        floats = tuple(x.float() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs)
+        report.eager_float32_vs_fp64 = compare(flatten_output(run_eager(single, floats).outputs), reference)
     records = program_records(program, fp32.calls)
     report.coverage = coverage_of(fp32.calls, records, program, model, variant)
     calls32, _ = match_calls(records, fp32.calls)

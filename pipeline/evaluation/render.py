@@ -85,15 +85,26 @@ def _accuracy_summary(data: dict) -> list[str]:
     a = data["accuracy"]
     d, e = a["delegated_vs_fp64"], a["eager_fp32_vs_fp64"]
     worst = a["worst_layer_norm"]
+    eager = _eager_label(a)
+    single = [] if a.get("eager_float32_vs_fp64_max_abs") is None else [
+        f"eager fp32 (same {a['dtype']} weights and inputs) vs fp64: max abs {fmt(a['eager_float32_vs_fp64_max_abs'])}"]
     return [
-        f"verdict: {data['verdict']} (delegated max error <= {fmt(a['envelope'])} x eager fp32's, outputs finite)",
+        f"dtype: {a.get('dtype', 'float32')}",
+        f"verdict: {data['verdict']} (delegated max error <= {fmt(a['envelope'])} x {eager}'s, outputs finite)",
         f"delegated vs fp64: max abs {fmt(d['max_abs'])}, rel L2 {fmt(d['rel_l2'])}, "
         f"cosine {d['cosine']:.9f}, SQNR {fmt(d['sqnr_db'])} dB, finite {d['finite']}",
-        f"eager fp32 vs fp64: max abs {fmt(e['max_abs'])}, rel L2 {fmt(e['rel_l2'])}, "
+        f"{eager} vs fp64: max abs {fmt(e['max_abs'])}, rel L2 {fmt(e['rel_l2'])}, "
         f"cosine {e['cosine']:.9f}, SQNR {fmt(e['sqnr_db'])} dB",
+        *single,
         "worst LayerNorm: " + ("–" if worst is None else f"{worst['module_path'] or '<root>'} "
                                                           f"({worst['node']}) max abs {fmt(worst['max_abs'])}"),
     ]
+
+
+def _eager_label(accuracy: dict) -> str:
+    """What the delegated program is held against: eager at the report's dtype."""
+    short = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+    return f"eager {short[accuracy.get('dtype', 'float32')]}"
 
 
 def accuracy_plot(data: dict) -> bytes:
@@ -124,6 +135,8 @@ def accuracy_html(data: dict) -> str:
 def accuracy_line(data: dict) -> str:
     a = data["accuracy"]
     worst = a["worst_layer_norm"]
+    single = "" if a.get("eager_float32_vs_fp64_max_abs") is None else (
+        f"  (eager fp32 {fmt(a['eager_float32_vs_fp64_max_abs'])})")
     return (f"{data['model']:<10} {data['verdict']:<5} delegated {fmt(a['delegated_vs_fp64_max_abs']):>8}  "
-            f"eager fp32 {fmt(a['eager_fp32_vs_fp64_max_abs']):>8}  cos {a['cosine']:.7f}  "
+            f"{_eager_label(a)} {fmt(a['eager_fp32_vs_fp64_max_abs']):>8}{single}  cos {a['cosine']:.7f}  "
             f"SQNR {fmt(a['sqnr_db'])} dB  worst LN {'–' if worst is None else worst['module_path']}")

@@ -50,17 +50,18 @@ def resolve_models(name: str) -> list[str]:
     return [name]
 
 
-def _build_and_lower(name: str, variant: str | None, seed: int):
+def _build_and_lower(name: str, variant: str | None, seed: int, dtype: str = "float32"):
     import pipeline
 
     torch.manual_seed(seed)
-    spec = pipeline.models.build(name, variant=variant, seed=seed)
+    spec = pipeline.models.build(name, variant=variant, seed=seed, dtype=dtype)
     program = pipeline.lower(spec.module, spec.example_inputs, spec.dynamic_shapes)
     return spec, program
 
 
-def _stem(model: str, variant: str | None, kind: str) -> str:
-    return f"{model}-{variant}.{kind}" if variant else f"{model}.{kind}"
+def _stem(model: str, variant: str | None, kind: str, dtype: str = "float32") -> str:
+    name = f"{model}-{variant}" if variant else model
+    return f"{name}{'' if dtype == 'float32' else '-' + dtype}.{kind}"
 
 
 def coverage_for(spec, program, seed: int) -> dict:
@@ -97,11 +98,15 @@ def run_reports(
     seed: int = 0,
     progress: Callable[[str], None] = print,
     pte: str | Path | None = None,
+    dtype: str = "float32",
 ) -> int:
     """Run the coverage audit (`kind="coverage"`) or accuracy report (`"accuracy"`) for `model` or `all`,
     or for the exported file `pte` (its model, variant and seed from the `.coverage.json` beside it).
 
-    Writes MODEL[-VARIANT].KIND.{json,md,html} (STEM.pte.KIND.* for a file) under
+    `dtype` (float32, float16, bfloat16) casts the model and its inputs; the accuracy verdict
+    then holds the program against eager at that dtype, both against float64.
+
+    Writes MODEL[-VARIANT][-DTYPE].KIND.{json,md,html} (STEM.pte.KIND.* for a file) under
     `output_dir`, prints one summary line per model, and returns the exit status: 0 when
     every verdict passes, 1 otherwise.
     """
@@ -117,8 +122,8 @@ def run_reports(
             stem = f"{Path(pte).name.removesuffix('.pte')}.pte.{kind}"
         else:
             progress(f"[{name}] building and lowering ...")
-            spec, program = _build_and_lower(name, variant, seed)
-            stem = _stem(name, spec.variant, kind)
+            spec, program = _build_and_lower(name, variant, seed, dtype)
+            stem = _stem(name, spec.variant, kind, dtype)
         progress(f"[{name}] evaluating {kind} ...")
         if kind == "coverage":
             data = coverage_for(spec, program, seed)
@@ -158,10 +163,13 @@ def report_main(kind: str, description: str, argv: list[str] | None = None) -> i
     parser.add_argument("--variant", help="model variant (default: each model's default)")
     parser.add_argument("--output-dir", default=str(DEFAULT_OUTPUT_DIR), help=f"default {DEFAULT_OUTPUT_DIR}")
     parser.add_argument("--seed", type=cli.seed, default=0, help="seed of weights and inputs, 0 to 2**64 - 1 (default 0)")
+    cli.add_dtype(parser)
     cli.add_verbose(parser)
     args = parser.parse_args(argv)
     if (args.model is None) == (args.pte is None):
         parser.error("give a model or --pte FILE (one of them)")
+    if args.pte is not None and args.dtype != "float32":
+        parser.error("argument --dtype: not allowed with --pte (the file's dtype is used)")
     if args.pte is not None and args.variant is not None:
         parser.error("argument --variant: not allowed with --pte (the file's variant is used)")
     try:
@@ -178,7 +186,7 @@ def report_main(kind: str, description: str, argv: list[str] | None = None) -> i
                              f"(choose from {', '.join(models.variants(name))})")
     try:
         return run_reports(kind, args.model, args.variant, args.output_dir, args.seed,
-                           progress=lambda line: print(line, flush=True), pte=args.pte)
+                           progress=lambda line: print(line, flush=True), pte=args.pte, dtype=args.dtype)
     except Exception as exc:  # one line for the user, status 1
         print(f"{parser.prog}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1

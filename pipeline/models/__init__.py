@@ -72,6 +72,7 @@ def build(
     seed: int = 0,
     dynamic: bool = False,
     config: PretrainedConfig | None = None,
+    dtype: str = "float32",
 ) -> ModelSpec:
     """Build model `name` in eval mode with example inputs for export.
 
@@ -83,7 +84,11 @@ def build(
     dynamic: export with dynamic sequence lengths (only models that have one: bart).
     config: build this config instead of an embedded one (for shrunken test models); the
         spec's variant is then `custom`.
+    dtype: float32, float16 or bfloat16: the module (weights made in float32, then cast)
+        and its floating-point example inputs are cast to it.
     """
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     fam = family(name)
     if variant is not None:
         _check_variant(fam, variant)
@@ -113,18 +118,26 @@ def build(
     module = fam.make_module(config)
     if directory is not None:
         load_weights(module, directory, fam)
-    module.eval()
+    module.eval().to(DTYPES[dtype])
 
     preprocessor = _embedded(name, variant if variant != CUSTOM_VARIANT else fam.default_variant).get("preprocessor", {})
     return ModelSpec(
         name=name,
         variant=variant,
         module=module,
-        example_inputs=fam.make_inputs(config, preprocessor, seed),
+        example_inputs=tuple(cast_inputs(fam.make_inputs(config, preprocessor, seed), dtype)),
         dynamic_shapes=fam.make_dynamic_shapes(config) if dynamic else None,
         config=config,
         checkpoint=str(directory) if directory is not None else None,
     )
+
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def cast_inputs(inputs, dtype: str):
+    """The floating-point tensors of `inputs` cast to `dtype`; others (token ids) as they are."""
+    return [x.to(DTYPES[dtype]) if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs]
 
 
 def _check_variant(fam: ModelFamily, variant: str) -> None:

@@ -27,7 +27,21 @@ struct Params {
 };
 static_assert(sizeof(Params) == kParamsBytes, "Params must match the WGSL struct");
 
+uint64_t align4(uint64_t n) { return (n + 3) / 4 * 4; }
+
 }  // namespace
+
+void NativeLayerNorm::write_words(WGPUBuffer buffer, const void* data, uint64_t bytes) {
+  const uint64_t whole = bytes / 4 * 4;
+  if (whole > 0) {
+    wgpuQueueWriteBuffer(device_->queue(), buffer, 0, data, whole);
+  }
+  if (bytes > whole) {
+    uint8_t tail[4] = {0, 0, 0, 0};
+    std::memcpy(tail, static_cast<const uint8_t*>(data) + whole, bytes - whole);
+    wgpuQueueWriteBuffer(device_->queue(), buffer, whole, tail, sizeof tail);
+  }
+}
 
 NativeLayerNorm::~NativeLayerNorm() {
   for (Buffer* b : {&out_read_, &mean_read_, &rstd_read_, &params_, &rstd_, &mean_, &out_, &x_,
@@ -75,6 +89,8 @@ bool NativeLayerNorm::ensure(Buffer* b, uint64_t size, WGPUBufferUsage usage, st
 bool NativeLayerNorm::prepare(const LayerNormBlob& blob, std::string* reason) {
   has_weight_ = blob.weight.source != OperandSource::kNone;
   has_bias_ = blob.bias.source != OperandSource::kNone;
+  dtype_ = blob.dtype;
+  affine_dtype_ = blob.affine_dtype;
   eps_ = static_cast<float>(blob.eps);
 
   // Explicit layout: x, weight, bias (read-only), out, mean, rstd, params. Unused
@@ -103,12 +119,12 @@ bool NativeLayerNorm::prepare(const LayerNormBlob& blob, std::string* reason) {
 
   // A static width compiles now; a dynamic one on first use at each width.
   if (blob.width > 0) {
-    const uint64_t row_bytes = blob.width * 4;
+    const uint64_t row_bytes = blob.width * dtype_bytes(dtype_);
     const WGPULimits& limits = device_->limits();
     const uint64_t limit = std::min<uint64_t>(limits.maxStorageBufferBindingSize, limits.maxBufferSize);
     if (row_bytes > limit) {
       *reason = "a row of " + std::to_string(blob.width) +
-                " floats exceeds the adapter's binding limit of " + std::to_string(limit) + " bytes";
+                " values exceeds the adapter's binding limit of " + std::to_string(limit) + " bytes";
       return false;
     }
     if (pipeline_for(blob.width, reason) == nullptr) {
@@ -118,12 +134,13 @@ bool NativeLayerNorm::prepare(const LayerNormBlob& blob, std::string* reason) {
   const Operand* operands[2] = {&blob.weight, &blob.bias};
   Buffer* buffers[2] = {&weight_, &bias_};
   for (int i = 0; i < 2; ++i) {
-    const uint64_t bytes = operands[i]->source == OperandSource::kNone ? 0 : blob.width * 4;
-    if (!ensure(buffers[i], bytes, kStorage, reason)) {
+    const uint64_t bytes =
+        operands[i]->source == OperandSource::kNone ? 0 : blob.width * dtype_bytes(affine_dtype_);
+    if (!ensure(buffers[i], align4(bytes), kStorage, reason)) {
       return false;
     }
     if (operands[i]->source == OperandSource::kConstant) {
-      wgpuQueueWriteBuffer(device_->queue(), buffers[i]->buffer, 0, operands[i]->constant, bytes);
+      write_words(buffers[i]->buffer, operands[i]->constant, bytes);
     }
   }
   return device_->finish(reason);
@@ -135,7 +152,7 @@ WGPUComputePipeline NativeLayerNorm::pipeline_for(uint64_t width, std::string* r
     return known->second;
   }
   const KernelConfig config =
-      choose_config(width, has_weight_, has_bias_, device_->subgroup_size());
+      choose_config(width, has_weight_, has_bias_, device_->subgroup_size(), dtype_, affine_dtype_);
   WGPUComputePipeline pipeline =
       device_->create_pipeline(kernel_source(config), pipeline_layout_, "native_layer_norm.wgsl", reason);
   if (pipeline != nullptr) {
@@ -144,13 +161,14 @@ WGPUComputePipeline NativeLayerNorm::pipeline_for(uint64_t width, std::string* r
   return pipeline;
 }
 
-bool NativeLayerNorm::run(const float* x, uint64_t rows, uint64_t width, const float* weight,
-                          const float* bias, const LayerNormOutputs& outputs, std::string* reason) {
-  const uint64_t row_bytes = width * 4;
+bool NativeLayerNorm::run(const void* x, uint64_t rows, uint64_t width, const void* weight,
+                          const void* bias, const LayerNormOutputs& outputs, std::string* reason) {
+  const uint64_t value_bytes = dtype_bytes(dtype_);
+  const uint64_t row_bytes = width * value_bytes;
   const WGPULimits& limits = device_->limits();
   const uint64_t limit = std::min<uint64_t>(limits.maxStorageBufferBindingSize, limits.maxBufferSize);
   if (width == 0 || row_bytes > limit) {
-    *reason = "a row of " + std::to_string(width) + " floats does not fit the adapter's binding limit of " +
+    *reason = "a row of " + std::to_string(width) + " values does not fit the adapter's binding limit of " +
               std::to_string(limit) + " bytes";
     return false;
   }
@@ -161,25 +179,28 @@ bool NativeLayerNorm::run(const float* x, uint64_t rows, uint64_t width, const f
   if (pipeline == nullptr) {
     return false;
   }
-  const KernelConfig config = choose_config(width, has_weight_, has_bias_, device_->subgroup_size());
+  const KernelConfig config =
+      choose_config(width, has_weight_, has_bias_, device_->subgroup_size(), dtype_, affine_dtype_);
   // Input-sourced weight and bias are uploaded on every call.
+  const uint64_t affine_bytes = width * dtype_bytes(affine_dtype_);
   if (weight != nullptr) {
-    if (!ensure(&weight_, row_bytes, kStorage, reason)) return false;
-    wgpuQueueWriteBuffer(device_->queue(), weight_.buffer, 0, weight, row_bytes);
+    if (!ensure(&weight_, align4(affine_bytes), kStorage, reason)) return false;
+    write_words(weight_.buffer, weight, affine_bytes);
   }
   if (bias != nullptr) {
-    if (!ensure(&bias_, row_bytes, kStorage, reason)) return false;
-    wgpuQueueWriteBuffer(device_->queue(), bias_.buffer, 0, bias, row_bytes);
+    if (!ensure(&bias_, align4(affine_bytes), kStorage, reason)) return false;
+    write_words(bias_.buffer, bias, affine_bytes);
   }
   // Launches of at most `chunk` rows keep every binding under the adapter's limit.
   const uint64_t chunk = std::max<uint64_t>(1, std::min(rows, limit / row_bytes));
   for (uint64_t start = 0; start < rows; start += chunk) {
     const uint64_t n = std::min(chunk, rows - start);
     LayerNormOutputs part;
-    part.out = outputs.out ? outputs.out + start * width : nullptr;
+    part.out = outputs.out ? static_cast<uint8_t*>(outputs.out) + start * row_bytes : nullptr;
     part.mean = outputs.mean ? outputs.mean + start : nullptr;
     part.rstd = outputs.rstd ? outputs.rstd + start : nullptr;
-    if (!launch(pipeline, config, x + start * width, n, width, part, reason)) {
+    if (!launch(pipeline, config, static_cast<const uint8_t*>(x) + start * row_bytes, n, width, part,
+                reason)) {
       return false;
     }
   }
@@ -187,7 +208,7 @@ bool NativeLayerNorm::run(const float* x, uint64_t rows, uint64_t width, const f
 }
 
 bool NativeLayerNorm::launch(WGPUComputePipeline pipeline, const KernelConfig& config,
-                             const float* x, uint64_t rows, uint64_t width,
+                             const uint8_t* x, uint64_t rows, uint64_t width,
                              const LayerNormOutputs& outputs, std::string* reason) {
   // Workgroups in x and y; y carries what does not fit under 65,535 in x. Checked here:
   // wgpu-native treats some submit-time errors as fatal.
@@ -202,24 +223,27 @@ bool NativeLayerNorm::launch(WGPUComputePipeline pipeline, const KernelConfig& c
               " workgroups per dimension";
     return false;
   }
-  const uint64_t data_bytes = rows * width * 4;
+  // An odd count of 2-byte values ends mid-word: buffers, bindings and copies take whole words.
+  const uint64_t data_bytes = rows * width * dtype_bytes(dtype_);
+  const uint64_t word_bytes = align4(data_bytes);
+  const uint64_t affine_bytes = align4(width * dtype_bytes(affine_dtype_));
   const uint64_t stat_bytes = rows * 4;
-  if (!ensure(&x_, data_bytes, kStorage, reason) || !ensure(&out_, data_bytes, kStorage, reason) ||
+  if (!ensure(&x_, word_bytes, kStorage, reason) || !ensure(&out_, word_bytes, kStorage, reason) ||
       !ensure(&mean_, stat_bytes, kStorage, reason) || !ensure(&rstd_, stat_bytes, kStorage, reason) ||
       !ensure(&params_, kParamsBytes, kUniform, reason) ||
-      !ensure(&out_read_, data_bytes, kReadBack, reason) ||
+      !ensure(&out_read_, word_bytes, kReadBack, reason) ||
       !ensure(&mean_read_, stat_bytes, kReadBack, reason) ||
       !ensure(&rstd_read_, stat_bytes, kReadBack, reason)) {
     return false;
   }
   const Params params{static_cast<uint32_t>(rows), eps_, std::numeric_limits<float>::quiet_NaN(), 0};
-  wgpuQueueWriteBuffer(device_->queue(), x_.buffer, 0, x, data_bytes);
+  write_words(x_.buffer, x, data_bytes);
   wgpuQueueWriteBuffer(device_->queue(), params_.buffer, 0, &params, sizeof params);
 
   // Bind group: each binding is exactly this launch's bytes (the buffers may be larger).
   const Buffer* bound[7] = {&x_, &weight_, &bias_, &out_, &mean_, &rstd_, &params_};
-  const uint64_t sizes[7] = {data_bytes, has_weight_ ? width * 4 : kMinBufferBytes,
-                             has_bias_ ? width * 4 : kMinBufferBytes, data_bytes, stat_bytes,
+  const uint64_t sizes[7] = {word_bytes, has_weight_ ? affine_bytes : kMinBufferBytes,
+                             has_bias_ ? affine_bytes : kMinBufferBytes, word_bytes, stat_bytes,
                              stat_bytes, kParamsBytes};
   WGPUBindGroupEntry entries[7];
   for (uint32_t i = 0; i < 7; ++i) {
@@ -243,7 +267,7 @@ bool NativeLayerNorm::launch(WGPUComputePipeline pipeline, const KernelConfig& c
                                            static_cast<uint32_t>(grid_y), 1);
   wgpuComputePassEncoderEnd(pass);
   wgpuComputePassEncoderRelease(pass);
-  wgpuCommandEncoderCopyBufferToBuffer(encoder, out_.buffer, 0, out_read_.buffer, 0, data_bytes);
+  wgpuCommandEncoderCopyBufferToBuffer(encoder, out_.buffer, 0, out_read_.buffer, 0, word_bytes);
   wgpuCommandEncoderCopyBufferToBuffer(encoder, mean_.buffer, 0, mean_read_.buffer, 0, stat_bytes);
   wgpuCommandEncoderCopyBufferToBuffer(encoder, rstd_.buffer, 0, rstd_read_.buffer, 0, stat_bytes);
   WGPUCommandBuffer commands = wgpuCommandEncoderFinish(encoder, nullptr);
@@ -257,8 +281,17 @@ bool NativeLayerNorm::launch(WGPUComputePipeline pipeline, const KernelConfig& c
   wgpuCommandBufferRelease(commands);
 
   // Read back what the delegate returns.
-  return (outputs.out == nullptr || device_->read_buffer(out_read_.buffer, data_bytes, outputs.out, reason)) &&
-         (outputs.mean == nullptr || device_->read_buffer(mean_read_.buffer, stat_bytes, outputs.mean, reason)) &&
+  if (outputs.out != nullptr && word_bytes != data_bytes) {
+    out_words_.resize(word_bytes);
+    if (!device_->read_buffer(out_read_.buffer, word_bytes, out_words_.data(), reason)) {
+      return false;
+    }
+    std::memcpy(outputs.out, out_words_.data(), data_bytes);
+  } else if (outputs.out != nullptr &&
+             !device_->read_buffer(out_read_.buffer, data_bytes, outputs.out, reason)) {
+    return false;
+  }
+  return (outputs.mean == nullptr || device_->read_buffer(mean_read_.buffer, stat_bytes, outputs.mean, reason)) &&
          (outputs.rstd == nullptr || device_->read_buffer(rstd_read_.buffer, stat_bytes, outputs.rstd, reason)) &&
          device_->finish(reason);
 }

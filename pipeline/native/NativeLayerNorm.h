@@ -1,5 +1,5 @@
 // The native_layer_norm op of one delegate: its compute pipeline(s), constant weight/bias
-// on the GPU, and the launch of a (rows, width) float32 tensor, as
+// on the GPU, and the launch of a (rows, width) tensor of the blob's dtype, as
 // pipeline/runtime/native_layer_norm.py launches it (same WGSL, same configuration, same
 // split into launches under the binding limit, same 2D grid past 65,535 workgroups).
 #pragma once
@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "NativeLayerNormConfig.h"
 #include "WebGPUDelegateHeader.h"
@@ -16,9 +17,11 @@ namespace executorch {
 namespace backends {
 namespace webgpu {
 
-// Where results go; a null pointer is an output the delegate does not return.
+// Where results go; a null pointer is an output the delegate does not return. out is in
+// the blob's dtype; mean and rstd are float32 as the kernel computes them (the caller
+// rounds them to the affine dtype).
 struct LayerNormOutputs {
-  float* out = nullptr;
+  void* out = nullptr;
   float* mean = nullptr;
   float* rstd = nullptr;
 };
@@ -34,9 +37,10 @@ class NativeLayerNorm {
   // blob's constants (so the blob may be freed afterwards). Call with the device locked.
   bool prepare(const LayerNormBlob& blob, std::string* reason);
 
-  // Normalizes `rows` rows of `width` values. `weight`/`bias` are input-sourced values
-  // (nullptr when the blob's source is not an input). Call with the device locked.
-  bool run(const float* x, uint64_t rows, uint64_t width, const float* weight, const float* bias,
+  // Normalizes `rows` rows of `width` values of the blob's dtype. `weight`/`bias` are
+  // input-sourced values of its affine dtype (nullptr when the blob's source is not an
+  // input). Call with the device locked.
+  bool run(const void* x, uint64_t rows, uint64_t width, const void* weight, const void* bias,
            const LayerNormOutputs& outputs, std::string* reason);
 
  private:
@@ -46,13 +50,18 @@ class NativeLayerNorm {
   };
   WGPUComputePipeline pipeline_for(uint64_t width, std::string* reason);
   bool ensure(Buffer* buffer, uint64_t size, WGPUBufferUsage usage, std::string* reason);
-  bool launch(WGPUComputePipeline pipeline, const KernelConfig& config, const float* x,
+  bool launch(WGPUComputePipeline pipeline, const KernelConfig& config, const uint8_t* x,
               uint64_t rows, uint64_t width, const LayerNormOutputs& outputs, std::string* reason);
+  // Writes `bytes` at the start of `buffer`, the last partial u32 word zero-padded.
+  void write_words(WGPUBuffer buffer, const void* data, uint64_t bytes);
 
   WebGPUDevice* device_;
   bool has_weight_ = false;
   bool has_bias_ = false;
+  uint32_t dtype_ = kFloat32;
+  uint32_t affine_dtype_ = kFloat32;
   float eps_ = 0.0f;
+  std::vector<uint8_t> out_words_;  // read-back of an out whose bytes end mid-word
   WGPUBindGroupLayout bind_layout_ = nullptr;
   WGPUPipelineLayout pipeline_layout_ = nullptr;
   std::map<uint64_t, WGPUComputePipeline> pipelines_;  // by width

@@ -115,8 +115,11 @@ const char* boolean(bool b) { return b ? "true" : "false"; }
 
 }  // namespace
 
-KernelConfig choose_config(uint64_t width, bool has_weight, bool has_bias, uint32_t subgroup_size) {
+KernelConfig choose_config(uint64_t width, bool has_weight, bool has_bias, uint32_t subgroup_size,
+                           uint32_t dtype, uint32_t affine_dtype) {
   KernelConfig config;
+  config.dtype = dtype;
+  config.affine_dtype = affine_dtype;
   config.width = width;
   config.has_weight = has_weight;
   config.has_bias = has_bias;
@@ -174,12 +177,40 @@ std::string kernel_source(const KernelConfig& config) {
   prelude += "const HOLD: u32 = " + std::to_string(config.hold) + "u;\n";
   prelude += "const STEP: u32 = " + std::to_string(config.unroll) + "u;\n";
 
+  // Half dtypes: which one, and the word types and conversions of the storage file
+  // (KernelConfig._storage_prelude).
+  std::string storage;
+  if (config.dtype == 0) {
+    storage = *wgsl_file("storage_float32.wgsl");
+  } else {
+    const bool params_half = config.affine_dtype != 0;
+    prelude += "const HALF: u32 = " + std::to_string(config.dtype) + "u;\n";
+    prelude += std::string("const PARAMS_HALF: bool = ") + boolean(params_half) + ";\n";
+    if (vec == 1) {
+      prelude += std::string("alias PW = ") + (params_half ? "u32" : "f32") + ";\n";
+      prelude += std::string("fn param_at(w: PW, at: u32) -> f32 { return ") +
+                 (params_half ? "unpack_pair(w)[at & 1u]" : "w") + "; }\n";
+    } else {
+      const bool four = vec == 4;
+      prelude += std::string("alias XW = ") + (four ? "vec2<u32>" : "u32") + ";\n";
+      prelude += std::string("alias PW = ") + (params_half ? "XW" : "V") + ";\n";
+      prelude += std::string("fn x_value(w: XW) -> V { return ") +
+                 (four ? "vec4<f32>(unpack_pair(w.x), unpack_pair(w.y))" : "unpack_pair(w)") + "; }\n";
+      prelude += std::string("fn x_word(v: V) -> XW { return ") +
+                 (four ? "vec2<u32>(pack_pair(v.xy), pack_pair(v.zw))" : "pack_pair(v)") + "; }\n";
+      prelude += std::string("fn p_value(w: PW) -> V { return ") + (params_half ? "x_value(w)" : "w") +
+                 "; }\n";
+    }
+    storage = *wgsl_file("half.wgsl") +
+              *wgsl_file(vec > 1 ? "storage_half.wgsl" : "storage_half_odd.wgsl");
+  }
+
   const std::string* reduce =
       wgsl_file(config.subgroup_size ? "reduce_subgroup.wgsl" : "reduce_workgroup.wgsl");
   std::string kernel = written_out(*wgsl_file("native_layer_norm.wgsl"), "each held value",
                                    std::max<uint32_t>(config.hold, 1));
   kernel = written_out(kernel, "each step value", config.unroll);
-  return *reduce + prelude + kernel;
+  return *reduce + storage + prelude + kernel;
 }
 
 const std::string* wgsl_file(const std::string& name) {

@@ -67,13 +67,14 @@ PIPELINE_EXPORT int pipeline_webgpu_subgroup_size() {
 // The WGSL module for a configuration; returns its length (copy into `out` when it fits
 // `capacity` including the NUL), or -1 on failure.
 PIPELINE_EXPORT long long pipeline_webgpu_wgsl_source(uint64_t width, int has_weight, int has_bias,
-                                      uint32_t subgroup_size, char* out, size_t capacity) {
+                                      uint32_t subgroup_size, uint32_t dtype, uint32_t affine_dtype,
+                                      char* out, size_t capacity) {
   try {
-    if (width == 0) {
+    if (width == 0 || dtype > webgpu::kBFloat16 || affine_dtype > webgpu::kBFloat16) {
       return -1;
     }
-    const std::string source = webgpu::kernel_source(
-        webgpu::choose_config(width, has_weight != 0, has_bias != 0, subgroup_size));
+    const std::string source = webgpu::kernel_source(webgpu::choose_config(
+        width, has_weight != 0, has_bias != 0, subgroup_size, dtype, affine_dtype));
     if (source.size() < capacity) {
       copy_out(source, out, capacity);
     }

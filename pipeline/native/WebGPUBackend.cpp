@@ -6,6 +6,8 @@
 #include <executorch/runtime/core/evalue.h>
 #include <executorch/runtime/core/exec_aten/util/dim_order_util.h>
 #include <executorch/runtime/core/exec_aten/util/tensor_util.h>
+#include <executorch/runtime/core/portable_type/bfloat16.h>
+#include <executorch/runtime/core/portable_type/half.h>
 #include <executorch/runtime/platform/log.h>
 
 #include <array>
@@ -13,6 +15,7 @@
 #include <mutex>
 #include <new>
 #include <string>
+#include <vector>
 
 #include "NativeLayerNorm.h"
 #include "WebGPUDelegateHeader.h"
@@ -52,16 +55,36 @@ struct WebGPUDelegate {
   NativeLayerNorm op;
 };
 
-// A float32 tensor in the default (contiguous) dim order, or the reason it is not.
-bool check_tensor(EValue* value, const char* what, uint32_t index, std::string* reason) {
+// The blob's dtype codes as ExecuTorch's scalar types.
+ScalarType scalar_type(uint32_t dtype) {
+  return dtype == kFloat16 ? ScalarType::Half : dtype == kBFloat16 ? ScalarType::BFloat16 : ScalarType::Float;
+}
+
+const char* dtype_name(uint32_t dtype) {
+  return dtype == kFloat16 ? "float16" : dtype == kBFloat16 ? "bfloat16" : "float32";
+}
+
+// `n` float32 statistics rounded once to the half `dtype`, as aten rounds them.
+void round_to(uint32_t dtype, const float* from, void* to, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    if (dtype == kFloat16) {
+      static_cast<executorch::aten::Half*>(to)[i] = executorch::aten::Half(from[i]);
+    } else {
+      static_cast<executorch::aten::BFloat16*>(to)[i] = executorch::aten::BFloat16(from[i]);
+    }
+  }
+}
+
+// A tensor of `dtype` in the default (contiguous) dim order, or the reason it is not.
+bool check_tensor(EValue* value, const char* what, uint32_t index, uint32_t dtype, std::string* reason) {
   if (value == nullptr || !value->isTensor()) {
     *reason = std::string(what) + " (argument " + std::to_string(index) + ") is not a tensor";
     return false;
   }
   const Tensor& t = value->toTensor();
-  if (t.scalar_type() != ScalarType::Float) {
+  if (t.scalar_type() != scalar_type(dtype)) {
     *reason = std::string(what) + " (argument " + std::to_string(index) + ") has dtype " +
-              std::to_string(static_cast<int>(t.scalar_type())) + ", not float32";
+              std::to_string(static_cast<int>(t.scalar_type())) + ", not " + dtype_name(dtype);
     return false;
   }
   if (!executorch::runtime::is_contiguous_dim_order(t.dim_order().data(), t.dim_order().size())) {
@@ -82,7 +105,7 @@ Error run_delegate(WebGPUDelegate* d, Span<EValue*> args, std::string* reason) {
   }
 
   // x: its trailing dims are the normalized dims (dynamic ones read from it), the rest rows.
-  if (!check_tensor(args[blob.input_index], "input", blob.input_index, reason)) {
+  if (!check_tensor(args[blob.input_index], "input", blob.input_index, blob.dtype, reason)) {
     return Error::InvalidArgument;
   }
   const Tensor& x = args[blob.input_index]->toTensor();
@@ -109,15 +132,15 @@ Error run_delegate(WebGPUDelegate* d, Span<EValue*> args, std::string* reason) {
   }
   const uint64_t rows = static_cast<uint64_t>(x.numel()) / width;
 
-  // Input-sourced weight and bias: float32, shaped like the normalized dims.
-  const float* operands[2] = {nullptr, nullptr};
+  // Input-sourced weight and bias: the affine dtype, shaped like the normalized dims.
+  const void* operands[2] = {nullptr, nullptr};
   const Operand* roles[2] = {&blob.weight, &blob.bias};
   for (int i = 0; i < 2; ++i) {
     if (roles[i]->source != OperandSource::kInput) {
       continue;
     }
     const char* what = i == 0 ? "weight" : "bias";
-    if (!check_tensor(args[roles[i]->index], what, roles[i]->index, reason)) {
+    if (!check_tensor(args[roles[i]->index], what, roles[i]->index, blob.affine_dtype, reason)) {
       return Error::InvalidArgument;
     }
     const Tensor& t = args[roles[i]->index]->toTensor();
@@ -129,7 +152,7 @@ Error run_delegate(WebGPUDelegate* d, Span<EValue*> args, std::string* reason) {
       *reason = std::string(what) + " does not have the normalized shape";
       return Error::InvalidArgument;
     }
-    operands[i] = t.const_data_ptr<float>();
+    operands[i] = t.const_data_ptr();
   }
 
   // Outputs follow the inputs: resized to out = x's shape, mean/rstd = rows then 1s.
@@ -137,10 +160,11 @@ Error run_delegate(WebGPUDelegate* d, Span<EValue*> args, std::string* reason) {
   for (size_t i = 0; i < rank; ++i) {
     stat_sizes[i] = i < rank - ndim ? static_cast<SizesType>(x.size(i)) : 1;
   }
-  std::array<float*, 3> first{nullptr, nullptr, nullptr};  // first tensor of each kind
+  std::array<void*, 3> first{nullptr, nullptr, nullptr};  // first tensor of each kind
   for (size_t i = 0; i < blob.outputs.size(); ++i) {
     const uint32_t at = blob.arguments + static_cast<uint32_t>(i);
-    if (!check_tensor(args[at], "output", at, reason)) {
+    const uint32_t dtype = blob.outputs[i] == kOut ? blob.dtype : blob.affine_dtype;
+    if (!check_tensor(args[at], "output", at, dtype, reason)) {
       return Error::InvalidArgument;
     }
     Tensor& t = args[at]->toTensor();
@@ -157,23 +181,32 @@ Error run_delegate(WebGPUDelegate* d, Span<EValue*> args, std::string* reason) {
       return resized;
     }
     if (first[kind] == nullptr) {
-      first[kind] = t.mutable_data_ptr<float>();
+      first[kind] = t.mutable_data_ptr();
     }
   }
 
-  LayerNormOutputs outputs{first[kOut], first[kMean], first[kRstd]};
+  // The kernel gives mean and rstd in float32; half ones are rounded here, once.
+  const bool half_stats = blob.affine_dtype != kFloat32;
+  std::vector<float> stats(half_stats ? 2 * rows : 0);
+  float* mean = half_stats ? (first[kMean] ? stats.data() : nullptr) : static_cast<float*>(first[kMean]);
+  float* rstd = half_stats ? (first[kRstd] ? stats.data() + rows : nullptr) : static_cast<float*>(first[kRstd]);
+  LayerNormOutputs outputs{first[kOut], mean, rstd};
   {
     std::lock_guard<std::mutex> lock(d->device->mutex());
-    if (!d->op.run(x.const_data_ptr<float>(), rows, width, operands[0], operands[1], outputs, reason)) {
+    if (!d->op.run(x.const_data_ptr(), rows, width, operands[0], operands[1], outputs, reason)) {
       return Error::Internal;
     }
+  }
+  if (half_stats) {
+    if (first[kMean] != nullptr) round_to(blob.affine_dtype, mean, first[kMean], rows);
+    if (first[kRstd] != nullptr) round_to(blob.affine_dtype, rstd, first[kRstd], rows);
   }
   // An output the delegate returns twice is copied from its first tensor.
   for (size_t i = 0; i < blob.outputs.size(); ++i) {
     Tensor& t = args[blob.arguments + i]->toTensor();
-    float* src = first[blob.outputs[i]];
-    if (t.mutable_data_ptr<float>() != src) {
-      std::memcpy(t.mutable_data_ptr<float>(), src, t.nbytes());
+    void* src = first[blob.outputs[i]];
+    if (t.mutable_data_ptr() != src) {
+      std::memcpy(t.mutable_data_ptr(), src, t.nbytes());
     }
   }
   return Error::Ok;

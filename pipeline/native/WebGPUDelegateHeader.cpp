@@ -11,12 +11,11 @@ namespace webgpu {
 namespace {
 
 constexpr char kMagic[4] = {'W', 'G', 'L', 'N'};
-constexpr uint16_t kVersion = 2;
+constexpr uint16_t kVersion = 3;
 constexpr uint32_t kHeaderSize = 40;
 constexpr uint32_t kByteOrderMark = 0x01020304;
 constexpr uint32_t kParamsFixedSize = 64;
 constexpr uint32_t kOpNativeLayerNorm = 1;
-constexpr uint32_t kDtypeFloat32 = 0;
 constexpr uint64_t kAlign = 16;
 
 // Header field offsets.
@@ -44,7 +43,7 @@ constexpr size_t kBiasIndex = 36;
 constexpr size_t kNumOutputs = 40;
 constexpr size_t kOutputs = 44;
 constexpr size_t kNdim = 56;
-constexpr size_t kPad = 60;
+constexpr size_t kAffineDtype = 60;
 constexpr size_t kDims = 64;
 
 // Little-endian reads, independent of the host's byte order.
@@ -129,8 +128,9 @@ bool decode_blob(const uint8_t* data, size_t size, LayerNormBlob* blob, std::str
                 data[0], data[1], data[2], data[3]);
   }
   uint16_t version = u16(data + kVersionOffset);
-  if (version == 1) {
-    return fail(reason, "version 1 is an older format, re-export the model");
+  if (version < kVersion) {
+    return fail(reason, "version %u is older than this runtime's %u, re-export the model", version,
+                kVersion);
   }
   if (version > kVersion) {
     return fail(reason, "version %u is newer than this runtime's %u", version, kVersion);
@@ -200,8 +200,14 @@ bool decode_blob(const uint8_t* data, size_t size, LayerNormBlob* blob, std::str
   if (u32(params + kOp) != kOpNativeLayerNorm) {
     return fail(reason, "op %u is not 1 (native_layer_norm)", u32(params + kOp));
   }
-  if (u32(params + kDtype) != kDtypeFloat32) {
-    return fail(reason, "dtype %u is not 0 (float32)", u32(params + kDtype));
+  blob->dtype = u32(params + kDtype);
+  blob->affine_dtype = u32(params + kAffineDtype);
+  if (blob->dtype > kBFloat16) {
+    return fail(reason, "dtype %u is not 0 (float32), 1 (float16) or 2 (bfloat16)", blob->dtype);
+  }
+  if (blob->affine_dtype > kBFloat16) {
+    return fail(reason, "affine_dtype %u is not 0 (float32), 1 (float16) or 2 (bfloat16)",
+                blob->affine_dtype);
   }
   blob->eps = f64(params + kEps);
   if (!std::isfinite(blob->eps) || !(blob->eps >= 0.0)) {
@@ -230,9 +236,6 @@ bool decode_blob(const uint8_t* data, size_t size, LayerNormBlob* blob, std::str
       blob->outputs.push_back(output);
     }
   }
-  if (u32(params + kPad) != 0) {
-    return fail(reason, "pad 0x%08x is not 0", u32(params + kPad));
-  }
   blob->dims.clear();
   bool dynamic = false;
   for (uint32_t i = 0; i < ndim; ++i) {
@@ -244,9 +247,16 @@ bool decode_blob(const uint8_t* data, size_t size, LayerNormBlob* blob, std::str
     dynamic = dynamic || dim == kDynamicDim;
     blob->dims.push_back(dim);
   }
-  if (dynamic && (blob->weight.source != OperandSource::kNone ||
-                  blob->bias.source != OperandSource::kNone)) {
+  const bool affine = blob->weight.source != OperandSource::kNone ||
+                     blob->bias.source != OperandSource::kNone;
+  if (dynamic && affine) {
     return fail(reason, "a dynamic dim needs weight_source and bias_source both 0 (none)");
+  }
+  // aten's rule: weight and bias (and so mean and rstd) like x, or float32 with a half x;
+  // without weight and bias, mean and rstd are x's dtype.
+  if (blob->affine_dtype != blob->dtype && !(affine && blob->affine_dtype == kFloat32)) {
+    return fail(reason, "affine_dtype %u must be dtype %u%s", blob->affine_dtype, blob->dtype,
+                affine ? " or 0 (float32)" : " without weight or bias");
   }
 
   // Delegate argument indices: x and input-sourced weight/bias, distinct and in range.
@@ -286,9 +296,10 @@ bool decode_blob(const uint8_t* data, size_t size, LayerNormBlob* blob, std::str
   }
   blob->width = dynamic ? 0 : width;
 
-  // Data: the constant weight, then the constant bias, each width * 4 bytes zero-padded
-  // to a multiple of 16.
-  const uint64_t stride = align16(width * 4);
+  // Data: the constant weight, then the constant bias, each width values of the affine
+  // dtype, zero-padded to a multiple of 16 bytes.
+  const uint64_t constant_bytes = width * dtype_bytes(blob->affine_dtype);
+  const uint64_t stride = align16(constant_bytes);
   uint64_t expected_data = 0;
   for (Operand* op : {&blob->weight, &blob->bias}) {
     op->constant = nullptr;
@@ -306,7 +317,7 @@ bool decode_blob(const uint8_t* data, size_t size, LayerNormBlob* blob, std::str
     if (op->constant == nullptr) {
       continue;
     }
-    for (uint64_t at = width * 4; at < stride; ++at) {
+    for (uint64_t at = constant_bytes; at < stride; ++at) {
       if (op->constant[at] != 0) {
         return fail(reason, "padding after the %s constant is not 0", op == &blob->weight ? "weight" : "bias");
       }

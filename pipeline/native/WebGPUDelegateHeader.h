@@ -1,4 +1,4 @@
-// The delegate blob (format version 2, /work/notes/blob_v2.md; pipeline/blob.py is the
+// The delegate blob (format version 3, /work/notes/blob_v3.md; pipeline/blob.py is the
 // Python side of the same contract): a 40-byte header, binary LayerNorm params, constants.
 // Decoding depends on nothing but the C++ standard library, so the rules can be checked
 // against Python's from a test without a device.
@@ -18,15 +18,24 @@ constexpr uint32_t kMaxNormalizedDims = 16;
 
 enum class OperandSource : uint32_t { kNone = 0, kConstant = 1, kInput = 2 };
 
+// Dtype codes of the params' dtype and affine_dtype fields.
+constexpr uint32_t kFloat32 = 0;
+constexpr uint32_t kFloat16 = 1;
+constexpr uint32_t kBFloat16 = 2;
+inline uint32_t dtype_bytes(uint32_t dtype) { return dtype == kFloat32 ? 4 : 2; }
+
 struct Operand {
   OperandSource source = OperandSource::kNone;
   uint32_t index = 0;  // the delegate argument, for kInput
-  // For kConstant: `width` float32 values inside the blob (valid while the blob lives).
+  // For kConstant: `width` values of the affine dtype inside the blob (valid while the
+  // blob lives).
   const uint8_t* constant = nullptr;
 };
 
 // One native_layer_norm: everything fixed ahead of time (rows come from the input).
 struct LayerNormBlob {
+  uint32_t dtype = kFloat32;  // of x and out
+  uint32_t affine_dtype = kFloat32;  // of weight, bias, mean and rstd
   double eps = 0.0;
   uint32_t input_index = 0;
   uint32_t arguments = 0;  // delegate inputs in all; the outputs follow them in `args`

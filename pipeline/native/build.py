@@ -33,7 +33,10 @@ PINNED_VERSIONS = {"executorch": "1.4.1", "wgpu": "0.32.0"}
 SOURCE_DIR = Path(__file__).resolve().parent
 WGSL_DIR = SOURCE_DIR.parent / "wgsl"
 # The kernel files the backend embeds (pipeline/wgsl/ also holds benchmark-only shaders).
-WGSL_FILES = ("native_layer_norm.wgsl", "reduce_subgroup.wgsl", "reduce_workgroup.wgsl", "subgroup_size.wgsl")
+WGSL_FILES = (
+    "native_layer_norm.wgsl", "reduce_subgroup.wgsl", "reduce_workgroup.wgsl", "subgroup_size.wgsl",
+    "storage_float32.wgsl", "storage_half.wgsl", "storage_half_odd.wgsl", "half.wgsl",
+)
 LIBRARY_NAME = "libpipeline_webgpu.so"
 BUILD_DIR_ENV = "PIPELINE_NATIVE_BUILD_DIR"
 CXX_FLAGS = (

@@ -3,6 +3,12 @@
 GroupNorm(G) over x of shape (N, C, *spatial) normalizes each of the N*G groups of
 C/G * prod(spatial) values. That is a LayerNorm without affine over the last dim of
 x viewed as (N, G, C/G * HxW); the per-channel affine follows as a broadcast mul/add.
+
+A half (float16/bfloat16) x keeps its dtype through the LayerNorm; the affine then runs
+in float32 and is rounded back once, so the output is rounded twice (LayerNorm, affine)
+where aten's GroupNorm rounds once. With float32 weight and bias (aten's mixed case)
+mean and rstd come back as float32, as aten returns them; they hold the LayerNorm's half
+values then.
 """
 
 from __future__ import annotations
@@ -28,12 +34,22 @@ def native_group_norm_as_layer_norm(
     rows = aten.reshape.default(x, [N, group, group_width])
     out, mean, rstd = aten.native_layer_norm.default(rows, [group_width], None, None, eps)
     out = aten.reshape.default(out, list(x.shape))
-    # Per-channel affine: (C,) broadcast over the spatial dims of (N, C, *spatial).
+    # Per-channel affine: (C,) broadcast over the spatial dims of (N, C, *spatial); in
+    # float32 for a half x, rounded back once.
     channel_shape = [C] + [1] * (x.dim() - 2)
-    if weight is not None:
-        out = aten.mul.Tensor(out, aten.reshape.default(weight, channel_shape))
-    if bias is not None:
-        out = aten.add.Tensor(out, aten.reshape.default(bias, channel_shape))
+    half = x.dtype in (torch.float16, torch.bfloat16) and (weight is not None or bias is not None)
+    if half:
+        out = aten._to_copy.default(out, dtype=torch.float32)
+    for t, op in ((weight, aten.mul.Tensor), (bias, aten.add.Tensor)):
+        if t is not None:
+            t = aten._to_copy.default(t, dtype=torch.float32) if half and t.dtype != torch.float32 else t
+            out = op(out, aten.reshape.default(t, channel_shape))
+    if half:
+        out = aten._to_copy.default(out, dtype=x.dtype)
+    stats_dtype = next((t.dtype for t in (weight, bias) if t is not None), x.dtype)
+    if stats_dtype != mean.dtype:
+        mean = aten._to_copy.default(mean, dtype=stats_dtype)
+        rstd = aten._to_copy.default(rstd, dtype=stats_dtype)
     return out, aten.reshape.default(mean, [N, group]), aten.reshape.default(rstd, [N, group])
 
 

@@ -5,6 +5,7 @@ Shares only `pipeline.blob` with the ahead-of-time side; never imports ExecuTorc
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from pipeline import blob as blob_format
@@ -19,7 +20,7 @@ class LayerNormDelegate:
         decoded = blob_format.decode(processed_bytes)
         self.params = decoded.params
         # decode() returns fresh, writable arrays: no copy needed.
-        self._constants = {role: torch.from_numpy(arr) for role, arr in decoded.constants.items()}
+        self._constants = {role: _tensor(arr, self.params.affine_dtype) for role, arr in decoded.constants.items()}
 
     def _operand(self, role: str, args: tuple[torch.Tensor, ...]) -> torch.Tensor | None:
         op = getattr(self.params, role)
@@ -39,3 +40,10 @@ class LayerNormDelegate:
             x, p.resolve(tuple(x.shape)), self._operand("weight", args), self._operand("bias", args), p.eps
         )
         return tuple(results[i] for i in p.outputs)
+
+
+def _tensor(arr: np.ndarray, dtype: str) -> torch.Tensor:
+    """A decoded constant as a tensor of `dtype` (bfloat16 arrives as its bits)."""
+    if dtype == "bfloat16":
+        return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(arr)

@@ -1,7 +1,8 @@
 """Launch the native_layer_norm WGSL kernel: torch tensors in, (out, mean, rstd) out.
 
 Semantics, shapes and dtypes are those of torch.ops.aten.native_layer_norm.default for
-float32 input: the trailing `normalized_shape` dims are flattened into one row.
+float32, float16 and bfloat16 input (weight and bias like the input, or float32 with a
+half input): the trailing `normalized_shape` dims are flattened into one row.
 """
 
 from __future__ import annotations
@@ -32,6 +33,16 @@ PARAMS_BYTES = 16
 # Per components in one load: the WGSL type of V and the sum of its components.
 _V_TYPES = {4: ("vec4<f32>", "v.x + v.y + v.z + v.w"), 2: ("vec2<f32>", "v.x + v.y"), 1: ("f32", "v")}
 
+# The dtypes the kernel reads and writes, by their code in the kernel (HALF) and the blob.
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+DTYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2}
+# Half rows with an even width, per components in one V: the word type holding one V (u32
+# pairs), V from a word and a word from V (half.wgsl's unpack_pair / pack_pair).
+_HALF_WORDS = {
+    4: ("vec2<u32>", "vec4<f32>(unpack_pair(w.x), unpack_pair(w.y))", "vec2<u32>(pack_pair(v.xy), pack_pair(v.zw))"),
+    2: ("u32", "unpack_pair(w)", "pack_pair(v)"),
+}
+
 # Buffer usages of the kernel's bindings and read-back. With KernelConfig, choose_config,
 # compile_pipeline, grid and pack_params they are what a tool that launches the kernel
 # itself (pipeline.benchmark) needs.
@@ -54,6 +65,8 @@ class KernelConfig:
     # its k values of the row (read once), weight and bias loaded with them.
     hold: int = 0
     unroll: int = 1
+    dtype: str = "float32"  # of x and out
+    affine_dtype: str = "float32"  # of weight and bias: dtype, or float32 with a half dtype
 
     @property
     def vec(self) -> int:
@@ -88,7 +101,34 @@ class KernelConfig:
             f"const ROW_VECS: u32 = {self.row_vecs}u;\n"
             f"const HOLD: u32 = {self.hold}u;\n"
             f"const STEP: u32 = {self.unroll}u;\n"
-        )
+        ) + self._storage_prelude()
+
+    def _storage_prelude(self) -> str:
+        """For half dtypes: which one, and the word types and conversions of the storage file."""
+        if self.dtype == "float32":
+            return ""
+        params_half = self.affine_dtype != "float32"
+        lines = [f"const HALF: u32 = {DTYPE_CODES[self.dtype]}u;",
+                 f"const PARAMS_HALF: bool = {str(params_half).lower()};"]
+        if self.vec == 1:
+            lines += [f"alias PW = {'u32' if params_half else 'f32'};",
+                      "fn param_at(w: PW, at: u32) -> f32 { return "
+                      + ("unpack_pair(w)[at & 1u]" if params_half else "w") + "; }"]
+        else:
+            word, value, pack = _HALF_WORDS[self.vec]
+            lines += [f"alias XW = {word};",
+                      f"alias PW = {'XW' if params_half else 'V'};",
+                      f"fn x_value(w: XW) -> V {{ return {value}; }}",
+                      f"fn x_word(v: V) -> XW {{ return {pack}; }}",
+                      "fn p_value(w: PW) -> V { return " + ("x_value(w)" if params_half else "w") + "; }"]
+        return "\n".join(lines) + "\n"
+
+    @property
+    def storage(self) -> list[str]:
+        """The WGSL files that declare x, weight, bias and out for these dtypes."""
+        if self.dtype == "float32":
+            return ["storage_float32.wgsl"]
+        return ["half.wgsl", "storage_half.wgsl" if self.vec > 1 else "storage_half_odd.wgsl"]
 
     def source(self, g: Gpu) -> str:
         """The WGSL module: the reduction file (it holds the entry point), constants, kernel
@@ -96,7 +136,8 @@ class KernelConfig:
         reduce = "reduce_subgroup.wgsl" if self.subgroup_size else "reduce_workgroup.wgsl"
         kernel = _written_out(g.shader_source(SHADER), "each held value", max(self.hold, 1))
         kernel = _written_out(kernel, "each step value", self.unroll)
-        return g.shader_source(reduce) + self.prelude() + kernel
+        storage = "".join(g.shader_source(name) for name in self.storage)
+        return g.shader_source(reduce) + storage + self.prelude() + kernel
 
 
 def _written_out(source: str, marker: str, count: int) -> str:
@@ -112,12 +153,15 @@ def _written_out(source: str, marker: str, count: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def choose_config(width: int, has_weight: bool, has_bias: bool, subgroup_size: int = 0) -> KernelConfig:
+def choose_config(width: int, has_weight: bool, has_bias: bool, subgroup_size: int = 0,
+                  dtype: str = "float32", affine_dtype: str | None = None) -> KernelConfig:
     """Loads as wide as the rows stay aligned (4, 2 or 1 floats). Rows held in registers
     when they fit: the most threads per row (a power of two) that leave each at least 4
     values, so 4 to 7 each, weight and bias loaded with x. Rows wider than MAX_HOLD values
     for each of MAX_THREADS_PER_ROW threads are streamed, 4 values a loop step. Workgroups
-    of at least MIN_WORKGROUP threads (narrow rows share one).
+    of at least MIN_WORKGROUP threads (narrow rows share one). Half dtypes take the same
+    shapes: a V of 4 half values is 8 bytes, and rows stay aligned to whole u32 pairs.
+    `affine_dtype` defaults to `dtype`.
 
     Chosen from the H200 sweep (benchmarks/NOTES.md). `subgroup_size` 0 means the adapter
     has no subgroup operations (workgroup-memory merges).
@@ -134,6 +178,8 @@ def choose_config(width: int, has_weight: bool, has_bias: bool, subgroup_size: i
         workgroup=max(MIN_WORKGROUP, threads),
         hold=hold if hold <= MAX_HOLD else 0,
         unroll=1 if hold <= MAX_HOLD else STREAM_UNROLL,
+        dtype=dtype,
+        affine_dtype=dtype if affine_dtype is None else affine_dtype,
     )
 
 
@@ -191,8 +237,13 @@ def _check(x: torch.Tensor, normalized_shape: Sequence[int], weight, bias, eps) 
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor{'' if name == 'input' else ' or None'}, "
                             f"got {type(t).__name__}")
-        if t.dtype != torch.float32:
-            raise ValueError(f"{name} must be float32, got {t.dtype}")
+        # aten's rule: weight and bias share one dtype, x's or (with a half x) float32.
+        allowed = (x.dtype,) if x.dtype == torch.float32 or name == "input" else (x.dtype, torch.float32)
+        if x.dtype not in DTYPES.values():
+            allowed = ()
+        if t.dtype not in allowed:
+            raise ValueError(f"{name} must be float32, float16 or bfloat16 (weight and bias like the input, "
+                             f"or float32 with a half input), got {t.dtype} with input {x.dtype}")
         # Meta tensors have no data and sparse ones no row-major rows to upload.
         if t.is_meta or t.layout != torch.strided:
             raise ValueError(f"{name} must be a dense tensor with data, got a {t.device.type} {t.layout} tensor")
@@ -206,6 +257,8 @@ def _check(x: torch.Tensor, normalized_shape: Sequence[int], weight, bias, eps) 
     for name, t in (("weight", weight), ("bias", bias)):
         if t is not None and tuple(t.shape) != shape:
             raise ValueError(f"{name} must have shape {list(shape)}, got {list(t.shape)}")
+    if weight is not None and bias is not None and weight.dtype != bias.dtype:
+        raise ValueError(f"bias must have weight's dtype {weight.dtype}, got {bias.dtype}")
     if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
         raise TypeError(f"eps must be a real number, got {type(eps).__name__}")
     try:
@@ -246,46 +299,72 @@ def native_layer_norm(
     *,
     poison: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """LayerNorm over the trailing `normalized_shape` dims of float32 `x`, on the GPU.
+    """LayerNorm over the trailing `normalized_shape` dims of `x`, on the GPU.
 
-    Returns `(out, mean, rstd)` shaped like aten.native_layer_norm's: out like x, mean and
-    rstd like x with the normalized dims set to 1. `poison` fills the output buffers with
-    that value before each launch (to check that the kernel writes every element).
+    `x` is float32, float16 or bfloat16; weight and bias (each optional) share x's dtype,
+    or are float32 with a half `x`, as aten allows. Statistics are computed in float32 and
+    each output value is rounded once to its dtype. Returns `(out, mean, rstd)` shaped and
+    typed like aten.native_layer_norm's: out like x; mean and rstd like x with the
+    normalized dims set to 1, in the dtype of weight and bias (x's when both are None).
+    `poison` fills the output buffers with that value before each launch (to check that
+    the kernel writes every element).
     """
     shape, eps = _check(x, normalized_shape, weight, bias, eps)
     width = math.prod(shape)
     lead = tuple(x.shape[: x.dim() - len(shape)])
     rows = math.prod(lead)
     stat_shape = lead + (1,) * len(shape)
-    out = np.empty((rows, width), dtype=np.float32)
+    affine = next((t.dtype for t in (weight, bias) if t is not None), x.dtype)
+    out = np.empty((rows, width), dtype=_STORED[x.dtype])
     mean = np.empty(rows, dtype=np.float32)
     rstd = np.empty(rows, dtype=np.float32)
     if rows:
-        src = x.detach().reshape(rows, width).contiguous().cpu().numpy()
+        src = _stored(x.detach().reshape(rows, width))
         g = gpu()
         with g.lock:
-            _run(g, src, weight, bias, eps, out, mean, rstd, poison)
+            _run(g, src, weight, bias, eps, out, mean, rstd, poison, _name(x.dtype), _name(affine))
+    # mean and rstd come back in float32; a half dtype rounds them once here, as aten does.
     return (
-        torch.from_numpy(out).reshape(x.shape),
-        torch.from_numpy(mean).reshape(stat_shape),
-        torch.from_numpy(rstd).reshape(stat_shape),
+        torch.from_numpy(out).view(x.dtype).reshape(x.shape),
+        torch.from_numpy(mean).to(affine).reshape(stat_shape),
+        torch.from_numpy(rstd).to(affine).reshape(stat_shape),
     )
 
 
-def _run(g: Gpu, src, weight, bias, eps, out, mean, rstd, poison) -> None:
+# How tensors of each dtype travel as numpy arrays: float32 as is, half ones as their bits.
+_STORED = {torch.float32: np.float32, torch.float16: np.int16, torch.bfloat16: np.int16}
+
+
+def _stored(t: torch.Tensor) -> np.ndarray:
+    """`t` as a contiguous CPU numpy array of `_STORED[t.dtype]` (half values as their bits)."""
+    t = t.contiguous().cpu()
+    return (t if t.dtype == torch.float32 else t.view(torch.int16)).numpy()
+
+
+def _name(dtype: torch.dtype) -> str:
+    return next(name for name, d in DTYPES.items() if d == dtype)
+
+
+def _words(data: np.ndarray) -> np.ndarray:
+    """`data` as bytes padded to whole u32 words (an odd count of half values gains one)."""
+    raw = data.reshape(-1).view(np.uint8)
+    return raw if raw.size % 4 == 0 else np.concatenate([raw, np.zeros(4 - raw.size % 4, np.uint8)])
+
+
+def _run(g: Gpu, src, weight, bias, eps, out, mean, rstd, poison, dtype, affine_dtype) -> None:
     rows, width = src.shape
-    row_bytes = width * 4
+    row_bytes = width * src.itemsize
     limit = min(g.limits["max-storage-buffer-binding-size"], g.limits["max-buffer-size"])
     if row_bytes > limit:
-        raise ValueError(f"a row of {width} floats exceeds the adapter's binding limit of {limit} bytes")
-    config = choose_config(width, weight is not None, bias is not None, g.subgroup_size)
+        raise ValueError(f"a row of {width} values exceeds the adapter's binding limit of {limit} bytes")
+    config = choose_config(width, weight is not None, bias is not None, g.subgroup_size, dtype, affine_dtype)
     pipeline, layout = compile_pipeline(g, config)
 
     # Absent weight/bias bind a small placeholder that the specialised kernel never reads.
     affine = []
     for role, t in (("weight", weight), ("bias", bias)):
-        data = None if t is None else t.detach().reshape(-1).contiguous().cpu().numpy()
-        buf = g.buffer(role, row_bytes if data is not None else 16, STORAGE)
+        data = None if t is None else _words(_stored(t.detach().reshape(-1)))
+        buf = g.buffer(role, data.nbytes if data is not None else 16, STORAGE)
         if data is not None:
             g.upload(buf, data)
         affine.append(buf)
@@ -300,22 +379,25 @@ def _run(g: Gpu, src, weight, bias, eps, out, mean, rstd, poison) -> None:
 
 def _launch(g, pipeline, layout, config, src, affine, eps, poison, out, mean, rstd) -> None:
     rows, width = src.shape
-    x_buf = g.buffer("x", src.nbytes, STORAGE)
-    out_buf = g.buffer("out", src.nbytes, STORAGE)
+    x_words = _words(src)
+    x_buf = g.buffer("x", x_words.nbytes, STORAGE)
+    out_buf = g.buffer("out", x_words.nbytes, STORAGE)
     mean_buf = g.buffer("mean", rows * 4, STORAGE)
     rstd_buf = g.buffer("rstd", rows * 4, STORAGE)
     params = g.buffer("params", PARAMS_BYTES, UNIFORM)
     # One read-back: out, then mean, then rstd, each at a 16-byte aligned offset.
     stat_bytes = rows * 4
-    mean_at = _align16(src.nbytes)
+    mean_at = _align16(x_words.nbytes)
     rstd_at = mean_at + _align16(stat_bytes)
     staging = g.buffer("staging", rstd_at + stat_bytes, STAGING)
 
-    g.upload(x_buf, src)
+    g.upload(x_buf, x_words)
     g.upload(params, pack_params(rows, eps))
     if poison is not None:
-        for buf, n in ((out_buf, src.size), (mean_buf, rows), (rstd_buf, rows)):
-            g.upload(buf, np.full(n, poison, dtype=np.float32))
+        filled = torch.full((src.size,), poison, dtype=DTYPES[config.dtype])
+        g.upload(out_buf, _words(_stored(filled)))
+        for buf in (mean_buf, rstd_buf):
+            g.upload(buf, np.full(rows, poison, dtype=np.float32))
 
     bind_group = g.device.create_bind_group(
         layout=layout,
@@ -330,16 +412,17 @@ def _launch(g, pipeline, layout, config, src, affine, eps, poison, out, mean, rs
     compute.set_bind_group(0, bind_group)
     compute.dispatch_workgroups(*grid(rows, config))
     compute.end()
-    encoder.copy_buffer_to_buffer(out_buf, 0, staging, 0, src.nbytes)
+    encoder.copy_buffer_to_buffer(out_buf, 0, staging, 0, x_words.nbytes)
     encoder.copy_buffer_to_buffer(mean_buf, 0, staging, mean_at, stat_bytes)
     encoder.copy_buffer_to_buffer(rstd_buf, 0, staging, rstd_at, stat_bytes)
     g.device.queue.submit([encoder.finish()])
     g.stats.dispatches += 1
 
-    data = np.frombuffer(g.read(staging, rstd_at + stat_bytes), dtype=np.float32)
-    out[...] = data[: src.size].reshape(rows, width)
-    mean[...] = data[mean_at // 4 : mean_at // 4 + rows]
-    rstd[...] = data[rstd_at // 4 : rstd_at // 4 + rows]
+    data = g.read(staging, rstd_at + stat_bytes)
+    out[...] = np.frombuffer(data, dtype=src.dtype, count=src.size).reshape(rows, width)
+    stats = np.frombuffer(data, dtype=np.float32)
+    mean[...] = stats[mean_at // 4 : mean_at // 4 + rows]
+    rstd[...] = stats[rstd_at // 4 : rstd_at // 4 + rows]
 
 
 def _align16(n: int) -> int:

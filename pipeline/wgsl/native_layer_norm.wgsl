@@ -1,5 +1,6 @@
 // native_layer_norm: out, mean and rstd of every row of a row-major (rows, width) tensor
-// in one launch, matching aten.native_layer_norm for float32.
+// in one launch, matching aten.native_layer_norm for float32, float16 and bfloat16 rows
+// (statistics in f32 whatever the dtype; each output value rounded once to its dtype).
 //
 // The runtime prepends the pipeline's constants (see pipeline/runtime/native_layer_norm.py):
 //   alias V                 vec4<f32> when width % 4 == 0, vec2<f32> when width % 2 == 0,
@@ -36,10 +37,9 @@ struct Params {
     nan: f32,
 }
 
-@group(0) @binding(0) var<storage, read> x: array<V>;
-@group(0) @binding(1) var<storage, read> weight: array<V>;
-@group(0) @binding(2) var<storage, read> bias: array<V>;
-@group(0) @binding(3) var<storage, read_write> out: array<V>;
+// Bindings 0-3 (x, weight, bias, out) and their accessors read_x, read_weight, read_bias
+// and write_out come from the storage file of the tensors' dtypes (storage_float32.wgsl,
+// storage_half.wgsl, storage_half_odd.wgsl): the kernel computes in f32 whatever is stored.
 @group(0) @binding(4) var<storage, read_write> mean: array<f32>;
 @group(0) @binding(5) var<storage, read_write> rstd: array<f32>;
 @group(0) @binding(6) var<uniform> params: Params;
@@ -102,7 +102,7 @@ fn finish_row(row: u32, lane: u32, stats: vec3<f32>) -> vec2<f32> {
 // The V at index i of the row at `base`, zeros past the row's end or for a dead thread.
 fn load_x(base: u32, i: u32, live: bool) -> V {
     if (live && i < ROW_VECS) {
-        return x[base + i];
+        return read_x(base + i);
     }
     return V(0.0);
 }
@@ -125,14 +125,14 @@ fn deviation_at(v: V, i: u32, live: bool, center: f32) -> vec2<f32> {
 
 fn weight_at(i: u32) -> V {
     if (HAS_WEIGHT && i < ROW_VECS) {
-        return weight[i];
+        return read_weight(i);
     }
     return V(1.0);
 }
 
 fn bias_at(i: u32) -> V {
     if (HAS_BIAS && i < ROW_VECS) {
-        return bias[i];
+        return read_bias(i);
     }
     return V(0.0);
 }
@@ -142,7 +142,7 @@ fn store_out(base: u32, i: u32, v: V, mean_rstd: vec2<f32>, w: V, b: V) {
         var y = (v - V(mean_rstd.x)) * mean_rstd.y;  // NaN throughout for a non-finite row
         if (HAS_WEIGHT) { y = y * w; }
         if (HAS_BIAS) { y = y + b; }
-        out[base + i] = y;
+        write_out(base + i, y);
     }
 }
 
