@@ -498,11 +498,17 @@ def test_half_output_is_rounded_once_to_nearest_even(dtype, reduction):
              1 + 2**-11, 1 + 3 * 2**-11, 1 + 2**-8, 1 + 3 * 2**-8, 3.3961e38, 3.4e38, float("inf"), float("nan")]
     bias = torch.cat([bits.view(torch.float32), torch.tensor(edges), -torch.tensor(edges)])
     width = bias.numel()  # odd: the atomic half-word stores
+    # WGSL lets f32 arithmetic flush subnormals (NVIDIA's drivers do: 0 + b is 0 for a
+    # subnormal float32 b), so those may come out as a zero of either sign.
+    flushable = (bias.abs() < torch.finfo(torch.float32).tiny) & (bias != 0)
     for w in (width, width - 1):  # and whole u32 pairs
         out, _, _ = pipeline.layer_norm(torch.zeros(3, w, dtype=dtype), [w], None, bias[:w])
         expected = bias[:w].to(dtype).expand(3, w)
         assert torch.equal(out.isnan(), expected.isnan())
-        assert torch.equal(out[~out.isnan()], expected[~expected.isnan()])
+        exact = ~expected.isnan() & ~flushable[:w]
+        assert torch.equal(out[exact], expected[exact])
+        flushed = flushable[:w].expand(3, w)
+        assert ((out[flushed] == expected[flushed]) | (out[flushed] == 0)).all()
 
 
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
