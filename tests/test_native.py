@@ -82,16 +82,25 @@ def test_changed_kernel_file_changes_the_build(tmp_path, monkeypatch):
 
 
 def _python_source(width: int, has_weight: bool, has_bias: bool, subgroup_size: int, dtype: str = "float32",
-                   affine_dtype: str | None = None) -> str:
+                   affine_dtype: str | None = None, native_f16_pack: bool = False) -> str:
     files = types.SimpleNamespace(
         shader_source=lambda name: resources.files("pipeline.wgsl").joinpath(name).read_text()
     )
-    return choose_config(width, has_weight, has_bias, subgroup_size, dtype, affine_dtype).source(files)
+    return choose_config(width, has_weight, has_bias, subgroup_size, dtype, affine_dtype,
+                         native_f16_pack).source(files)
 
 
 # (dtype, affine dtype): float32, and each half dtype with weight and bias like x or float32.
 DTYPE_PAIRS = [("float32", "float32"), ("float16", "float16"), ("float16", "float32"), ("bfloat16", "bfloat16"),
                ("bfloat16", "float32")]
+
+
+def test_device_probes_agree_with_pythons(native):
+    from pipeline import runtime
+
+    info = runtime.device_info()
+    assert native.subgroup_size() == info["subgroup_size"]
+    assert native.native_f16_pack() == int(info["native_f16_pack"])
 
 
 @pytest.mark.parametrize("dtype, affine_dtype", DTYPE_PAIRS)
@@ -100,10 +109,11 @@ def test_wgsl_module_is_pythons(native, width, dtype, affine_dtype):
     for has_weight in (False, True):
         for has_bias in (False, True):
             for subgroup_size in (0, 8, 32):
-                got = native.wgsl_source(width, has_weight, has_bias, subgroup_size, dtype, affine_dtype)
-                want = _python_source(width, has_weight, has_bias, subgroup_size, dtype, affine_dtype)
-                assert got == want, (f"width {width} weight {has_weight} bias {has_bias} subgroups {subgroup_size} "
-                                     f"{dtype}/{affine_dtype}")
+                for pack in (False, True) if dtype == "float16" else (False,):
+                    got = native.wgsl_source(width, has_weight, has_bias, subgroup_size, dtype, affine_dtype, pack)
+                    want = _python_source(width, has_weight, has_bias, subgroup_size, dtype, affine_dtype, pack)
+                    assert got == want, (f"width {width} weight {has_weight} bias {has_bias} subgroups "
+                                         f"{subgroup_size} {dtype}/{affine_dtype} native_f16_pack {pack}")
 
 
 # One set of blob rules

@@ -399,6 +399,18 @@ def test_marked_lines_are_written_out_once_per_value():
 HALF_DTYPES = [torch.float16, torch.bfloat16]
 
 
+@pytest.fixture(params=["native_pack", "integer_rounding"])
+def f16_store(request, monkeypatch):
+    """float16 stores both ways: pack2x16float where the device probe passed it, and the
+    kernel's integer rounding (what every other adapter runs)."""
+    g = runtime_device.gpu()
+    if request.param == "native_pack" and not g.native_f16_pack:
+        pytest.skip("pack2x16float did not pass the device probe on this adapter")
+    if request.param == "integer_rounding":
+        monkeypatch.setattr(g, "native_f16_pack", False)
+    return request.param
+
+
 def assert_half_close_to_reference(x, shape, weight=None, bias=None, eps=1e-5, factor=1.25):
     """Half `x`: dtypes exactly aten's, and the error vs float64 (of the same half inputs) at
     most `factor` x eager's at the same dtype. Both round once to the output dtype, so out's
@@ -424,7 +436,7 @@ def assert_half_close_to_reference(x, shape, weight=None, bias=None, eps=1e-5, f
 @pytest.mark.parametrize("width", [6, 384, 768, 1023, 1280])
 @pytest.mark.parametrize("shift", [0.0, 30.0])
 @pytest.mark.parametrize("affine_dtype", ["same", torch.float32, None])
-def test_half_rows_against_float64(dtype, width, shift, affine_dtype, reduction):
+def test_half_rows_against_float64(dtype, width, shift, affine_dtype, reduction, f16_store):
     gen = torch.Generator().manual_seed(width + int(shift))
     x = (torch.randn(33, width, generator=gen) * (2.0 if shift else 1.0) + shift).to(dtype)
     weight, bias = make_affine((width,), affine_dtype is not None, affine_dtype is not None, gen)
@@ -436,7 +448,7 @@ def test_half_rows_against_float64(dtype, width, shift, affine_dtype, reduction)
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
 @pytest.mark.parametrize("width", [1, 2, 3, 5, 7, 132, 766, 4097, 4098])
 @pytest.mark.parametrize("has_weight,has_bias", AFFINE)
-def test_half_widths_and_affine(dtype, width, has_weight, has_bias, reduction):
+def test_half_widths_and_affine(dtype, width, has_weight, has_bias, reduction, f16_store):
     gen = torch.Generator().manual_seed(width)
     x = (torch.randn(7, width, generator=gen) * 2 + 0.5).to(dtype)
     weight, bias = make_affine((width,), has_weight, has_bias, gen)
@@ -467,7 +479,7 @@ def test_half_constant_rows(dtype, width):
 
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
 @pytest.mark.parametrize("width", [3, 6, 128, 1023])
-def test_half_nan_and_inf_rows(dtype, width, reduction):
+def test_half_nan_and_inf_rows(dtype, width, reduction, f16_store):
     gen = torch.Generator().manual_seed(width)
     x = torch.randn(6, width, generator=gen)
     x[1, width // 2] = float("nan")
@@ -489,7 +501,7 @@ def test_half_more_rows_than_one_grid_dimension(dtype, width, reduction):
 
 
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
-def test_half_output_is_rounded_once_to_nearest_even(dtype, reduction):
+def test_half_output_is_rounded_once_to_nearest_even(dtype, reduction, f16_store):
     # Zero rows normalize to exactly 0, so out is the float32 bias rounded to `dtype`:
     # random bit patterns, ties, the largest finite values, overflow, subnormals, NaN.
     gen = torch.Generator().manual_seed(0)
@@ -523,7 +535,7 @@ def test_half_input_is_read_exactly(dtype):
 
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
 @pytest.mark.parametrize("width", [3, 6, 1023])
-def test_half_every_output_element_is_written(dtype, width, reduction):
+def test_half_every_output_element_is_written(dtype, width, reduction, f16_store):
     x = torch.randn(37, width).to(dtype)
     out, mean, rstd = runtime.native_layer_norm(x, [width], None, None, 1e-5, poison=float("nan"))
     assert not out.isnan().any() and not mean.isnan().any() and not rstd.isnan().any()
@@ -538,6 +550,20 @@ def test_half_launches_split_at_the_binding_limit(dtype, monkeypatch):
     x = torch.randn(100, 1023).to(dtype)
     assert_half_close_to_reference(x, (1023,), torch.randn(1023).to(dtype), torch.randn(1023).to(dtype))
     assert runtime.stats()["dispatches"] - before == 12
+
+
+def test_pack_probe_refuses_a_conversion_that_does_not_round_as_aten():
+    values = runtime_device.f16_pack_cases()
+    with np.errstate(over="ignore"):
+        right = values.astype(np.float16).view(np.uint16)
+    assert runtime_device.pack_matches_aten(values, right)
+    truncated = (values.view(np.uint32) >> 13).astype(np.uint16)  # no rounding at all: garbage bits
+    assert not runtime_device.pack_matches_aten(values, truncated)
+    toward_zero = np.where(right & 1, right - 1, right).astype(np.uint16)  # one ulp off on odd results
+    assert not runtime_device.pack_matches_aten(values, toward_zero)
+    no_nan = right.copy()
+    no_nan[np.isnan(values)] = 0x7C00  # NaN packed as infinity
+    assert not runtime_device.pack_matches_aten(values, no_nan)
 
 
 def test_half_pipelines_use_no_shader_f16():

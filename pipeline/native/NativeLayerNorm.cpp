@@ -152,7 +152,8 @@ WGPUComputePipeline NativeLayerNorm::pipeline_for(uint64_t width, std::string* r
     return known->second;
   }
   const KernelConfig config =
-      choose_config(width, has_weight_, has_bias_, device_->subgroup_size(), dtype_, affine_dtype_);
+      choose_config(width, has_weight_, has_bias_, device_->subgroup_size(), dtype_, affine_dtype_,
+                    device_->native_f16_pack());
   WGPUComputePipeline pipeline =
       device_->create_pipeline(kernel_source(config), pipeline_layout_, "native_layer_norm.wgsl", reason);
   if (pipeline != nullptr) {
@@ -180,7 +181,8 @@ bool NativeLayerNorm::run(const void* x, uint64_t rows, uint64_t width, const vo
     return false;
   }
   const KernelConfig config =
-      choose_config(width, has_weight_, has_bias_, device_->subgroup_size(), dtype_, affine_dtype_);
+      choose_config(width, has_weight_, has_bias_, device_->subgroup_size(), dtype_, affine_dtype_,
+                    device_->native_f16_pack());
   // Input-sourced weight and bias are uploaded on every call.
   const uint64_t affine_bytes = width * dtype_bytes(affine_dtype_);
   if (weight != nullptr) {

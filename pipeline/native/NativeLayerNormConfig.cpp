@@ -116,10 +116,11 @@ const char* boolean(bool b) { return b ? "true" : "false"; }
 }  // namespace
 
 KernelConfig choose_config(uint64_t width, bool has_weight, bool has_bias, uint32_t subgroup_size,
-                           uint32_t dtype, uint32_t affine_dtype) {
+                           uint32_t dtype, uint32_t affine_dtype, bool native_f16_pack) {
   KernelConfig config;
   config.dtype = dtype;
   config.affine_dtype = affine_dtype;
+  config.native_f16_pack = native_f16_pack && dtype == 1;
   config.width = width;
   config.has_weight = has_weight;
   config.has_bias = has_bias;
@@ -186,6 +187,7 @@ std::string kernel_source(const KernelConfig& config) {
     const bool params_half = config.affine_dtype != 0;
     prelude += "const HALF: u32 = " + std::to_string(config.dtype) + "u;\n";
     prelude += std::string("const PARAMS_HALF: bool = ") + boolean(params_half) + ";\n";
+    prelude += std::string("const NATIVE_F16_PACK: bool = ") + boolean(config.native_f16_pack) + ";\n";
     if (vec == 1) {
       prelude += std::string("alias PW = ") + (params_half ? "u32" : "f32") + ";\n";
       prelude += std::string("fn param_at(w: PW, at: u32) -> f32 { return ") +

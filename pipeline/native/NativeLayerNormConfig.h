@@ -28,6 +28,7 @@ struct KernelConfig {
   uint32_t unroll = 1;
   uint32_t dtype = 0;  // of x and out: 0 float32, 1 float16, 2 bfloat16 (the blob's codes)
   uint32_t affine_dtype = 0;  // of weight and bias: dtype, or 0 with a half dtype
+  bool native_f16_pack = false;  // float16 stores through pack2x16float (the device probe's verdict)
 
   uint32_t vec() const { return width % 4 == 0 ? 4 : width % 2 == 0 ? 2 : 1; }
   uint64_t row_vecs() const { return width / vec(); }
@@ -36,7 +37,7 @@ struct KernelConfig {
 };
 
 KernelConfig choose_config(uint64_t width, bool has_weight, bool has_bias, uint32_t subgroup_size,
-                           uint32_t dtype, uint32_t affine_dtype);
+                           uint32_t dtype, uint32_t affine_dtype, bool native_f16_pack);
 
 // The WGSL module: reduction file (entry point), constants prelude, kernel written out.
 std::string kernel_source(const KernelConfig& config);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "NativeLayerNormConfig.h"
+#include "wgsl_sources.h"
 
 namespace executorch {
 namespace backends {
@@ -19,6 +20,7 @@ namespace {
 // Same switches as the Python runtime (pipeline/runtime/device.py).
 constexpr const char* kAdapterEnv = "PIPELINE_WGPU_ADAPTER";
 constexpr const char* kSubgroupsEnv = "PIPELINE_WGPU_SUBGROUPS";
+constexpr const char* kF16PackEnv = "PIPELINE_WGPU_NATIVE_F16_PACK";
 // Poll rounds before a wait is declared stuck (each round blocks on the GPU first).
 constexpr int kMaxPollRounds = 100000;
 
@@ -237,7 +239,78 @@ bool WebGPUDevice::open(std::string* reason) {
   if (has_subgroups_ && !(subgroups != nullptr && std::strcmp(subgroups, "0") == 0)) {
     probe_subgroup_size();
   }
+  const char* f16_pack = std::getenv(kF16PackEnv);
+  if (!(f16_pack != nullptr && std::strcmp(f16_pack, "0") == 0)) {
+    probe_f16_pack();
+  }
   return true;
+}
+
+// Runs f16_pack_probe.wgsl on the Python runtime's cases (embedded at build time): float16
+// stores use pack2x16float only when every case came back as aten rounds it, NaN as a NaN.
+void WebGPUDevice::probe_f16_pack() {
+  const std::string* source = wgsl_file("f16_pack_probe.wgsl");
+  std::string reason;
+  WGPUComputePipeline pipeline =
+      source ? create_pipeline(*source, nullptr, "f16_pack_probe.wgsl", &reason) : nullptr;
+  if (pipeline == nullptr) {
+    return;
+  }
+  const size_t in_bytes = kF16PackCases * sizeof(uint32_t);
+  const size_t out_bytes = kF16PackCases * sizeof(uint16_t);
+  WGPUBufferDescriptor desc = WGPU_BUFFER_DESCRIPTOR_INIT;
+  desc.usage = WGPUBufferUsage_Storage | WGPUBufferUsage_CopySrc | WGPUBufferUsage_CopyDst;
+  desc.size = in_bytes;
+  WGPUBuffer values = wgpuDeviceCreateBuffer(device_, &desc);
+  desc.size = out_bytes;
+  WGPUBuffer packed = wgpuDeviceCreateBuffer(device_, &desc);
+  desc.usage = WGPUBufferUsage_MapRead | WGPUBufferUsage_CopyDst;
+  WGPUBuffer staging = wgpuDeviceCreateBuffer(device_, &desc);
+  wgpuQueueWriteBuffer(queue_, values, 0, kF16PackCaseBits, in_bytes);
+
+  WGPUBindGroupLayout layout = wgpuComputePipelineGetBindGroupLayout(pipeline, 0);
+  WGPUBindGroupEntry entries[2] = {WGPU_BIND_GROUP_ENTRY_INIT, WGPU_BIND_GROUP_ENTRY_INIT};
+  entries[0].binding = 0;
+  entries[0].buffer = values;
+  entries[0].size = in_bytes;
+  entries[1].binding = 1;
+  entries[1].buffer = packed;
+  entries[1].size = out_bytes;
+  WGPUBindGroupDescriptor group_desc = WGPU_BIND_GROUP_DESCRIPTOR_INIT;
+  group_desc.layout = layout;
+  group_desc.entryCount = 2;
+  group_desc.entries = entries;
+  WGPUBindGroup group = wgpuDeviceCreateBindGroup(device_, &group_desc);
+
+  WGPUCommandEncoder encoder = wgpuDeviceCreateCommandEncoder(device_, nullptr);
+  WGPUComputePassEncoder pass = wgpuCommandEncoderBeginComputePass(encoder, nullptr);
+  wgpuComputePassEncoderSetPipeline(pass, pipeline);
+  wgpuComputePassEncoderSetBindGroup(pass, 0, group, 0, nullptr);
+  wgpuComputePassEncoderDispatchWorkgroups(pass, static_cast<uint32_t>((kF16PackCases / 2 + 63) / 64), 1, 1);
+  wgpuComputePassEncoderEnd(pass);
+  wgpuComputePassEncoderRelease(pass);
+  wgpuCommandEncoderCopyBufferToBuffer(encoder, packed, 0, staging, 0, out_bytes);
+  WGPUCommandBuffer commands = wgpuCommandEncoderFinish(encoder, nullptr);
+  wgpuQueueSubmit(queue_, 1, &commands);
+  wgpuCommandBufferRelease(commands);
+  wgpuCommandEncoderRelease(encoder);
+
+  std::vector<uint16_t> got(kF16PackCases);
+  if (read_buffer(staging, out_bytes, got.data(), &reason)) {
+    bool all = true;
+    for (size_t i = 0; i < kF16PackCases && all; ++i) {
+      const uint32_t bits = kF16PackCaseBits[i];
+      const bool nan = (bits & 0x7fffffffu) > 0x7f800000u;
+      all = nan ? ((got[i] & 0x7c00u) == 0x7c00u && (got[i] & 0x03ffu) != 0) : got[i] == kF16PackExpected[i];
+    }
+    native_f16_pack_ = all;
+  }
+  wgpuBindGroupRelease(group);
+  wgpuBindGroupLayoutRelease(layout);
+  wgpuBufferRelease(staging);
+  wgpuBufferRelease(packed);
+  wgpuBufferRelease(values);
+  wgpuComputePipelineRelease(pipeline);
 }
 
 // Runs subgroup_size.wgsl once, as the Python runtime does: the smallest subgroup size

@@ -26,6 +26,8 @@ class WebGPUDevice {
   const WGPULimits& limits() const { return limits_; }
   // The smallest subgroup size the kernel may rely on; 0 when subgroups are not used.
   uint32_t subgroup_size() const { return subgroup_size_; }
+  // Whether pack2x16float rounds as aten does here (f16_pack_probe.wgsl): float16 stores use it.
+  bool native_f16_pack() const { return native_f16_pack_; }
   const std::string& adapter_name() const { return adapter_name_; }
 
   // All GPU work of the backend runs under this lock (the queue and the pools are shared).
@@ -47,6 +49,7 @@ class WebGPUDevice {
   WebGPUDevice() = default;
   bool open(std::string* reason);
   void probe_subgroup_size();
+  void probe_f16_pack();
   // Polls the device and processes events until `*done`, or gives up.
   bool wait(const bool* done);
 
@@ -56,6 +59,7 @@ class WebGPUDevice {
   WGPUQueue queue_ = nullptr;
   WGPULimits limits_ = WGPU_LIMITS_INIT;
   uint32_t subgroup_size_ = 0;
+  bool native_f16_pack_ = false;
   bool has_subgroups_ = false;
   std::string adapter_name_;
   std::string uncaptured_error_;  // the first error nobody captured, reported by finish()

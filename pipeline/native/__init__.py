@@ -48,9 +48,10 @@ def library() -> ctypes.CDLL:
             lib.pipeline_webgpu_probe.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
             lib.pipeline_webgpu_probe.restype = ctypes.c_int
             lib.pipeline_webgpu_subgroup_size.restype = ctypes.c_int
+            lib.pipeline_webgpu_native_f16_pack.restype = ctypes.c_int
             lib.pipeline_webgpu_wgsl_source.argtypes = [
                 ctypes.c_uint64, ctypes.c_int, ctypes.c_int, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_uint32,
-                ctypes.c_char_p, ctypes.c_size_t,
+                ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t,
             ]
             lib.pipeline_webgpu_wgsl_source.restype = ctypes.c_longlong
             lib.pipeline_webgpu_check_blob.argtypes = [
@@ -85,13 +86,20 @@ def subgroup_size() -> int:
     return library().pipeline_webgpu_subgroup_size()
 
 
+def native_f16_pack() -> int:
+    """1 when the backend's float16 stores use pack2x16float (its device probe passed), 0
+    when not; -1 without a device."""
+    return library().pipeline_webgpu_native_f16_pack()
+
+
 def wgsl_source(width: int, has_weight: bool, has_bias: bool, subgroup_size: int, dtype: str = "float32",
-                affine_dtype: str | None = None) -> str:
+                affine_dtype: str | None = None, native_f16_pack: bool = False) -> str:
     """The WGSL module the backend compiles for this configuration (no device needed);
     `affine_dtype` (of weight and bias) defaults to `dtype`."""
     lib = library()
     codes = {"float32": 0, "float16": 1, "bfloat16": 2}
-    args = (width, int(has_weight), int(has_bias), subgroup_size, codes[dtype], codes[affine_dtype or dtype])
+    args = (width, int(has_weight), int(has_bias), subgroup_size, codes[dtype], codes[affine_dtype or dtype],
+            int(native_f16_pack))
     size = lib.pipeline_webgpu_wgsl_source(*args, None, 0)
     if size < 0:
         raise ValueError(f"no WGSL for width={width!r}")

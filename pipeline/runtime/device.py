@@ -18,6 +18,8 @@ import wgpu
 ADAPTER_ENV = "PIPELINE_WGPU_ADAPTER"
 # "0" turns subgroup reductions off (the workgroup-memory path is used, as without the feature).
 SUBGROUPS_ENV = "PIPELINE_WGPU_SUBGROUPS"
+# "0" keeps float16 stores on the kernel's integer rounding even where pack2x16float passed its probe.
+F16_PACK_ENV = "PIPELINE_WGPU_NATIVE_F16_PACK"
 
 _NO_ADAPTER_HELP = (
     "wgpu found no GPU adapter. On a machine without a GPU install Mesa's lavapipe "
@@ -63,6 +65,7 @@ class Gpu:
     )
     buffers: dict[tuple[str, int], wgpu.GPUBuffer] = field(default_factory=dict)
     subgroup_size: int = 0  # smallest subgroup size seen; 0 when subgroups are not used
+    native_f16_pack: bool = False  # pack2x16float rounds as aten does (f16_pack_probe.wgsl)
     # Held for a whole launch (uploads, dispatch, read-back): the buffer pool and the
     # staging buffer's mapping are shared, so launches from several threads take turns.
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -149,6 +152,8 @@ def gpu() -> Gpu:
             )
             if "subgroup" in _gpu.features and os.environ.get(SUBGROUPS_ENV, "1") != "0":
                 _gpu.subgroup_size = _probe_subgroup_size(_gpu)
+            if os.environ.get(F16_PACK_ENV, "1") != "0":
+                _gpu.native_f16_pack = _probe_f16_pack(_gpu)
         return _gpu
 
 
@@ -173,6 +178,52 @@ def _probe_subgroup_size(g: Gpu) -> int:
     return size if 0 < size <= 256 and size & (size - 1) == 0 else 0
 
 
+def f16_pack_cases() -> np.ndarray:
+    """float32 values whose float16 rounding the pack probe checks: ties to even in every
+    binade's shape, the edges of float16's range (65504, 65519.99, 65520, subnormal
+    halves, underflow), infinities, NaN, and seeded random values over the whole range."""
+    edges = [0.0, 1.0, 1 + 2**-11, 1 + 3 * 2**-11, 1 + 2**-10 + 2**-11, 2049.0, 2051.0, 0.1, 1 / 3,
+             65504.0, 65519.99, 65520.0, 1e5, 3.4e38, float("inf"), float("nan"),
+             6.103515625e-05, 6.1e-5, 5.9604645e-08, 2.9802322e-08, 2.98e-8, 8.940697e-08, 1e-9]
+    rng = np.random.default_rng(0)
+    spread = rng.standard_normal(4000) * np.exp2(rng.uniform(-26, 17, 4000))
+    values = np.concatenate([edges, np.negative(edges), spread]).astype(np.float32)
+    return values if values.size % 2 == 0 else np.append(values, np.float32(0))
+
+
+def _probe_f16_pack(g: Gpu) -> bool:
+    """Run f16_pack_probe.wgsl on `f16_pack_cases()`: True when every value came back as
+    numpy's float16 rounding (IEEE: nearest, ties to even) gives it, NaN as a NaN."""
+    values = f16_pack_cases()
+    usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
+    source = g.device.create_buffer(size=values.nbytes, usage=usage)
+    packed = g.device.create_buffer(size=values.nbytes // 2, usage=usage)
+    g.device.queue.write_buffer(source, 0, values)
+    module = g.device.create_shader_module(code=g.shader_source("f16_pack_probe.wgsl"))
+    pipeline = g.device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"})
+    bind_group = g.device.create_bind_group(
+        layout=pipeline.get_bind_group_layout(0),
+        entries=[{"binding": 0, "resource": {"buffer": source}}, {"binding": 1, "resource": {"buffer": packed}}],
+    )
+    encoder = g.device.create_command_encoder()
+    compute = encoder.begin_compute_pass()
+    compute.set_pipeline(pipeline)
+    compute.set_bind_group(0, bind_group)
+    compute.dispatch_workgroups((values.size // 2 + 63) // 64)
+    compute.end()
+    g.device.queue.submit([encoder.finish()])
+    return pack_matches_aten(values, np.frombuffer(g.device.queue.read_buffer(packed), dtype=np.uint16))
+
+
+def pack_matches_aten(values: np.ndarray, got: np.ndarray) -> bool:
+    """Whether float16 bits `got` are `values` rounded as aten (and numpy, IEEE) rounds them."""
+    with np.errstate(over="ignore"):
+        want = values.astype(np.float16).view(np.uint16)
+    nan = np.isnan(values)
+    got_nan = ((got & 0x7C00) == 0x7C00) & ((got & 0x03FF) != 0)
+    return bool(np.array_equal(got[~nan], want[~nan]) and got_nan[nan].all())
+
+
 def device_info() -> dict[str, object]:
     """Adapter name, backend, type, enabled features and the limits the kernel relies on."""
     g = gpu()
@@ -184,6 +235,7 @@ def device_info() -> dict[str, object]:
         "driver": info.get("description", ""),
         "features": sorted(g.features & set(_FEATURES_WANTED)),
         "subgroup_size": g.subgroup_size,
+        "native_f16_pack": g.native_f16_pack,
         "limits": {k: g.limits[k] for k in _LIMITS_WANTED if k in g.limits},
     }
 

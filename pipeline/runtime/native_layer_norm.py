@@ -67,6 +67,8 @@ class KernelConfig:
     unroll: int = 1
     dtype: str = "float32"  # of x and out
     affine_dtype: str = "float32"  # of weight and bias: dtype, or float32 with a half dtype
+    # float16 stores through pack2x16float: only where the device probe saw it round as aten
+    native_f16_pack: bool = False
 
     @property
     def vec(self) -> int:
@@ -109,7 +111,8 @@ class KernelConfig:
             return ""
         params_half = self.affine_dtype != "float32"
         lines = [f"const HALF: u32 = {DTYPE_CODES[self.dtype]}u;",
-                 f"const PARAMS_HALF: bool = {str(params_half).lower()};"]
+                 f"const PARAMS_HALF: bool = {str(params_half).lower()};",
+                 f"const NATIVE_F16_PACK: bool = {str(self.native_f16_pack).lower()};"]
         if self.vec == 1:
             lines += [f"alias PW = {'u32' if params_half else 'f32'};",
                       "fn param_at(w: PW, at: u32) -> f32 { return "
@@ -154,14 +157,16 @@ def _written_out(source: str, marker: str, count: int) -> str:
 
 
 def choose_config(width: int, has_weight: bool, has_bias: bool, subgroup_size: int = 0,
-                  dtype: str = "float32", affine_dtype: str | None = None) -> KernelConfig:
+                  dtype: str = "float32", affine_dtype: str | None = None,
+                  native_f16_pack: bool = False) -> KernelConfig:
     """Loads as wide as the rows stay aligned (4, 2 or 1 floats). Rows held in registers
     when they fit: the most threads per row (a power of two) that leave each at least 4
     values, so 4 to 7 each, weight and bias loaded with x. Rows wider than MAX_HOLD values
     for each of MAX_THREADS_PER_ROW threads are streamed, 4 values a loop step. Workgroups
     of at least MIN_WORKGROUP threads (narrow rows share one). Half dtypes take the same
     shapes: a V of 4 half values is 8 bytes, and rows stay aligned to whole u32 pairs.
-    `affine_dtype` defaults to `dtype`.
+    `affine_dtype` defaults to `dtype`. `native_f16_pack` (the device probe's verdict on
+    pack2x16float) matters for float16 only.
 
     Chosen from the H200 sweep (benchmarks/NOTES.md). `subgroup_size` 0 means the adapter
     has no subgroup operations (workgroup-memory merges).
@@ -180,6 +185,7 @@ def choose_config(width: int, has_weight: bool, has_bias: bool, subgroup_size: i
         unroll=1 if hold <= MAX_HOLD else STREAM_UNROLL,
         dtype=dtype,
         affine_dtype=dtype if affine_dtype is None else affine_dtype,
+        native_f16_pack=native_f16_pack and dtype == "float16",
     )
 
 
@@ -357,7 +363,8 @@ def _run(g: Gpu, src, weight, bias, eps, out, mean, rstd, poison, dtype, affine_
     limit = min(g.limits["max-storage-buffer-binding-size"], g.limits["max-buffer-size"])
     if row_bytes > limit:
         raise ValueError(f"a row of {width} values exceeds the adapter's binding limit of {limit} bytes")
-    config = choose_config(width, weight is not None, bias is not None, g.subgroup_size, dtype, affine_dtype)
+    config = choose_config(width, weight is not None, bias is not None, g.subgroup_size, dtype, affine_dtype,
+                           g.native_f16_pack)
     pipeline, layout = compile_pipeline(g, config)
 
     # Absent weight/bias bind a small placeholder that the specialised kernel never reads.
