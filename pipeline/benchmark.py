@@ -36,6 +36,7 @@ from pipeline.runtime.native_layer_norm import (
     KernelConfig,
     choose_config,
     compile_pipeline,
+    device_config,
     grid,
     pack_params,
 )
@@ -92,7 +93,7 @@ def time_kernel(rows: int, width: int, configs: list[KernelConfig] | None = None
     """GPU microseconds of one launch over (rows, width) for each config (default: the
     runtime's own choice at `dtype`), as (batched, isolated) medians; returns (times, clock)."""
     g = gpu()
-    configs = configs or [choose_config(width, affine, affine, g.subgroup_size, dtype)]
+    configs = configs or [device_config(g, width, affine, affine, dtype)]
     itemsize = DTYPES[dtype].itemsize
     nbytes = (rows * width * itemsize + 3) // 4 * 4  # whole u32 words
     copies = _copies(nbytes)

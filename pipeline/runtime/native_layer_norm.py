@@ -189,6 +189,13 @@ def choose_config(width: int, has_weight: bool, has_bias: bool, subgroup_size: i
     )
 
 
+def device_config(g: Gpu, width: int, has_weight: bool, has_bias: bool, dtype: str = "float32",
+                  affine_dtype: str | None = None) -> KernelConfig:
+    """`choose_config` with what the device's probes found (subgroup size, float16 packing):
+    the configuration a launch on `g` uses."""
+    return choose_config(width, has_weight, has_bias, g.subgroup_size, dtype, affine_dtype, g.native_f16_pack)
+
+
 def _vec(width: int) -> int:
     """Components in one load: the widest vector (4, 2 or 1 floats) a row start stays aligned to."""
     return 4 if width % 4 == 0 else 2 if width % 2 == 0 else 1
@@ -363,8 +370,7 @@ def _run(g: Gpu, src, weight, bias, eps, out, mean, rstd, poison, dtype, affine_
     limit = min(g.limits["max-storage-buffer-binding-size"], g.limits["max-buffer-size"])
     if row_bytes > limit:
         raise ValueError(f"a row of {width} values exceeds the adapter's binding limit of {limit} bytes")
-    config = choose_config(width, weight is not None, bias is not None, g.subgroup_size, dtype, affine_dtype,
-                           g.native_f16_pack)
+    config = device_config(g, width, weight is not None, bias is not None, dtype, affine_dtype)
     pipeline, layout = compile_pipeline(g, config)
 
     # Absent weight/bias bind a small placeholder that the specialised kernel never reads.
