@@ -120,9 +120,9 @@ def run_artifact(
     progress=lambda line: None,
 ) -> dict[str, Any]:
     """Run an exported file: its model's example inputs (from the `.coverage.json` beside
-    it) or a user's (`inputs_path`), timed over `repeats` runs, compared with eager float32
-    and float64 when the model is known. Returns what was measured; `passed` is False when
-    the outputs are not finite or their error against float64 exceeds twice eager's.
+    it) or a user's (`inputs_path`), timed over `repeats` runs, compared with eager at the
+    file's dtype and float64 when the model is known. Returns what was measured; `passed` is
+    False when the outputs are not finite or their error against float64 exceeds twice eager's.
     """
     import time
 
@@ -161,16 +161,17 @@ def run_artifact(
         "finite": bool(torch.isfinite(flatten_output(outputs)).all()),
     }
     if spec is not None:
-        progress("running eager float32 and float64")
-        fp32 = run_eager(spec.module, inputs, keep_tensors=False).outputs
+        dtype = summary.get("dtype", "float32")
+        progress(f"running eager {dtype} and float64")
+        same_dtype = run_eager(spec.module, inputs, keep_tensors=False).outputs
         fp64 = run_eager(*to_float64(spec.module, inputs), keep_tensors=False).outputs
         reference = flatten_output(fp64)
         got = compare(flatten_output(outputs), reference)
-        eager = compare(flatten_output(fp32), reference)
+        eager = compare(flatten_output(same_dtype), reference)
         result.update(
-            model=summary["model"], variant=summary["variant"],
-            max_abs_vs_eager_fp32=compare(flatten_output(outputs), flatten_output(fp32))["max_abs"],
-            max_abs_vs_fp64=got["max_abs"], eager_fp32_max_abs_vs_fp64=eager["max_abs"], envelope=ENVELOPE,
+            model=summary["model"], variant=summary["variant"], dtype=dtype,
+            max_abs_vs_eager=compare(flatten_output(outputs), flatten_output(same_dtype))["max_abs"],
+            max_abs_vs_fp64=got["max_abs"], eager_max_abs_vs_fp64=eager["max_abs"], envelope=ENVELOPE,
         )
         result["passed"] = result["finite"] and got["max_abs"] <= ENVELOPE * eager["max_abs"]
     else:

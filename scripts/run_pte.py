@@ -7,8 +7,8 @@
 
 The model, variant, seed and checkpoint come from the <stem>.coverage.json that
 export_model.py wrote beside the file (its sha256 must match the file). With a known
-model the outputs are compared with eager float32 and float64: the run passes when they
-are finite and their max error against float64 is at most twice eager float32's.
+model the outputs are compared with eager (at the file's dtype) and float64: the run
+passes when they are finite and their max error against float64 is at most twice eager's.
 Exit status: 0 passed, 1 failed (one line on stderr), 2 bad usage.
 """
 
@@ -49,8 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     for i, shape in enumerate(result["output_shapes"]):
         print(f"  output {i}: {shape}")
     if "max_abs_vs_fp64" in result:
-        print(f"  max abs error: vs eager float32 {result['max_abs_vs_eager_fp32']:.3g}, vs float64 "
-              f"{result['max_abs_vs_fp64']:.3g} (eager float32 vs float64 {result['eager_fp32_max_abs_vs_fp64']:.3g}, "
+        dtype = result["dtype"]
+        print(f"  max abs error: vs eager {dtype} {result['max_abs_vs_eager']:.3g}, vs float64 "
+              f"{result['max_abs_vs_fp64']:.3g} (eager {dtype} vs float64 {result['eager_max_abs_vs_fp64']:.3g}, "
               f"limit {result['envelope']:g}x)")
     if not result["passed"]:
         why = "outputs are not finite" if not result["finite"] else "error against float64 exceeds the envelope"

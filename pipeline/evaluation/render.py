@@ -7,8 +7,6 @@ import html
 from pipeline.evaluation.report import error_plot, fmt, html_page, html_table, markdown_table, png_img
 
 _COVERAGE_HEADERS = ["#", "module", "input shape", "row width", "affine", "origin", "delegated", "reason"]
-_ACCURACY_HEADERS = ["#", "module", "origin", "row width", "delegated vs fp64", "delegated vs fp32",
-                     "eager fp32 vs fp64", "note"]
 
 
 def _title(data: dict, kind: str) -> str:
@@ -73,6 +71,13 @@ def coverage_line(data: dict) -> str:
             f"delegated {c['delegated']:>3}")
 
 
+def _accuracy_headers(data: dict) -> list[str]:
+    eager = _eager_label(data["accuracy"])
+    short = eager.removeprefix("eager ")
+    return ["#", "module", "origin", "row width", "delegated vs fp64", f"delegated vs {short}",
+            f"{eager} vs fp64", "note"]
+
+
 def _accuracy_rows(data: dict) -> list[list[object]]:
     return [
         [i, e["module_path"] or "<root>", e["origin"], e["row_width"], e["delegated_vs_fp64"],
@@ -113,8 +118,8 @@ def accuracy_plot(data: dict) -> bytes:
         [e["module_path"] for e in rows],
         {
             "delegated vs eager fp64": [e["delegated_vs_fp64"] for e in rows],
-            "eager fp32 vs eager fp64": [e["eager_fp32_vs_fp64"] for e in rows],
-            "delegated vs eager fp32": [e["delegated_vs_fp32"] for e in rows],
+            f"{_eager_label(data['accuracy'])} vs eager fp64": [e["eager_fp32_vs_fp64"] for e in rows],
+            f"delegated vs {_eager_label(data['accuracy'])}": [e["delegated_vs_fp32"] for e in rows],
         },
         f"per-LayerNorm error: {data['model']}",
     )
@@ -123,13 +128,13 @@ def accuracy_plot(data: dict) -> bytes:
 def accuracy_markdown(data: dict) -> str:
     return _markdown(data, "Accuracy report", _accuracy_summary(data),
                      ["Per-LayerNorm max abs error (the HTML page has the plot):", "",
-                      markdown_table(_ACCURACY_HEADERS, _accuracy_rows(data))])
+                      markdown_table(_accuracy_headers(data), _accuracy_rows(data))])
 
 
 def accuracy_html(data: dict) -> str:
     return _html(data, "Accuracy report", data["verdict"] == "pass", _accuracy_summary(data),
                  [png_img(accuracy_plot(data), "per-LayerNorm max abs error"),
-                  html_table(_ACCURACY_HEADERS, _accuracy_rows(data))])
+                  html_table(_accuracy_headers(data), _accuracy_rows(data))])
 
 
 def accuracy_line(data: dict) -> str:
