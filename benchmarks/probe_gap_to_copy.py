@@ -6,7 +6,7 @@ against the plain WGSL copy of the same bytes.
     OUT=dir python benchmarks/probe_gap_to_copy.py   # dir/gap_probe.json
 """
 import json, os, re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pipeline.benchmark import time_kernel, time_copy
 from pipeline.runtime.native_layer_norm import choose_config, KernelConfig
 from pipeline.runtime.device import gpu

@@ -42,7 +42,14 @@ import numpy as np
 import torch
 import wgpu
 
-from pipeline.benchmark import _copies, parse_shapes, time_copy, time_kernel, time_torch, time_torch_copy
+from pipeline.benchmark import (
+    parse_shapes,
+    time_copy,
+    time_kernel,
+    time_torch,
+    time_torch_compiled,
+    time_torch_copy,
+)
 from pipeline.runtime.device import device_info, gpu
 from pipeline.runtime.native_layer_norm import (
     PARAMS_BYTES,
@@ -260,47 +267,6 @@ class Checker:
             buf.destroy()
 
 
-def time_compiled(rows: int, width: int, warmup: int, repeats: int) -> float:
-    """torch.compile(F.layer_norm), default mode, static shapes, compiled and warmed first;
-    then timed as pipeline.benchmark._time_torch_cuda times eager: CUDA graph over rotating
-    inputs, CUDA events, median per launch."""
-    torch._dynamo.reset()  # a fresh specialisation per shape, no recompile limit reached
-    compiled = torch.compile(torch.nn.functional.layer_norm, dynamic=False)
-    dev = torch.device("cuda")
-    copies = _copies(rows * width * 4)
-    xs = [torch.randn(rows, width, device=dev) for _ in range(copies)]
-    w, b = torch.randn(width, device=dev), torch.randn(width, device=dev)
-    got = compiled(xs[0], (width,), w, b)
-    want = torch.nn.functional.layer_norm(xs[0], (width,), w, b)
-    if not torch.allclose(got, want, rtol=1e-4, atol=1e-4):
-        raise RuntimeError("torch.compile'd layer_norm disagrees with eager")
-
-    def body():
-        for x in xs:
-            compiled(x, (width,), w, b)
-
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            body()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        body()
-    for _ in range(warmup):
-        graph.replay()
-    times = []
-    for _ in range(max(5, repeats // copies)):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / copies)
-    return statistics.median(times)
-
-
 def _guarded(what: str, fn, *args, **kwargs):
     """fn's value, or None with the error recorded: one failing column keeps the rest."""
     try:
@@ -339,7 +305,7 @@ def probe_shape(rows: int, width: int, sms: int, repeats: int, rounds: int, with
             copy_us.append(round(us, 3))
         if r == 0 and with_torch and torch.cuda.is_available():
             for col, fn in (("torch_us", lambda: time_torch(rows, width, repeats=repeats)[0]),
-                            ("compiled_us", lambda: time_compiled(rows, width, 10, repeats)),
+                            ("compiled_us", lambda: time_torch_compiled(rows, width, repeats=repeats)),
                             ("torch_copy_us", lambda: time_torch_copy(rows, width, repeats=repeats))):
                 value, error = _guarded(col, fn)
                 torch_cols[col] = None if value is None else round(value, 3)

@@ -6,7 +6,6 @@ rstd: ulps of rstd; out: max abs error over the max abs true value, in float32 e
 """
 import dataclasses
 import importlib
-import json
 import sys
 
 import numpy as np
