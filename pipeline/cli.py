@@ -3,8 +3,9 @@
 The scripts' own progress and errors are what a user should see. ExecuTorch and
 transformers import torchao, which logs a line per optional kernel library it cannot
 load, and torch's pytree logs a deprecation per enum torchao registers; exports hit a
-LeafSpec FutureWarning. `quiet_dependencies` drops exactly those (by logger and
-message), unless the user asked for `--verbose`.
+LeafSpec FutureWarning; Mesa's Vulkan drivers print a missing XDG_RUNTIME_DIR.
+`quiet_dependencies` drops exactly those (by logger and message; a private empty
+XDG_RUNTIME_DIR for the last), unless the user asked for `--verbose`.
 """
 
 from __future__ import annotations
@@ -71,10 +72,31 @@ def quiet_dependencies(verbose: bool = False) -> None:
     Call it before importing ExecuTorch, transformers or torchao."""
     if verbose:
         return
+    _quiet_wayland()
     for name, fragments in _NOISE.items():
         logging.getLogger(name).addFilter(_DropMessages(*fragments))
     warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
                             category=FutureWarning)
+
+
+def _quiet_wayland() -> None:
+    """Mesa's Vulkan drivers (lavapipe here) look for a Wayland display when the device is
+    created and print "XDG_RUNTIME_DIR is invalid or not set" to stderr from C when the
+    variable is missing. Headless, a private empty directory for it says the same, quietly."""
+    import os
+    import tempfile
+    from pathlib import Path
+
+    current = os.environ.get("XDG_RUNTIME_DIR")
+    if current and Path(current).is_dir():
+        return
+    folder = Path(tempfile.gettempdir()) / f"pipeline-runtime-{os.getuid()}"
+    try:
+        folder.mkdir(mode=0o700, exist_ok=True)
+    except OSError:
+        return
+    if folder.stat().st_uid == os.getuid():
+        os.environ["XDG_RUNTIME_DIR"] = str(folder)
 
 
 def terminate_as_interrupt() -> None:

@@ -208,3 +208,14 @@ def test_quiet_drops_the_leafspec_warning_only():
         _pytree.LeafSpec()
         warnings.warn("a real warning", FutureWarning)
     assert [str(w.message) for w in caught] == ["a real warning"]
+
+
+def test_scripts_quiet_mesas_runtime_dir_line(tmp_path):
+    # Mesa's Vulkan drivers print "XDG_RUNTIME_DIR is invalid or not set" from C when the
+    # device is created without it (this CI's lavapipe does).
+    env = {k: v for k, v in os.environ.items() if k != "XDG_RUNTIME_DIR"}
+    env["PYTHONPATH"] = str(ROOT)
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_layer_norm.py"), "--shapes", "8x64",
+                             "--repeats", "2"], capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "XDG_RUNTIME_DIR" not in result.stderr
