@@ -79,22 +79,32 @@ def _edit(source: str, old: str, new: str) -> str:
     return source.replace(old, new)
 
 
+def _move_affine_loads(config: KernelConfig, source: str, before: bool) -> str:
+    """The held path with its weight/bias loads moved: just before the first x load
+    (`before`) or just after the row merge, right before the stores."""
+    head, held = source.split("fn normalize_held(", 1)
+    held, tail = held.split("fn normalize_streamed(", 1)
+    loads = [line for line in held.splitlines() if line.lstrip().startswith(("let w_", "let b_"))]
+    if len(loads) != 2 * config.hold:
+        raise RuntimeError(f"expected {2 * config.hold} weight/bias loads in the held path, found {len(loads)}")
+    for line in loads:
+        held = _edit(held, line + "\n", "")
+    moved = "".join(line + "\n" for line in loads)
+    if before:
+        anchor = next(line for line in held.splitlines() if line.lstrip().startswith("let v_0 ")) + "\n"
+        held = _edit(held, anchor, moved + anchor)
+    else:
+        anchor = "    let mean_rstd = finish_row(row, lane, stats);\n"
+        held = _edit(held, anchor, anchor + moved)
+    return head + "fn normalize_held(" + held + "fn normalize_streamed(" + tail
+
+
 @dataclass(frozen=True)
 class LateAffine(KernelConfig):
     """Held rows with weight and bias loaded after the row merge, right before the stores."""
 
     def source(self, g) -> str:
-        source = super().source(g)
-        head, held = source.split("fn normalize_held(", 1)
-        held, tail = held.split("fn normalize_streamed(", 1)
-        loads = [line for line in held.splitlines() if line.lstrip().startswith(("let w_", "let b_"))]
-        if len(loads) != 2 * self.hold:
-            raise RuntimeError(f"late_affine: expected {2 * self.hold} weight/bias loads, found {len(loads)}")
-        for line in loads:
-            held = _edit(held, line + "\n", "")
-        anchor = "    let mean_rstd = finish_row(row, lane, stats);\n"
-        held = _edit(held, anchor, anchor + "".join(line + "\n" for line in loads))
-        return head + "fn normalize_held(" + held + "fn normalize_streamed(" + tail
+        return _move_affine_loads(self, super().source(g), before=False)
 
 
 @dataclass(frozen=True)
@@ -102,17 +112,7 @@ class EarlyAffine(KernelConfig):
     """Held rows with weight and bias loaded before x (as the persistent kernel does once)."""
 
     def source(self, g) -> str:
-        source = super().source(g)
-        head, held = source.split("fn normalize_held(", 1)
-        held, tail = held.split("fn normalize_streamed(", 1)
-        loads = [line for line in held.splitlines() if line.lstrip().startswith(("let w_", "let b_"))]
-        if len(loads) != 2 * self.hold:
-            raise RuntimeError(f"early_affine: expected {2 * self.hold} weight/bias loads, found {len(loads)}")
-        for line in loads:
-            held = _edit(held, line + "\n", "")
-        anchor = next(line for line in held.splitlines() if line.lstrip().startswith("let v_0 ")) + "\n"
-        held = _edit(held, anchor, "".join(line + "\n" for line in loads) + anchor)
-        return head + "fn normalize_held(" + held + "fn normalize_streamed(" + tail
+        return _move_affine_loads(self, super().source(g), before=True)
 
 
 @dataclass(frozen=True)

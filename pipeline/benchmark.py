@@ -28,6 +28,7 @@ import wgpu
 
 from pipeline.runtime.device import Gpu, device_info, gpu
 from pipeline.runtime.native_layer_norm import (
+    DTYPES,
     MAX_HOLD,
     PARAMS_BYTES,
     STAGING,
@@ -46,7 +47,6 @@ ROTATE_BYTES = 256 << 20
 MAX_COPIES = 16
 
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 def effective_gbps(rows: int, width: int, us: float, itemsize: int = 4) -> float:

@@ -6,13 +6,14 @@ model zoo and ExecuTorch load on the first export).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pipeline.artifact import same_outputs, sha256_of
+from pipeline.artifact import same_outputs
 from pipeline.ioutil import write_bytes_atomic, write_json_atomic
 
 
@@ -68,8 +69,10 @@ def export_model(
     `cpu_backend="xnnpack"` puts what is not a LayerNorm on XNNPACK: such a file runs in
     ExecuTorch's runtime (`pipeline.native`), which then does the check above.
     """
-    import pipeline
     from pipeline import models
+    from pipeline.executor import Program
+    from pipeline.executor.lowering import lower_to_edge
+    from pipeline.executor.pte import PteFile
 
     say = progress or (lambda line: None)
     start = time.perf_counter()
@@ -85,15 +88,7 @@ def export_model(
     shapes = ", ".join("x".join(map(str, t.shape)) for t in spec.example_inputs)
     stage(f"lowering {name}-{spec.variant}: torch.export ({shapes}{', dynamic' if dynamic else ''}), "
           "LayerNorm partitioning, WebGPU delegate")
-    if cpu_backend == "portable":
-        prog = pipeline.lower(spec.module, spec.example_inputs, spec.dynamic_shapes)
-        coverage = prog.coverage
-    else:
-        import copy
-
-        from pipeline.executor.lowering import lower_to_edge
-
-        edge, coverage = lower_to_edge(spec.module, spec.example_inputs, spec.dynamic_shapes, cpu_backend)
+    edge, coverage = lower_to_edge(spec.module, spec.example_inputs, spec.dynamic_shapes, cpu_backend)
     out_dir = Path(output_dir)
     # A dynamic export gets its own files: it must not replace the static one.
     stem = (f"{name}-{spec.variant}" + ("-dynamic" if dynamic else "") + ("" if dtype == "float32" else f"-{dtype}")
@@ -128,21 +123,21 @@ def export_model(
             f"{stem}: only {coverage.delegated}/{coverage.total} LayerNorms delegated{cause}; see {coverage_path}"
         )
 
+    # The edge program is not needed after this: serialize it in place.
+    buffer = edge.to_executorch().buffer
     if cpu_backend == "portable":
         stage("running the program on the example inputs")
-        buffer, load = prog.buffer, None
-        expected = prog(*spec.example_inputs)
+        expected, load = Program(PteFile(buffer, "<lowered program>"))(*spec.example_inputs), None
     else:
         from pipeline import native
 
-        stage("serializing; running the program in ExecuTorch's runtime on the example inputs")
-        buffer, load = copy.deepcopy(edge).to_executorch().buffer, native.load
-        expected = native.load(buffer)(*spec.example_inputs)
+        stage("running the program in ExecuTorch's runtime on the example inputs")
+        expected, load = native.load(buffer)(*spec.example_inputs), native.load
     stage(f"writing {pte_path}, loading it back and checking it reproduces that run")
     write_checked(buffer, pte_path, spec.example_inputs, expected, load)
     summary["pte"] = str(pte_path)
-    summary["pte_bytes"] = pte_path.stat().st_size
-    summary["pte_sha256"] = sha256_of(pte_path)
+    summary["pte_bytes"] = len(buffer)
+    summary["pte_sha256"] = hashlib.sha256(buffer).hexdigest()
     summary["export_seconds"] = round(time.perf_counter() - start, 2)
     write_json_atomic(coverage_path, summary)
     summary["coverage_json"] = str(coverage_path)

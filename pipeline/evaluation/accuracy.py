@@ -11,7 +11,6 @@ and inputs beside them.
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -20,7 +19,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from pipeline.evaluation.coverage import CoverageAudit, coverage_of, match_calls, program_records
-from pipeline.evaluation.eager import run_eager, to_float64
+from pipeline.evaluation.eager import run_eager, to_dtype, to_float64
 from pipeline.evaluation.metrics import compare, flatten_output
 
 ENVELOPE = 2.0
@@ -134,9 +133,8 @@ def evaluate_accuracy(
         dtype=str(dtype).removeprefix("torch."),
     )
     if dtype != torch.float32:
-        single = copy.deepcopy(module).float()
-        floats = tuple(x.float() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs)
-        report.eager_float32_vs_fp64 = compare(flatten_output(run_eager(single, floats).outputs), reference)
+        single = run_eager(*to_dtype(module, inputs, torch.float32)).outputs
+        report.eager_float32_vs_fp64 = compare(flatten_output(single), reference)
     records = program_records(program, fp32.calls)
     report.coverage = coverage_of(fp32.calls, records, program, model, variant)
     calls32, _ = match_calls(records, fp32.calls)

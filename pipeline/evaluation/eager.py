@@ -132,11 +132,10 @@ def run_eager(module: torch.nn.Module, inputs: Sequence, keep_tensors: bool = Tr
 
 def to_float64(module: torch.nn.Module, inputs: Sequence) -> tuple[torch.nn.Module, tuple]:
     """A float64 copy of `module` (same weights) and of the floating-point `inputs`."""
-    double = copy.deepcopy(module).double()
-    return double, tuple(_double(x) for x in inputs)
+    return to_dtype(module, inputs, torch.float64)
 
 
-def _double(x):
-    if isinstance(x, torch.Tensor) and x.is_floating_point():
-        return x.double()
-    return x
+def to_dtype(module: torch.nn.Module, inputs: Sequence, dtype: torch.dtype) -> tuple[torch.nn.Module, tuple]:
+    """A copy of `module` (same weights) and of the floating-point `inputs`, in `dtype`."""
+    cast = tuple(x.to(dtype) if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs)
+    return copy.deepcopy(module).to(dtype), cast

@@ -148,8 +148,7 @@ def file_records(program, calls: Sequence) -> list[LayerNormRecord]:
         call = calls[i] if i < len(calls) else None
         if site.delegated:
             p = site.delegate.params
-            affine = {(True, True): "weight+bias", (True, False): "weight", (False, True): "bias"}.get(
-                (p.weight.source != "none", p.bias.source != "none"), "none")
+            affine = _affine(p.weight.source != "none", p.bias.source != "none")
             shape, eps = list(p.normalized_shape), p.eps
             position = p.outputs.index(0) if 0 in p.outputs else None
         else:
@@ -191,17 +190,19 @@ def _call_width(call, ndim: int) -> int:
     return math.prod(dims[len(dims) - ndim:]) if call.op == "layer_norm" else 0
 
 
+def _affine(has_weight: bool, has_bias: bool) -> str:
+    return {(True, True): "weight+bias", (True, False): "weight", (False, True): "bias"}.get(
+        (has_weight, has_bias), "none")
+
+
 def _record(node: torch.fx.Node, delegated: bool, reason: str) -> LayerNormRecord:
     x, shape, weight, bias, eps = (list(node.args) + [None] * 5)[:5]
     input_shape = [_dim(d) for d in x.meta["val"].shape]
-    affine = {(True, True): "weight+bias", (True, False): "weight", (False, True): "bias"}.get(
-        (weight is not None, bias is not None), "none"
-    )
     return LayerNormRecord(
         module_path=module_path(node),
         input_shape=input_shape,
         row_width=math.prod(int(d) for d in shape),
-        affine=affine,
+        affine=_affine(weight is not None, bias is not None),
         origin=origin(node),
         eps=float(eps),
         delegated=delegated,

@@ -29,19 +29,20 @@ _CALL_DELEGATE = torch.ops.higher_order.executorch_call_delegate
 def count_layer_norms(program: ExportedProgram) -> int:
     """LayerNorm ops (aten.layer_norm or aten.native_layer_norm) in an exported graph,
     those in the branches and bodies of control flow included."""
-    return sum(1 for gm in _graphs(program.graph_module) for n in gm.graph.nodes
+    return sum(1 for _, gm in _graphs(program.graph_module) for n in gm.graph.nodes
                if n.op == "call_function" and n.target in _EXPORTED_LAYER_NORMS)
 
 
-def _graphs(gm: torch.fx.GraphModule) -> list[torch.fx.GraphModule]:
+def _graphs(gm: torch.fx.GraphModule, name: str = "") -> list[tuple[str, torch.fx.GraphModule]]:
     """`gm` and the subgraphs its control flow calls (torch.cond branches, map bodies, ...),
-    recursively; a delegate's own graph is not one of them."""
-    found = [gm]
+    recursively, each with the name of the top-level subgraph it lies in ("" for `gm`); a
+    delegate's own graph is not one of them."""
+    found = [(name, gm)]
     for node in gm.graph.nodes:
         if node.op == "get_attr":
             sub = getattr(gm, node.target, None)
-            if _is_subgraph(sub):
-                found.extend(_graphs(sub))
+            if isinstance(sub, torch.fx.GraphModule) and not isinstance(sub, LoweredBackendModule):
+                found.extend(_graphs(sub, name or node.target))
     return found
 
 
@@ -70,7 +71,7 @@ def _coverage(edge: EdgeProgramManager, total: int, rejected: Sequence[tuple[str
     not_delegated += [
         (f"{n.name} (in {sub_name})", "inside control flow (torch.cond/map): the partitioner does not "
          "delegate into control-flow subgraphs; it runs on the CPU")
-        for sub_name, sub in _control_flow_graphs(gm)
+        for sub_name, sub in _graphs(gm)[1:]
         for n in sub.graph.nodes
         if n.op == "call_function" and n.target == NATIVE_LAYER_NORM
     ]
@@ -80,16 +81,6 @@ def _coverage(edge: EdgeProgramManager, total: int, rejected: Sequence[tuple[str
             ("exported graph", f"{missing} LayerNorm(s) did not reach the edge program as native_layer_norm")
         )
     return Coverage(total=total, delegated=delegated, not_delegated=not_delegated)
-
-
-def _is_subgraph(module) -> bool:
-    return isinstance(module, torch.fx.GraphModule) and not isinstance(module, LoweredBackendModule)
-
-
-def _control_flow_graphs(gm: torch.fx.GraphModule) -> list[tuple[str, torch.fx.GraphModule]]:
-    return [(node.target, sub) for node in gm.graph.nodes
-            if node.op == "get_attr" and _is_subgraph(getattr(gm, node.target, None))
-            for sub in _graphs(getattr(gm, node.target))]
 
 
 def _delegate_names(edge: EdgeProgramManager, pte: PteFile) -> list[str]:

@@ -154,7 +154,7 @@ class Program:
         sizes = list(t.sizes)
         if sorted(t.dim_order) != list(range(len(sizes))):
             raise self._fail(f"value {i}: dim_order {list(t.dim_order)} does not fit sizes {sizes}")
-        itemsize = torch.empty(0, dtype=dtype).element_size()
+        itemsize = dtype.itemsize
         numel = math.prod(sizes)
         nbytes = numel * itemsize
         info = t.extra_tensor_info

@@ -24,6 +24,7 @@ from transformers import PretrainedConfig
 from pipeline.models import bart, florence2, whisper
 from pipeline.models.checkpoint import config_from_dict, load_weights, read_config
 from pipeline.models.spec import CheckpointError, ModelFamily, ModelSpec
+from pipeline.runtime.native_layer_norm import DTYPES
 
 __all__ = ["NAMES", "CheckpointError", "ModelFamily", "ModelSpec", "build", "default_variant", "family", "variants"]
 
@@ -130,9 +131,6 @@ def build(
         config=config,
         checkpoint=str(directory) if directory is not None else None,
     )
-
-
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 def cast_inputs(inputs, dtype: str):

@@ -212,6 +212,41 @@ Error run_delegate(WebGPUDelegate* d, Span<EValue*> args, std::string* reason) {
   return Error::Ok;
 }
 
+// Decodes the blob into `d` and prepares its pipeline (init's work).
+Error prepare_delegate(WebGPUDelegate* d, FreeableBuffer* processed, WebGPUDevice* device, std::string* reason) {
+  Result<const void*> data = processed->data_safe();
+  if (!data.ok()) {
+    *reason = "the delegate blob's data cannot be read";
+    return Error::DelegateInvalidCompatibility;
+  }
+  if (!decode_blob(static_cast<const uint8_t*>(data.get()), processed->size(), &d->blob, reason)) {
+    return Error::DelegateInvalidCompatibility;
+  }
+  std::lock_guard<std::mutex> lock(device->mutex());
+  return d->op.prepare(d->blob, reason) ? Error::Ok : Error::Internal;
+}
+
+// Runs `body` (returning an Error and filling `reason`) with no exception crossing the
+// backend boundary, and logs a failure of `stage`.
+template <typename Body>
+Error guarded(const char* stage, Body&& body) {
+  std::string reason;
+  Error error;
+  try {
+    error = body(&reason);
+  } catch (const std::bad_alloc&) {
+    reason = "out of memory";
+    error = Error::MemoryAllocationFailed;
+  } catch (...) {
+    reason = "unexpected exception";
+    error = Error::Internal;
+  }
+  if (error != Error::Ok) {
+    ET_LOG(Error, "WebGPUBackend %s failed (0x%x): %s", stage, static_cast<unsigned>(error), reason.c_str());
+  }
+  return error;
+}
+
 class WebGPUBackend final : public BackendInterface {
  public:
   bool is_available() const override {
@@ -245,31 +280,9 @@ class WebGPUBackend final : public BackendInterface {
       return Error::MemoryAllocationFailed;
     }
     new (d) WebGPUDelegate(device);
-    Error error = Error::Ok;
-    try {
-      Result<const void*> data = processed->data_safe();
-      if (!data.ok()) {
-        reason = "the delegate blob's data cannot be read";
-        error = Error::DelegateInvalidCompatibility;
-      } else if (!decode_blob(static_cast<const uint8_t*>(data.get()), processed->size(), &d->blob,
-                              &reason)) {
-        error = Error::DelegateInvalidCompatibility;
-      } else {
-        std::lock_guard<std::mutex> lock(device->mutex());
-        if (!d->op.prepare(d->blob, &reason)) {
-          error = Error::Internal;
-        }
-      }
-    } catch (const std::bad_alloc&) {
-      reason = "out of memory";
-      error = Error::MemoryAllocationFailed;
-    } catch (...) {
-      reason = "unexpected exception";
-      error = Error::Internal;
-    }
+    const Error error =
+        guarded("init", [&](std::string* why) { return prepare_delegate(d, processed, device, why); });
     if (error != Error::Ok) {
-      ET_LOG(Error, "WebGPUBackend init failed (0x%x): %s", static_cast<unsigned>(error),
-             reason.c_str());
       // The runtime never calls destroy() for a failed init: tear down our half here.
       std::lock_guard<std::mutex> lock(device->mutex());
       d->~WebGPUDelegate();
@@ -287,22 +300,8 @@ class WebGPUBackend final : public BackendInterface {
       ET_LOG(Error, "WebGPUBackend execute: no handle");
       return Error::InvalidArgument;
     }
-    std::string reason;
-    Error error;
-    try {
-      error = run_delegate(static_cast<WebGPUDelegate*>(handle), args, &reason);
-    } catch (const std::bad_alloc&) {
-      reason = "out of memory";
-      error = Error::MemoryAllocationFailed;
-    } catch (...) {
-      reason = "unexpected exception";
-      error = Error::Internal;
-    }
-    if (error != Error::Ok) {
-      ET_LOG(Error, "WebGPUBackend execute failed (0x%x): %s", static_cast<unsigned>(error),
-             reason.c_str());
-    }
-    return error;
+    return guarded("execute",
+                   [&](std::string* why) { return run_delegate(static_cast<WebGPUDelegate*>(handle), args, why); });
   }
 
   void destroy(DelegateHandle* handle) const override {

@@ -96,9 +96,10 @@ def wgsl_source(width: int, has_weight: bool, has_bias: bool, subgroup_size: int
                 affine_dtype: str | None = None, native_f16_pack: bool = False) -> str:
     """The WGSL module the backend compiles for this configuration (no device needed);
     `affine_dtype` (of weight and bias) defaults to `dtype`."""
+    from pipeline.blob import DTYPE_CODES
+
     lib = library()
-    codes = {"float32": 0, "float16": 1, "bfloat16": 2}
-    args = (width, int(has_weight), int(has_bias), subgroup_size, codes[dtype], codes[affine_dtype or dtype],
+    args = (width, int(has_weight), int(has_bias), subgroup_size, DTYPE_CODES[dtype], DTYPE_CODES[affine_dtype or dtype],
             int(native_f16_pack))
     size = lib.pipeline_webgpu_wgsl_source(*args, None, 0)
     if size < 0:

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 import wgpu
 
+from pipeline.blob import DTYPE_CODES
 from pipeline.runtime.device import Gpu, gpu
 
 SHADER = "native_layer_norm.wgsl"
@@ -35,7 +36,6 @@ _V_TYPES = {4: ("vec4<f32>", "v.x + v.y + v.z + v.w"), 2: ("vec2<f32>", "v.x + v
 
 # The dtypes the kernel reads and writes, by their code in the kernel (HALF) and the blob.
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-DTYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2}
 # Half rows with an even width, per components in one V: the word type holding one V (u32
 # pairs), V from a word and a word from V (half.wgsl's unpack_pair / pack_pair).
 _HALF_WORDS = {
