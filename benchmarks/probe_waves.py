@@ -19,6 +19,10 @@ shapes), and torch's copy:
 - persist_serial_T512      the same grid, next rows loaded after the store (the control)
 - persist_x2_T{512,1024}   persistent with prefetch at 2x threads per row (half the registers
                      per thread for the two rows in flight)
+- staged_W{64,128,256,512} weight and bias copied once per workgroup (max(W, threads per row)
+                     threads, more rows sharing one copy) into workgroup memory and read from
+                     there at the stores: fewer registers per thread, so more resident threads,
+                     and weight and bias read from L2 once per workgroup instead of once per row
 
     OUT=dir python benchmarks/probe_waves.py                 # the H200 shapes: dir/waves_probe.json
     python benchmarks/probe_waves.py --shapes 37x768,1000x128 --repeats 20 --sms 2 --json f.json
@@ -79,11 +83,26 @@ def _edit(source: str, old: str, new: str) -> str:
     return source.replace(old, new)
 
 
+def _split_held(source: str) -> tuple[str, str, str]:
+    """(what precedes normalize_held, its parameters and body, what follows from
+    normalize_streamed on): edits of the held path alone, where both paths share lines."""
+    head, held = source.split("fn normalize_held(", 1)
+    held, tail = held.split("fn normalize_streamed(", 1)
+    return head, held, tail
+
+
+def _join_held(head: str, held: str, tail: str) -> str:
+    return head + "fn normalize_held(" + held + "fn normalize_streamed(" + tail
+
+
+def _first_x_load(held: str) -> str:
+    return next(line for line in held.splitlines() if line.lstrip().startswith("let v_0 ")) + "\n"
+
+
 def _move_affine_loads(config: KernelConfig, source: str, before: bool) -> str:
     """The held path with its weight/bias loads moved: just before the first x load
     (`before`) or just after the row merge, right before the stores."""
-    head, held = source.split("fn normalize_held(", 1)
-    held, tail = held.split("fn normalize_streamed(", 1)
+    head, held, tail = _split_held(source)
     loads = [line for line in held.splitlines() if line.lstrip().startswith(("let w_", "let b_"))]
     if len(loads) != 2 * config.hold:
         raise RuntimeError(f"expected {2 * config.hold} weight/bias loads in the held path, found {len(loads)}")
@@ -91,12 +110,12 @@ def _move_affine_loads(config: KernelConfig, source: str, before: bool) -> str:
         held = _edit(held, line + "\n", "")
     moved = "".join(line + "\n" for line in loads)
     if before:
-        anchor = next(line for line in held.splitlines() if line.lstrip().startswith("let v_0 ")) + "\n"
+        anchor = _first_x_load(held)
         held = _edit(held, anchor, moved + anchor)
     else:
         anchor = "    let mean_rstd = finish_row(row, lane, stats);\n"
         held = _edit(held, anchor, anchor + moved)
-    return head + "fn normalize_held(" + held + "fn normalize_streamed(" + tail
+    return _join_held(head, held, tail)
 
 
 @dataclass(frozen=True)
@@ -113,6 +132,66 @@ class EarlyAffine(KernelConfig):
 
     def source(self, g) -> str:
         return _move_affine_loads(self, super().source(g), before=True)
+
+
+# StagedAffine's workgroup copy of weight and bias, and its reads at the stores.
+STAGED_DECLARATIONS = """
+var<workgroup> staged_weight: array<V, ROW_VECS>;
+var<workgroup> staged_bias: array<V, ROW_VECS>;
+
+// The index is clamped: values past the row's end are never stored.
+fn staged_weight_at(i: u32) -> V {
+    if (HAS_WEIGHT) {
+        return staged_weight[min(i, ROW_VECS - 1u)];
+    }
+    return V(1.0);
+}
+
+fn staged_bias_at(i: u32) -> V {
+    if (HAS_BIAS) {
+        return staged_bias[min(i, ROW_VECS - 1u)];
+    }
+    return V(0.0);
+}
+
+"""
+STAGED_COPY = """    // Every thread of the workgroup, live or not, copies its share of weight and bias.
+    for (var i = tid; i < ROW_VECS; i += WORKGROUP) {
+        if (HAS_WEIGHT) { staged_weight[i] = read_weight(i); }
+        if (HAS_BIAS) { staged_bias[i] = read_bias(i); }
+    }
+"""
+
+
+@dataclass(frozen=True)
+class StagedAffine(KernelConfig):
+    """Held float32 rows with weight and bias copied into workgroup memory once per
+    workgroup (before the x loads, each thread its share) and read from there at the stores
+    instead of held in registers from the start: fewer registers per thread, and one L2 read
+    of weight and bias per workgroup instead of one per row. The copy is waited for by a
+    barrier after the thread's own statistics, before the row merge, which every thread of
+    the workgroup reaches: threads past the last row return only after the merge."""
+
+    @property
+    def workgroup_bytes(self) -> int:
+        """Workgroup memory: the staged weight and bias (a float32 row each) and the
+        reduction's `partial` (a vec3<f32>, 16 bytes, per thread)."""
+        return 2 * 4 * self.width + 16 * self.workgroup
+
+    def source(self, g) -> str:
+        if self.hold < 1 or self.dtype != "float32":
+            raise ValueError("staged affine is for held float32 rows (hold >= 1)")
+        head, held, tail = _split_held(_move_affine_loads(self, super().source(g), before=False))
+        for k in range(self.hold):
+            held = _edit(held, f"let w_{k} = weight_at(", f"let w_{k} = staged_weight_at(")
+            held = _edit(held, f"let b_{k} = bias_at(", f"let b_{k} = staged_bias_at(")
+        anchor = _first_x_load(held)
+        held = _edit(held, anchor, STAGED_COPY + anchor)
+        anchor = "    // Threads past the last row take part in the merge too; they only skip memory.\n"
+        held = _edit(held, anchor, "    workgroupBarrier();  // the staged weight and bias are written\n" + anchor)
+        if "return" in held.split("workgroupBarrier();", 1)[0]:
+            raise RuntimeError("a thread of the held path may return before the staging barrier")
+        return _join_held(head + STAGED_DECLARATIONS, held, tail)
 
 
 @dataclass(frozen=True)
@@ -176,6 +255,16 @@ def variants(rows: int, width: int, subgroup_size: int, sms: int) -> dict[str, K
         wide_fields = {k: getattr(wide, k) for k in wide.__dataclass_fields__}
         for t in (512, 1024):
             found[f"persist_x2_T{t}"] = Persistent(**wide_fields, rows=rows, sms=sms, threads_per_sm=t)
+    # A W below the threads per row gives a workgroup already staged: it is not timed twice.
+    limits = gpu().limits
+    staged_workgroups = set()
+    for w in (64, 128, 256, 512):
+        staged = StagedAffine(**{**fields, "workgroup": max(w, tpr)})
+        if (staged.workgroup not in staged_workgroups
+                and staged.workgroup <= min(1024, limits["max-compute-invocations-per-workgroup"])
+                and staged.workgroup_bytes <= limits["max-compute-workgroup-storage-size"]):
+            found[f"staged_W{w}"] = staged
+            staged_workgroups.add(staged.workgroup)
     return found
 
 
