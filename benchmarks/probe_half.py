@@ -1,16 +1,14 @@
-"""Half precision on the H200: how wide a load, and how many loads a thread?
+"""Half precision on the H200: does a row of float16 want more values a thread?
 
-The product reads half rows 8 values (16 bytes, one vec4<u32>) a load where the width is a
-multiple of 8, so a half thread holds as many bytes in flight as a float32 one. Its
-predecessor read 4 values (8 bytes) a load with the float32 rule's thread counts: half the
-bytes in flight a thread, and float16 took 70-78% of a WGSL copy's speed where float32
-takes 80-94% (benchmarks/NOTES.md). This times, per model shape and interleaved, the
-product against that predecessor and against the product with 2x and 1/2 its threads per
-row, each checked against float64 and for bit-identity with the product first, beside
-torch eager and torch.compile at float16, the WGSL copy of the same bytes and the float32
-product.
+A half V (4 values) is one 8-byte load where a float32 V is 16 bytes, so with the float32
+rule (4-7 V a thread) a thread has half the bytes in flight and the kernel takes about as
+long in float16 as in float32 (benchmarks/NOTES.md). This times, per model shape and
+interleaved, the product's float16 choice against 1/2 and 1/4 of its threads per row
+(2x and 4x the values a thread), and stores through WGSL's pack2x16float, each checked
+against torch in float64 first, beside
+torch eager and torch.compile at float16 and the float32 product.
 
-    OUT=dir python benchmarks/probe_half.py [SHAPES]   # dir/half_probe.json
+    OUT=dir python benchmarks/probe_half.py   # dir/half_probe.json
 """
 
 from __future__ import annotations
@@ -26,41 +24,35 @@ from unittest import mock
 import torch
 
 import pipeline
-from pipeline.benchmark import parse_shapes, time_copy, time_kernel, time_torch, time_torch_compiled
+from pipeline.benchmark import parse_shapes, time_kernel, time_torch, time_torch_compiled
 from pipeline.runtime.device import gpu
 
 kernel = importlib.import_module("pipeline.runtime.native_layer_norm")  # the module, not the function
-DTYPE = "float16"
 
 
 @dataclass(frozen=True)
-class FourValueLoads(kernel.KernelConfig):
-    """The previous product: 4 half values (8 bytes) a load, the float32 rule's threads."""
+class NativePack(kernel.KernelConfig):
+    """float16 stores with WGSL's pack2x16float (one conversion instruction where the GPU
+    has one) instead of half.wgsl's integer round-to-nearest-even: the spec leaves its
+    rounding to the implementation, so the probe also counts outputs whose bits differ."""
 
-    @property
-    def vec(self) -> int:
-        return 4
+    def source(self, g) -> str:
+        source = super().source(g)
+        old = "fn pack_pair(v: vec2<f32>) -> u32 {\n    return half_bits(v.x) | (half_bits(v.y) << 16u);\n}"
+        if source.count(old) != 1:
+            raise RuntimeError("native_pack: half.wgsl's pack_pair moved")
+        return source.replace(old, "fn pack_pair(v: vec2<f32>) -> u32 {\n    return pack2x16float(v);\n}")
 
 
-def _threads(config, threads: int):
-    return replace(config, threads_per_row=threads, hold=math.ceil(config.row_vecs / threads),
-                   workgroup=max(kernel.MIN_WORKGROUP, threads))
-
-
-def variants(width: int) -> dict:
-    g = gpu()
-    product = kernel.device_config(g, width, True, True, DTYPE)
+def variants(width: int, subgroup_size: int) -> dict:
+    product = kernel.choose_config(width, True, True, subgroup_size, "float16")
     found = {"product": product}
-    if product.vec == 8:
-        # The predecessor's rule is the float32 rule at the same width (4-value loads).
-        rule = kernel.choose_config(width, True, True, g.subgroup_size)
-        fields = {k: getattr(product, k) for k in product.__dataclass_fields__}
-        fields.update({k: getattr(rule, k) for k in ("threads_per_row", "workgroup", "hold", "unroll")})
-        found["four_value_loads"] = FourValueLoads(**fields)
-    for name, factor in (("threads_x2", 2.0), ("threads_half", 0.5)):
-        threads = int(product.threads_per_row * factor)
-        if product.hold and 1 <= threads <= 1024 and math.ceil(product.row_vecs / threads) <= 2 * kernel.MAX_HOLD:
-            found[name] = _threads(product, threads)
+    found["native_pack"] = NativePack(**{k: getattr(product, k) for k in product.__dataclass_fields__})
+    for name, divisor in (("threads_half", 2), ("threads_quarter", 4)):
+        threads = product.threads_per_row // divisor
+        if product.hold and threads >= 1:
+            found[name] = replace(product, threads_per_row=threads, hold=math.ceil(product.row_vecs / threads),
+                                  workgroup=max(kernel.MIN_WORKGROUP, threads))
     return found
 
 
@@ -81,34 +73,30 @@ def check(rows: int, width: int, config) -> tuple[float, int]:
 
 
 def main() -> int:
+    g = gpu()
     out_dir = os.environ.get("OUT", ".")
     results = []
     for rows, width in parse_shapes(sys.argv[1] if len(sys.argv) > 1 else "model"):
-        configs = variants(width)
+        configs = variants(width, g.subgroup_size)
         checks = {name: check(min(rows, 4096), width, c) for name, c in configs.items()}
         ratios = {name: r for name, (r, _) in checks.items()}
         differing = {name: d for name, (_, d) in checks.items()}
         ok = {name: r <= 1.25 for name, r in ratios.items()}
-        names = [n for n in configs if ok[n]]
-        timed = [configs[n] for n in names]
-        rounds = [time_kernel(rows, width, timed, repeats=200, dtype=DTYPE)[0],
-                  time_kernel(rows, width, timed[::-1], repeats=200, dtype=DTYPE)[0][::-1]]
-        us = {name: round(sorted(r[i][0] for r in rounds)[0], 2) for i, name in enumerate(names)}
-        compiled = time_torch_compiled(rows, width, repeats=200, dtype=DTYPE)
-        copy = time_copy(rows, width, repeats=200, itemsize=2)
-        row = {"rows": rows, "width": width, "us": us, "rounds": {n: [r[i][0] for r in rounds] for i, n in enumerate(names)},
-               "error_vs_eager": ratios, "bits_differing": differing,
-               "configs": {n: {"vec": c.vec, "threads_per_row": c.threads_per_row, "hold": c.hold,
-                               "workgroup": c.workgroup} for n, c in configs.items()},
-               "wgsl_copy_us": None if copy is None else round(copy, 2),
+        timed = [c for name, c in configs.items() if ok[name]]
+        rounds = [time_kernel(rows, width, timed, repeats=200, dtype="float16")[0],
+                  time_kernel(rows, width, timed[::-1], repeats=200, dtype="float16")[0][::-1]]
+        us = {name: round(sorted(r[i][0] for r in rounds)[0], 2)
+              for i, name in enumerate(n for n in configs if ok[n])}
+        row = {"rows": rows, "width": width, "us": us, "error_vs_eager": ratios, "bits_differing": differing,
+               "holds": {name: c.hold for name, c in configs.items()},
                "float32_product_us": round(time_kernel(rows, width, repeats=200)[0][0][0], 2),
-               "torch_us": round(time_torch(rows, width, repeats=200, dtype=DTYPE)[0], 2),
-               "compiled_us": None if compiled is None else round(compiled, 2)}
+               "torch_us": round(time_torch(rows, width, repeats=200, dtype="float16")[0], 2),
+               "compiled_us": (lambda t: None if t is None else round(t, 2))(
+                   time_torch_compiled(rows, width, repeats=200, dtype="float16"))}
         results.append(row)
-        print(json.dumps({k: row[k] for k in ("rows", "width", "us", "wgsl_copy_us", "compiled_us", "torch_us",
-                                              "error_vs_eager", "bits_differing")}), flush=True)
-        with open(os.path.join(out_dir, "half_probe.json"), "w") as f:
-            json.dump({"adapter": pipeline.runtime.device_info()["adapter"], "results": results}, f, indent=1)
+        print(json.dumps(row), flush=True)
+    with open(os.path.join(out_dir, "half_probe.json"), "w") as f:
+        json.dump({"adapter": pipeline.runtime.device_info()["adapter"], "results": results}, f, indent=1)
     return 0
 
 

@@ -160,10 +160,8 @@ std::string written_out(const std::string& source, const std::string& marker, ui
 }
 
 std::string kernel_source(const KernelConfig& config) {
-  static const char* const kTypes[] = {"", "f32", "vec2<f32>", "", "vec4<f32>", "", "", "", "Pair"};
-  static const char* const kSums[] = {
-      "", "v", "v.x + v.y", "", "v.x + v.y + v.z + v.w", "", "", "",
-      "v.lo.x + v.lo.y + v.lo.z + v.lo.w + v.hi.x + v.hi.y + v.hi.z + v.hi.w"};
+  static const char* const kTypes[] = {"", "f32", "vec2<f32>", "", "vec4<f32>"};
+  static const char* const kSums[] = {"", "v", "v.x + v.y", "", "v.x + v.y + v.z + v.w"};
   const uint32_t vec = config.vec();
   std::string prelude;
   prelude += std::string("alias V = ") + kTypes[vec] + ";\n";
@@ -195,18 +193,13 @@ std::string kernel_source(const KernelConfig& config) {
       prelude += std::string("fn param_at(w: PW, at: u32) -> f32 { return ") +
                  (params_half ? "unpack_pair(w)[at & 1u]" : "w") + "; }\n";
     } else {
-      // Per values in one V (2, 4 or 8): the word type, V from a word, a word from V.
-      static const char* const kWords[] = {"", "", "u32", "", "vec2<u32>", "", "", "", "vec4<u32>"};
-      static const char* const kValues[] = {
-          "", "", "unpack_pair(w)", "", "vec4<f32>(unpack_pair(w.x), unpack_pair(w.y))", "", "", "",
-          "Pair(vec4<f32>(unpack_pair(w.x), unpack_pair(w.y)), vec4<f32>(unpack_pair(w.z), unpack_pair(w.w)))"};
-      static const char* const kPacks[] = {
-          "", "", "pack_pair(v)", "", "vec2<u32>(pack_pair(v.xy), pack_pair(v.zw))", "", "", "",
-          "vec4<u32>(pack_pair(v.lo.xy), pack_pair(v.lo.zw), pack_pair(v.hi.xy), pack_pair(v.hi.zw))"};
-      prelude += std::string("alias XW = ") + kWords[vec] + ";\n";
+      const bool four = vec == 4;
+      prelude += std::string("alias XW = ") + (four ? "vec2<u32>" : "u32") + ";\n";
       prelude += std::string("alias PW = ") + (params_half ? "XW" : "V") + ";\n";
-      prelude += std::string("fn x_value(w: XW) -> V { return ") + kValues[vec] + "; }\n";
-      prelude += std::string("fn x_word(v: V) -> XW { return ") + kPacks[vec] + "; }\n";
+      prelude += std::string("fn x_value(w: XW) -> V { return ") +
+                 (four ? "vec4<f32>(unpack_pair(w.x), unpack_pair(w.y))" : "unpack_pair(w)") + "; }\n";
+      prelude += std::string("fn x_word(v: V) -> XW { return ") +
+                 (four ? "vec2<u32>(pack_pair(v.xy), pack_pair(v.zw))" : "pack_pair(v)") + "; }\n";
       prelude += std::string("fn p_value(w: PW) -> V { return ") + (params_half ? "x_value(w)" : "w") +
                  "; }\n";
     }
@@ -216,11 +209,10 @@ std::string kernel_source(const KernelConfig& config) {
 
   const std::string* reduce =
       wgsl_file(config.subgroup_size ? "reduce_subgroup.wgsl" : "reduce_workgroup.wgsl");
-  const std::string* values = wgsl_file(vec == 8 ? "values_pair.wgsl" : "values_vector.wgsl");
   std::string kernel = written_out(*wgsl_file("native_layer_norm.wgsl"), "each held value",
                                    std::max<uint32_t>(config.hold, 1));
   kernel = written_out(kernel, "each step value", config.unroll);
-  return *reduce + storage + *values + prelude + kernel;
+  return *reduce + storage + prelude + kernel;
 }
 
 const std::string* wgsl_file(const std::string& name) {

@@ -30,14 +30,7 @@ struct KernelConfig {
   uint32_t affine_dtype = 0;  // of weight and bias: dtype, or 0 with a half dtype
   bool native_f16_pack = false;  // float16 stores through pack2x16float (the device probe's verdict)
 
-  // Values in one load (native_layer_norm.py's _vec): 8 for half rows of a width that is
-  // a multiple of 8, else 4, 2 or 1.
-  uint32_t vec() const {
-    if (dtype != 0 && width % 8 == 0) {
-      return 8;
-    }
-    return width % 4 == 0 ? 4 : width % 2 == 0 ? 2 : 1;
-  }
+  uint32_t vec() const { return width % 4 == 0 ? 4 : width % 2 == 0 ? 2 : 1; }
   uint64_t row_vecs() const { return width / vec(); }
   bool row_in_subgroup() const { return threads_per_row <= subgroup_size; }
   uint32_t rows_per_workgroup() const { return workgroup / threads_per_row; }

@@ -35,7 +35,7 @@ WGSL_DIR = SOURCE_DIR.parent / "wgsl"
 # The kernel files the backend embeds (pipeline/wgsl/ also holds benchmark-only shaders).
 WGSL_FILES = (
     "native_layer_norm.wgsl", "reduce_subgroup.wgsl", "reduce_workgroup.wgsl", "subgroup_size.wgsl", "f16_pack_probe.wgsl",
-    "storage_float32.wgsl", "storage_half.wgsl", "storage_half_odd.wgsl", "half.wgsl", "values_vector.wgsl", "values_pair.wgsl",
+    "storage_float32.wgsl", "storage_half.wgsl", "storage_half_odd.wgsl", "half.wgsl",
 )
 LIBRARY_NAME = "libpipeline_webgpu.so"
 BUILD_DIR_ENV = "PIPELINE_NATIVE_BUILD_DIR"

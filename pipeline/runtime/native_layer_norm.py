@@ -31,22 +31,14 @@ STREAM_UNROLL = 4
 MAX_GRID_X = 65535
 PARAMS_BYTES = 16
 
-# Per components in one load: the WGSL type of V and the sum of its components (8: half
-# rows only, values_pair.wgsl's two vec4<f32>).
-_V_TYPES = {
-    8: ("Pair", "v.lo.x + v.lo.y + v.lo.z + v.lo.w + v.hi.x + v.hi.y + v.hi.z + v.hi.w"),
-    4: ("vec4<f32>", "v.x + v.y + v.z + v.w"),
-    2: ("vec2<f32>", "v.x + v.y"),
-    1: ("f32", "v"),
-}
+# Per components in one load: the WGSL type of V and the sum of its components.
+_V_TYPES = {4: ("vec4<f32>", "v.x + v.y + v.z + v.w"), 2: ("vec2<f32>", "v.x + v.y"), 1: ("f32", "v")}
 
 # The dtypes the kernel reads and writes, by their code in the kernel (HALF) and the blob.
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # Half rows with an even width, per components in one V: the word type holding one V (u32
 # pairs), V from a word and a word from V (half.wgsl's unpack_pair / pack_pair).
 _HALF_WORDS = {
-    8: ("vec4<u32>", "Pair(vec4<f32>(unpack_pair(w.x), unpack_pair(w.y)), vec4<f32>(unpack_pair(w.z), unpack_pair(w.w)))",
-        "vec4<u32>(pack_pair(v.lo.xy), pack_pair(v.lo.zw), pack_pair(v.hi.xy), pack_pair(v.hi.zw))"),
     4: ("vec2<u32>", "vec4<f32>(unpack_pair(w.x), unpack_pair(w.y))", "vec2<u32>(pack_pair(v.xy), pack_pair(v.zw))"),
     2: ("u32", "unpack_pair(w)", "pack_pair(v)"),
 }
@@ -80,7 +72,7 @@ class KernelConfig:
 
     @property
     def vec(self) -> int:
-        return _vec(self.width, self.dtype)
+        return _vec(self.width)
 
     @property
     def row_vecs(self) -> int:
@@ -148,8 +140,7 @@ class KernelConfig:
         kernel = _written_out(g.shader_source(SHADER), "each held value", max(self.hold, 1))
         kernel = _written_out(kernel, "each step value", self.unroll)
         storage = "".join(g.shader_source(name) for name in self.storage)
-        values = g.shader_source("values_pair.wgsl" if self.vec == 8 else "values_vector.wgsl")
-        return g.shader_source(reduce) + storage + values + self.prelude() + kernel
+        return g.shader_source(reduce) + storage + self.prelude() + kernel
 
 
 def _written_out(source: str, marker: str, count: int) -> str:
@@ -168,20 +159,19 @@ def _written_out(source: str, marker: str, count: int) -> str:
 def choose_config(width: int, has_weight: bool, has_bias: bool, subgroup_size: int = 0,
                   dtype: str = "float32", affine_dtype: str | None = None,
                   native_f16_pack: bool = False) -> KernelConfig:
-    """Loads as wide as the rows stay aligned (`_vec`: 16 bytes where they can). Rows held in
-    registers when they fit: the most threads per row (a power of two) that leave each at
-    least 4 loads, so 4 to 7 each, weight and bias loaded with x. Rows wider than MAX_HOLD
-    loads for each of MAX_THREADS_PER_ROW threads are streamed, 4 loads a loop step.
-    Workgroups of at least MIN_WORKGROUP threads (narrow rows share one). Half rows count
-    in the same loads: 8 values (16 bytes) a load where the width is a multiple of 8, so a
-    half thread has as many bytes in flight as a float32 one.
+    """Loads as wide as the rows stay aligned (4, 2 or 1 floats). Rows held in registers
+    when they fit: the most threads per row (a power of two) that leave each at least 4
+    values, so 4 to 7 each, weight and bias loaded with x. Rows wider than MAX_HOLD values
+    for each of MAX_THREADS_PER_ROW threads are streamed, 4 values a loop step. Workgroups
+    of at least MIN_WORKGROUP threads (narrow rows share one). Half dtypes take the same
+    shapes: a V of 4 half values is 8 bytes, and rows stay aligned to whole u32 pairs.
     `affine_dtype` defaults to `dtype`. `native_f16_pack` (the device probe's verdict on
     pack2x16float) matters for float16 only.
 
     Chosen from the H200 sweep (benchmarks/NOTES.md). `subgroup_size` 0 means the adapter
     has no subgroup operations (workgroup-memory merges).
     """
-    row_vecs = width // _vec(width, dtype)
+    row_vecs = width // _vec(width)
     threads = min(MAX_THREADS_PER_ROW, _prev_pow2(max(1, row_vecs // 4)))
     hold = math.ceil(row_vecs / threads)
     return KernelConfig(
@@ -206,11 +196,8 @@ def device_config(g: Gpu, width: int, has_weight: bool, has_bias: bool, dtype: s
     return choose_config(width, has_weight, has_bias, g.subgroup_size, dtype, affine_dtype, g.native_f16_pack)
 
 
-def _vec(width: int, dtype: str = "float32") -> int:
-    """Values in one load: as many as keep every row start aligned to a 16-, 8- or 4-byte
-    load (float32: 4, 2 or 1; half dtypes: 8 or 4 in 16 or 8 bytes, else 2 or 1)."""
-    if dtype != "float32" and width % 8 == 0:
-        return 8
+def _vec(width: int) -> int:
+    """Components in one load: the widest vector (4, 2 or 1 floats) a row start stays aligned to."""
     return 4 if width % 4 == 0 else 2 if width % 2 == 0 else 1
 
 

@@ -3,10 +3,9 @@
 // (statistics in f32 whatever the dtype; each output value rounded once to its dtype).
 //
 // The runtime prepends the pipeline's constants (see pipeline/runtime/native_layer_norm.py):
-//   alias V                 one load's values, as wide as rows stay aligned: vec4<f32> when
-//                           width % 4 == 0, vec2<f32> when width % 2 == 0, else f32; for
-//                           half rows with width % 8 == 0, values_pair.wgsl's Pair (8 values)
-//   const VEC: u32          components in one V (8, 4, 2 or 1)
+//   alias V                 vec4<f32> when width % 4 == 0, vec2<f32> when width % 2 == 0,
+//                           else f32 (one load = one V: loads as wide as rows stay aligned)
+//   const VEC: u32          components in one V (4, 2 or 1)
 //   fn hsum(v: V) -> f32    the sum of v's components, in order
 //   const WORKGROUP: u32    threads per workgroup
 //   const THREADS_PER_ROW   threads sharing one row, a power of two dividing WORKGROUP
@@ -38,8 +37,6 @@ struct Params {
     nan: f32,
 }
 
-// splat, deviation and normalized, the arithmetic on one V, come from values_vector.wgsl
-// or values_pair.wgsl.
 // Bindings 0-3 (x, weight, bias, out) and their accessors read_x, read_weight, read_bias
 // and write_out come from the storage file of the tensors' dtypes (storage_float32.wgsl,
 // storage_half.wgsl, storage_half_odd.wgsl): the kernel computes in f32 whatever is stored.
@@ -85,7 +82,8 @@ fn normalize_rows(tid: u32, group: vec3<u32>, groups: vec3<u32>) {
 // (count, mean, M2) of one V, exact.
 fn value_stats(v: V) -> vec3<f32> {
     let m = hsum(v) / f32(VEC);
-    return vec3<f32>(f32(VEC), m, deviation(v, m).y);
+    let d = v - V(m);
+    return vec3<f32>(f32(VEC), m, hsum(d * d));
 }
 
 // Writes mean and rstd of `row` from its merged statistics; returns (mean, rstd). A row
@@ -106,7 +104,7 @@ fn load_x(base: u32, i: u32, live: bool) -> V {
     if (live && i < ROW_VECS) {
         return read_x(base + i);
     }
-    return splat(0.0);
+    return V(0.0);
 }
 
 // (count, mean, M2) of the V at index i, none past the row's end or for a dead thread.
@@ -121,26 +119,30 @@ fn count_at(i: u32, live: bool) -> f32 {
 
 // (sum of d, sum of d^2) with d = v - center, for the V at index i (zeros when absent).
 fn deviation_at(v: V, i: u32, live: bool, center: f32) -> vec2<f32> {
-    return select(vec2<f32>(0.0), deviation(v, center), live && i < ROW_VECS);
+    let d = select(V(0.0), v - V(center), live && i < ROW_VECS);
+    return vec2<f32>(hsum(d), hsum(d * d));
 }
 
 fn weight_at(i: u32) -> V {
     if (HAS_WEIGHT && i < ROW_VECS) {
         return read_weight(i);
     }
-    return splat(1.0);
+    return V(1.0);
 }
 
 fn bias_at(i: u32) -> V {
     if (HAS_BIAS && i < ROW_VECS) {
         return read_bias(i);
     }
-    return splat(0.0);
+    return V(0.0);
 }
 
 fn store_out(base: u32, i: u32, v: V, mean_rstd: vec2<f32>, w: V, b: V) {
     if (i < ROW_VECS) {
-        write_out(base + i, normalized(v, mean_rstd, w, b));
+        var y = (v - V(mean_rstd.x)) * mean_rstd.y;  // NaN throughout for a non-finite row
+        if (HAS_WEIGHT) { y = y * w; }
+        if (HAS_BIAS) { y = y + b; }
+        write_out(base + i, y);
     }
 }
 

@@ -1,5 +1,5 @@
-// float16 or bfloat16 x and out with an even width: one V (2, 4 or 8 values) is one XW
-// of u32 pairs, so rows start on whole words and every thread writes whole words. Weight and
+// float16 or bfloat16 x and out with an even width: one V (2 or 4 values) is one XW of
+// u32 pairs, so rows start on whole words and every thread writes whole words. Weight and
 // bias are stored like x or as float32 (PW). The prelude gives the word types and
 // x_value / x_word / p_value, the conversions between words and V (half.wgsl's pairs).
 
