@@ -140,14 +140,14 @@ var<workgroup> staged_weight: array<V, ROW_VECS>;
 var<workgroup> staged_bias: array<V, ROW_VECS>;
 
 // The index is clamped: values past the row's end are never stored.
-fn staged_weight_at(i: u32) -> V {
+fn staged_weight_at(i: u32, in_row: bool) -> V {
     if (HAS_WEIGHT) {
         return staged_weight[min(i, ROW_VECS - 1u)];
     }
     return V(1.0);
 }
 
-fn staged_bias_at(i: u32) -> V {
+fn staged_bias_at(i: u32, in_row: bool) -> V {
     if (HAS_BIAS) {
         return staged_bias[min(i, ROW_VECS - 1u)];
     }
@@ -175,8 +175,8 @@ class StagedAffine(KernelConfig):
     @property
     def workgroup_bytes(self) -> int:
         """Workgroup memory: the staged weight and bias (a float32 row each) and the
-        reduction's `partial` (a vec3<f32>, 16 bytes, per thread)."""
-        return 2 * 4 * self.width + 16 * self.workgroup
+        reduction's `partial` (an f32 per thread for each of its two sums)."""
+        return 2 * 4 * self.width + 8 * self.workgroup
 
     def source(self, g) -> str:
         if self.hold < 1 or self.dtype != "float32":
@@ -187,7 +187,7 @@ class StagedAffine(KernelConfig):
             held = _edit(held, f"let b_{k} = bias_at(", f"let b_{k} = staged_bias_at(")
         anchor = _first_x_load(held)
         held = _edit(held, anchor, STAGED_COPY + anchor)
-        anchor = "    // Threads past the last row take part in the merge too; they only skip memory.\n"
+        anchor = "    let stats = row_stats(local, tid, lane);\n"
         held = _edit(held, anchor, "    workgroupBarrier();  // the staged weight and bias are written\n" + anchor)
         if "return" in held.split("workgroupBarrier();", 1)[0]:
             raise RuntimeError("a thread of the held path may return before the staging barrier")

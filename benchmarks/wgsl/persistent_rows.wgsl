@@ -2,8 +2,8 @@
 // rows. Appended to the product's module (pipeline/wgsl/native_layer_norm.wgsl and its
 // reduction file, constants and written-out lines as the runtime builds them), whose own
 // `normalize_rows` the probe renames away: this one replaces it and reuses the product's
-// helpers (load_x, weight_at, bias_at, count_at, deviation_at, clamp_m2, row_stats,
-// finish_row, store_out), so each row's arithmetic and merge order are the product's.
+// helpers (held_in_row, load_x, weight_at, bias_at, count_at, deviation_at, clamp_m2,
+// row_stats, finish_row, store_out), so each row's arithmetic and sums are the product's.
 //
 // The probe adds
 //   const PREFETCH: bool    true: the next rows' x loads are issued before this row's merge
@@ -19,33 +19,35 @@ fn normalize_rows(tid: u32, group: vec3<u32>, groups: vec3<u32>) {
     // shuffles stay in uniform control flow.
     let turns = (params.rows + stride - 1u) / stride;
     var row = group.x * ROWS_PER_WORKGROUP + tid / THREADS_PER_ROW;
-    let w_K = weight_at(lane + K * THREADS_PER_ROW);  // each held value
-    let b_K = bias_at(lane + K * THREADS_PER_ROW);  // each held value
-    var v_K = load_x(row * ROW_VECS, lane + K * THREADS_PER_ROW, row < params.rows);  // each held value
+    let i_K = lane + K * THREADS_PER_ROW;  // each held value
+    let in_K = held_in_row(i_K, K);  // each held value
+    let w_K = weight_at(i_K, in_K);  // each held value
+    let b_K = bias_at(i_K, in_K);  // each held value
+    var v_K = load_x(row * ROW_VECS, i_K, in_K && row < params.rows);  // each held value
     for (var turn = 0u; turn < turns; turn++) {
         let live = row < params.rows;
         let ahead = row + stride;
         var n_K = V(0.0);  // each held value
         if (PREFETCH) {
-            n_K = load_x(ahead * ROW_VECS, lane + K * THREADS_PER_ROW, ahead < params.rows);  // each held value
+            n_K = load_x(ahead * ROW_VECS, i_K, in_K && ahead < params.rows);  // each held value
         }
         // This row, as normalize_held does it.
         var count = 0.0;
         var sum = 0.0;
-        count += count_at(lane + K * THREADS_PER_ROW, live);  // each held value
+        count += count_at(in_K && live);  // each held value
         sum += hsum(v_K);  // each held value
         let first_mean = select(0.0, sum / count, count > 0.0);
         var dev = vec2<f32>(0.0);
-        dev += deviation_at(v_K, lane + K * THREADS_PER_ROW, live, first_mean);  // each held value
+        dev += deviation_at(v_K, in_K && live, first_mean);  // each held value
         let shift = select(0.0, dev.x / count, count > 0.0);
         let local = vec3<f32>(count, first_mean + shift, clamp_m2(dev.y - dev.x * shift));
         let stats = row_stats(local, tid, lane);
         if (live) {
             let mean_rstd = finish_row(row, lane, stats);
-            store_out(row * ROW_VECS, lane + K * THREADS_PER_ROW, v_K, mean_rstd, w_K, b_K);  // each held value
+            store_out(row * ROW_VECS, i_K, in_K, v_K, mean_rstd, w_K, b_K);  // each held value
         }
         if (!PREFETCH) {
-            n_K = load_x(ahead * ROW_VECS, lane + K * THREADS_PER_ROW, ahead < params.rows);  // each held value
+            n_K = load_x(ahead * ROW_VECS, i_K, in_K && ahead < params.rows);  // each held value
         }
         v_K = n_K;  // each held value
         row = ahead;

@@ -21,14 +21,22 @@
 // loops over a private array, which Naga bounds with a counter of its own, were measured
 // much slower than the same statements written out (benchmarks/NOTES.md, v4).
 //
-// Held rows (the row fits: at most 8 values for each of 256 threads): each thread loads
-// its share once into registers, weight and bias with it, and takes a corrected two-pass
-// (count, mean, M2) of it; the row's threads merge their triples pairwise (Chan et al.) in
-// one reduction, and the output comes from the registers.
-// Streamed rows: each thread walks its strided share twice, first merging every V's exact
-// (count, mean, M2) into its own (Welford, by pairwise merges), then, after the same row
-// merge, re-reading x (mostly from L2) to write the output.
-// Never E[x^2] - E[x]^2.
+// Each thread first takes its own share's (count, mean, M2):
+// - held rows (the row fits: at most 8 values for each of 256 threads): the thread loads its
+//   share once into registers, weight and bias with it, and takes a corrected two-pass of it;
+//   the output comes from the registers;
+// - streamed rows: the thread walks its strided share, merging every V's exact (count, mean,
+//   M2) into its own (Welford, by pairwise merges), and after the row's statistics walks it
+//   again, re-reading x (mostly from L2), to write the output.
+// The row's mean is then the sum over its threads of mean x count / width, and its M2 the
+// sum of M2 + count x (mean - row mean)^2, terms that are never negative: two sums over the
+// row's threads (row_stats). Never E[x^2] - E[x]^2.
+//
+// Why two sums and not one pairwise merge of the threads' triples (Chan et al.): when a
+// launch fits in one wave, every thread's arithmetic between its loads and its stores is
+// paid in full, and a merge costs each thread a division and a dozen more instructions at
+// each butterfly level where a sum costs a shuffle and an add; the sums are also the more
+// accurate (benchmarks/NOTES.md).
 
 struct Params {
     rows: u32,  // rows in this launch
@@ -45,6 +53,10 @@ struct Params {
 @group(0) @binding(6) var<uniform> params: Params;
 
 const ROWS_PER_WORKGROUP: u32 = WORKGROUP / THREADS_PER_ROW;
+// Rounded once, at compile time: count x INV_WIDTH is then exactly 1 / THREADS_PER_ROW
+// wherever the row splits evenly (THREADS_PER_ROW is a power of two), so the row's mean
+// is a sum of the threads' means scaled without rounding.
+const INV_WIDTH: f32 = 1.0 / f32(WIDTH);
 
 fn is_finite(value: f32) -> bool {
     return (bitcast<u32>(value) & 0x7f800000u) != 0x7f800000u;
@@ -57,8 +69,7 @@ fn clamp_m2(m2: f32) -> f32 {
     return select(m2, 0.0, is_finite(m2) && (bitcast<u32>(m2) & 0x80000000u) != 0u);
 }
 
-// (count, mean, M2) of two disjoint parts of a row, combined. Every thread that merges a
-// pair passes the same part as `a`, so all of them get bitwise-equal statistics.
+// (count, mean, M2) of two disjoint parts of a streamed thread's share, combined.
 fn merge(a: vec3<f32>, b: vec3<f32>) -> vec3<f32> {
     let n = a.x + b.x;
     let share = select(0.0, b.x / n, n > 0.0);
@@ -66,9 +77,10 @@ fn merge(a: vec3<f32>, b: vec3<f32>) -> vec3<f32> {
     return vec3<f32>(n, a.y + delta * share, a.z + b.z + delta * delta * a.x * share);
 }
 
-// The entry point `main` and `row_stats(local, tid, lane)` (the merged (count, mean, M2) of
-// the row's threads, given to each of them; called once by every thread of the workgroup,
-// it may hold barriers) come from reduce_subgroup.wgsl or reduce_workgroup.wgsl.
+// The entry point `main` and `row_sum(value, tid, lane, step)` (the sum of `value` over
+// the row's threads, the same bits given to each of them; called by every thread of the
+// workgroup once per step, 0 then 1, it may hold barriers) come from reduce_subgroup.wgsl or
+// reduce_workgroup.wgsl.
 fn normalize_rows(tid: u32, group: vec3<u32>, groups: vec3<u32>) {
     // Rows past 65,535 workgroups come through the y dimension of the grid.
     let row = (group.x + group.y * groups.x) * ROWS_PER_WORKGROUP + tid / THREADS_PER_ROW;
@@ -86,59 +98,75 @@ fn value_stats(v: V) -> vec3<f32> {
     return vec3<f32>(f32(VEC), m, hsum(d * d));
 }
 
-// Writes mean and rstd of `row` from its merged statistics; returns (mean, rstd). A row
-// holding NaN or an infinity gives NaN out and rstd, like aten, and a mean of +-inf or NaN.
-// Tested on bits, since compilers may assume finite floats.
-fn finish_row(row: u32, lane: u32, stats: vec3<f32>) -> vec2<f32> {
-    let finite = is_finite(stats.y) && is_finite(stats.z);
-    let rstd_row = select(params.nan, 1.0 / sqrt(stats.z / f32(WIDTH) + params.eps), finite);
-    if (lane == 0u) {
-        mean[row] = stats.y;
-        rstd[row] = rstd_row;
-    }
-    return vec2<f32>(stats.y, rstd_row);
+// The row's (mean, M2) from each of its threads' (count, mean, M2) of its share: the same
+// bits in every thread of the row. Called by every thread of the workgroup (row_sum may
+// hold barriers); threads past the last row take part with the last row's values.
+fn row_stats(local: vec3<f32>, tid: u32, lane: u32) -> vec2<f32> {
+    let row_mean = row_sum(local.y * (local.x * INV_WIDTH), tid, lane, 0u);
+    let gap = local.y - row_mean;
+    return vec2<f32>(row_mean, row_sum(local.z + local.x * gap * gap, tid, lane, 1u));
 }
 
-// The V at index i of the row at `base`, zeros past the row's end or for a dead thread.
-fn load_x(base: u32, i: u32, live: bool) -> V {
-    if (live && i < ROW_VECS) {
+// Writes mean and rstd of `row` from its (mean, M2); returns (mean, rstd). A row holding
+// NaN or an infinity gives NaN out and rstd, like aten, and a mean of +-inf or NaN.
+// Tested on bits, since compilers may assume finite floats.
+fn finish_row(row: u32, lane: u32, stats: vec2<f32>) -> vec2<f32> {
+    let finite = is_finite(stats.x) && is_finite(stats.y);
+    let rstd_row = select(params.nan, 1.0 / sqrt(stats.y / f32(WIDTH) + params.eps), finite);
+    if (lane == 0u) {
+        mean[row] = stats.x;
+        rstd[row] = rstd_row;
+    }
+    return vec2<f32>(stats.x, rstd_row);
+}
+
+// Whether the K-th held value of a thread, at index i, lies in the row: only the last can
+// fall past its end (HOLD is ROW_VECS / THREADS_PER_ROW rounded up), and with K a literal
+// the test folds away for the others.
+fn held_in_row(i: u32, k: u32) -> bool {
+    return k + 1u < HOLD || i < ROW_VECS;
+}
+
+// The V at index i of the row at `base`, zeros past the row's end.
+fn load_x(base: u32, i: u32, in_row: bool) -> V {
+    if (in_row) {
         return read_x(base + i);
     }
     return V(0.0);
 }
 
-// (count, mean, M2) of the V at index i, none past the row's end or for a dead thread.
-fn stats_at(v: V, i: u32, live: bool) -> vec3<f32> {
-    return select(vec3<f32>(0.0), value_stats(v), live && i < ROW_VECS);
+// (count, mean, M2) of the V v, none past the row's end.
+fn stats_at(v: V, in_row: bool) -> vec3<f32> {
+    return select(vec3<f32>(0.0), value_stats(v), in_row);
 }
 
-// Components the V at index i counts for (0 past the row's end or for a dead thread).
-fn count_at(i: u32, live: bool) -> f32 {
-    return select(0.0, f32(VEC), live && i < ROW_VECS);
+// Components a V counts for: 0 past the row's end.
+fn count_at(in_row: bool) -> f32 {
+    return select(0.0, f32(VEC), in_row);
 }
 
-// (sum of d, sum of d^2) with d = v - center, for the V at index i (zeros when absent).
-fn deviation_at(v: V, i: u32, live: bool, center: f32) -> vec2<f32> {
-    let d = select(V(0.0), v - V(center), live && i < ROW_VECS);
+// (sum of d, sum of d^2) with d = v - center, zeros past the row's end.
+fn deviation_at(v: V, in_row: bool, center: f32) -> vec2<f32> {
+    let d = select(V(0.0), v - V(center), in_row);
     return vec2<f32>(hsum(d), hsum(d * d));
 }
 
-fn weight_at(i: u32) -> V {
-    if (HAS_WEIGHT && i < ROW_VECS) {
+fn weight_at(i: u32, in_row: bool) -> V {
+    if (HAS_WEIGHT && in_row) {
         return read_weight(i);
     }
     return V(1.0);
 }
 
-fn bias_at(i: u32) -> V {
-    if (HAS_BIAS && i < ROW_VECS) {
+fn bias_at(i: u32, in_row: bool) -> V {
+    if (HAS_BIAS && in_row) {
         return read_bias(i);
     }
     return V(0.0);
 }
 
-fn store_out(base: u32, i: u32, v: V, mean_rstd: vec2<f32>, w: V, b: V) {
-    if (i < ROW_VECS) {
+fn store_out(base: u32, i: u32, in_row: bool, v: V, mean_rstd: vec2<f32>, w: V, b: V) {
+    if (in_row) {
         var y = (v - V(mean_rstd.x)) * mean_rstd.y;  // NaN throughout for a non-finite row
         if (HAS_WEIGHT) { y = y * w; }
         if (HAS_BIAS) { y = y + b; }
@@ -146,50 +174,55 @@ fn store_out(base: u32, i: u32, v: V, mean_rstd: vec2<f32>, w: V, b: V) {
     }
 }
 
+// The first row of a launch's row `row`: threads past the last row read the last row
+// instead, so that no load needs a guard; they take part in the row sums and never store.
+fn row_base(row: u32) -> u32 {
+    return min(row, params.rows - 1u) * ROW_VECS;
+}
+
 fn normalize_held(tid: u32, row: u32) {
     let lane = tid % THREADS_PER_ROW;
-    let live = row < params.rows;
-    let base = row * ROW_VECS;
-    let v_K = load_x(base, lane + K * THREADS_PER_ROW, live);  // each held value
-    let w_K = weight_at(lane + K * THREADS_PER_ROW);  // each held value
-    let b_K = bias_at(lane + K * THREADS_PER_ROW);  // each held value
+    let base = row_base(row);
+    let i_K = lane + K * THREADS_PER_ROW;  // each held value
+    let in_K = held_in_row(i_K, K);  // each held value
+    let v_K = load_x(base, i_K, in_K);  // each held value
+    let w_K = weight_at(i_K, in_K);  // each held value
+    let b_K = bias_at(i_K, in_K);  // each held value
     var count = 0.0;
     var sum = 0.0;
-    count += count_at(lane + K * THREADS_PER_ROW, live);  // each held value
+    count += count_at(in_K);  // each held value
     sum += hsum(v_K);  // each held value
     let first_mean = select(0.0, sum / count, count > 0.0);
     // Second pass about the first mean, corrected by the rounding of that mean.
     var dev = vec2<f32>(0.0);
-    dev += deviation_at(v_K, lane + K * THREADS_PER_ROW, live, first_mean);  // each held value
+    dev += deviation_at(v_K, in_K, first_mean);  // each held value
     let shift = select(0.0, dev.x / count, count > 0.0);
     let local = vec3<f32>(count, first_mean + shift, clamp_m2(dev.y - dev.x * shift));
-    // Threads past the last row take part in the merge too; they only skip memory.
     let stats = row_stats(local, tid, lane);
-    if (!live) {
+    if (row >= params.rows) {
         return;
     }
     let mean_rstd = finish_row(row, lane, stats);
-    store_out(base, lane + K * THREADS_PER_ROW, v_K, mean_rstd, w_K, b_K);  // each held value
+    store_out(base, i_K, in_K, v_K, mean_rstd, w_K, b_K);  // each held value
 }
 
 fn normalize_streamed(tid: u32, row: u32) {
     let lane = tid % THREADS_PER_ROW;
-    let live = row < params.rows;
-    let base = row * ROW_VECS;
+    let base = row_base(row);
     var local = vec3<f32>(0.0, 0.0, 0.0);
-    for (var at = lane; live && at < ROW_VECS; at += STEP * THREADS_PER_ROW) {
-        let v_K = load_x(base, at + K * THREADS_PER_ROW, true);  // each step value
-        local = merge(local, stats_at(v_K, at + K * THREADS_PER_ROW, true));  // each step value
+    for (var at = lane; at < ROW_VECS; at += STEP * THREADS_PER_ROW) {
+        let i_K = at + K * THREADS_PER_ROW;  // each step value
+        let v_K = load_x(base, i_K, i_K < ROW_VECS);  // each step value
+        local = merge(local, stats_at(v_K, i_K < ROW_VECS));  // each step value
     }
-    // Threads past the last row take part in the merge too; they only skip memory.
     let stats = row_stats(local, tid, lane);
-    if (!live) {
+    if (row >= params.rows) {
         return;
     }
     let mean_rstd = finish_row(row, lane, stats);
     for (var at = lane; at < ROW_VECS; at += STEP * THREADS_PER_ROW) {
-        let v_K = load_x(base, at + K * THREADS_PER_ROW, true);  // each step value
         let i_K = at + K * THREADS_PER_ROW;  // each step value
-        store_out(base, i_K, v_K, mean_rstd, weight_at(i_K), bias_at(i_K));  // each step value
+        let v_K = load_x(base, i_K, i_K < ROW_VECS);  // each step value
+        store_out(base, i_K, i_K < ROW_VECS, v_K, mean_rstd, weight_at(i_K, i_K < ROW_VECS), bias_at(i_K, i_K < ROW_VECS));  // each step value
     }
 }

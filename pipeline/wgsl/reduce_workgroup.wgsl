@@ -1,18 +1,21 @@
-// Row statistics merged through workgroup memory, for adapters without subgroup operations:
-// a tree over the THREADS_PER_ROW threads of each row, log2(THREADS_PER_ROW) barriers.
+// Row sums through workgroup memory, for adapters without subgroup operations: a tree over
+// the THREADS_PER_ROW threads of each row, log2(THREADS_PER_ROW) barriers.
 
-var<workgroup> partial: array<vec3<f32>, WORKGROUP>;
+// One slot per step, so that a row's second sum never writes over its first's result
+// while a thread of the row may still be reading it.
+var<workgroup> partial: array<f32, 2 * WORKGROUP>;
 
-fn row_stats(local: vec3<f32>, tid: u32, lane: u32) -> vec3<f32> {
-    partial[tid] = local;
+fn row_sum(value: f32, tid: u32, lane: u32, step: u32) -> f32 {
+    let at = step * WORKGROUP + tid;
+    partial[at] = value;
     workgroupBarrier();
     for (var stride = THREADS_PER_ROW / 2u; stride > 0u; stride = stride / 2u) {
         if (lane < stride) {
-            partial[tid] = merge(partial[tid], partial[tid + stride]);
+            partial[at] = partial[at] + partial[at + stride];
         }
         workgroupBarrier();
     }
-    return partial[tid - lane];
+    return partial[at - lane];
 }
 
 @compute @workgroup_size(WORKGROUP)

@@ -1,0 +1,120 @@
+"""Row statistics by two sums of the threads' (count, mean, M2) instead of one pairwise
+merge of them (H200).
+
+When a launch fits in one wave of resident threads (most model shapes), every thread's
+arithmetic between its loads and its stores adds to the launch time; a pairwise merge of
+triples costs each thread a division and a dozen more instructions at each butterfly level,
+a butterfly of additions a shuffle and an add. This times, per model shape, in float32
+and float16, interleaved:
+- product          the two sums (pipeline/wgsl/native_layer_norm.wgsl's row_stats)
+- merge_reduction  the previous product (the merge), its generated WGSL modules read from a
+                   JSON file written at that commit (`--previous`, {config as JSON: module})
+- late_affine      the product with weight and bias loaded after the row statistics
+                   (probe_waves.py's), fewer registers held across the sums
+- staged_W256      float32: the product with weight and bias copied once per 256-thread
+                   workgroup into workgroup memory (probe_waves.py's)
+each first checked against float64, beside the WGSL copy of the same bytes, torch eager
+and torch.compile at that dtype.
+
+    OUT=dir python benchmarks/probe_reduction.py --previous previous_modules.json [--shapes model]
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+from dataclasses import asdict, dataclass
+from unittest import mock
+
+import torch
+
+import pipeline
+from pipeline.benchmark import parse_shapes, time_copy, time_kernel, time_torch, time_torch_compiled
+from pipeline.runtime.device import device_info, gpu
+from probe_waves import LateAffine, StagedAffine  # benchmarks/, the script's own directory
+
+kernel = importlib.import_module("pipeline.runtime.native_layer_norm")  # the module, not the function
+PREVIOUS: dict[str, str] = {}
+
+
+@dataclass(frozen=True)
+class Previous(kernel.KernelConfig):
+    """The same configuration with the previous product's WGSL module."""
+
+    def source(self, g) -> str:
+        key = json.dumps(asdict(self), sort_keys=True)
+        if key not in PREVIOUS:
+            raise KeyError(f"no previous module for {key}")
+        return PREVIOUS[key]
+
+
+def check(rows: int, width: int, dtype: str, config) -> dict:
+    """out's max error against float64 over eager's at the same dtype (rows of their own
+    offset and scale, random weight and bias), and mean's and rstd's over eager's."""
+    gen = torch.Generator().manual_seed(rows + width)
+    kind = kernel.DTYPES[dtype]
+    x = (torch.randn(rows, width, generator=gen) * torch.rand(rows, 1, generator=gen) * 20
+         + torch.randn(rows, 1, generator=gen) * 30).to(kind)
+    w, b = torch.randn(width, generator=gen).to(kind), torch.randn(width, generator=gen).to(kind)
+    with mock.patch.object(kernel, "choose_config", lambda *a, **k: config):
+        ours = pipeline.layer_norm(x, (width,), w, b)
+    eager = torch.ops.aten.native_layer_norm.default(x, [width], w, b, 1e-5)
+    truth = torch.ops.aten.native_layer_norm.default(x.double(), [width], w.double(), b.double(), 1e-5)
+    ratios = {}
+    for name, o, e, t in zip(("out", "mean", "rstd"), ours, eager, truth):
+        floor = 4 * torch.finfo(torch.float32).eps * float(t.abs().max())
+        err = float((o.double() - t).abs().max())
+        ratios[name] = round(err / (float((e.double() - t).abs().max()) + floor), 3)
+    return ratios
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--previous", required=True, help="JSON of the previous product's modules")
+    parser.add_argument("--shapes", default="model")
+    parser.add_argument("--dtypes", default="float32,float16")
+    parser.add_argument("--repeats", type=int, default=200)
+    args = parser.parse_args()
+    with open(args.previous) as f:
+        PREVIOUS.update(json.load(f))
+    g = gpu()
+    path = os.path.join(os.environ.get("OUT", "."), "reduction_probe.json")
+    doc = {"device": device_info(), "torch_device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+           "results": []}
+    for dtype in args.dtypes.split(","):
+        itemsize = kernel.DTYPES[dtype].itemsize
+        for rows, width in parse_shapes(args.shapes):
+            product = kernel.device_config(g, width, True, True, dtype)
+            fields = {k: getattr(product, k) for k in product.__dataclass_fields__}
+            configs = {"product": product, "merge_reduction": Previous(**fields)}
+            if product.hold:
+                configs["late_affine"] = LateAffine(**fields)
+                staged = StagedAffine(**{**fields, "workgroup": max(256, product.threads_per_row)})
+                if dtype == "float32" and staged.workgroup_bytes <= g.limits["max-compute-workgroup-storage-size"]:
+                    configs["staged_W256"] = staged
+            checks = {n: check(min(rows, 4096), width, dtype, c) for n, c in configs.items()}
+            ok = [n for n in configs if max(checks[n].values()) <= 2.0]
+            timed = [configs[n] for n in ok]
+            rounds = [time_kernel(rows, width, timed, repeats=args.repeats, dtype=dtype)[0],
+                      time_kernel(rows, width, timed[::-1], repeats=args.repeats, dtype=dtype)[0][::-1]]
+            us = {n: round(min(r[i][0] for r in rounds), 3) for i, n in enumerate(ok)}
+            copy = time_copy(rows, width, repeats=args.repeats, itemsize=itemsize)
+            compiled = time_torch_compiled(rows, width, repeats=args.repeats, dtype=dtype)
+            row = {"dtype": dtype, "rows": rows, "width": width, "us": us,
+                   "rounds": {n: [round(r[i][0], 3) for r in rounds] for i, n in enumerate(ok)},
+                   "checks": checks, "wgsl_copy_us": None if copy is None else round(copy, 3),
+                   "compiled_us": None if compiled is None else round(compiled, 3),
+                   "torch_us": round(time_torch(rows, width, repeats=args.repeats, dtype=dtype)[0], 3)}
+            doc["results"].append(row)
+            print(json.dumps({k: row[k] for k in ("dtype", "rows", "width", "us", "wgsl_copy_us", "compiled_us",
+                                                  "torch_us")}), flush=True)
+            with open(path + ".tmp", "w") as f:
+                json.dump(doc, f, indent=1)
+            os.replace(path + ".tmp", path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
