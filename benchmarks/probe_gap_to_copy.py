@@ -5,26 +5,39 @@ against the plain WGSL copy of the same bytes.
 
     OUT=dir python benchmarks/probe_gap_to_copy.py   # dir/gap_probe.json
 """
-import json, os, re
+import json, os
 from dataclasses import dataclass
 from pipeline.benchmark import time_kernel, time_copy
 from pipeline.runtime.native_layer_norm import choose_config, KernelConfig
 from pipeline.runtime.device import gpu
 
+def _edit(source: str, old: str, new: str) -> str:
+    """`source` with its one occurrence of `old` replaced; fails if the product moved it."""
+    if source.count(old) != 1:
+        raise RuntimeError(f"expected one {old!r} in the product kernel, found {source.count(old)}")
+    return source.replace(old, new)
+
+
 @dataclass(frozen=True)
 class NoMerge(KernelConfig):
+    """Each thread's own sums stand for the row's (wrong results; timing only)."""
+
     def source(self, g):
-        s = super().source(g)
-        return s.replace("fn row_stats(local: vec3<f32>, tid: u32, lane: u32) -> vec3<f32> {",
-                         "fn row_stats(local: vec3<f32>, tid: u32, lane: u32) -> vec3<f32> {\n    return local;")
+        head = "-> vec2<f32> {\n    if (ROW_IN_SUBGROUP) {"
+        return _edit(super().source(g), head, "-> vec2<f32> {\n    return value;\n    if (ROW_IN_SUBGROUP) {")
+
 
 @dataclass(frozen=True)
 class HeldCopy(KernelConfig):
+    """The held path's loads and stores with nothing between them: x stored straight back."""
+
     def source(self, g):
         s = super().source(g)
-        # stores x straight back: loads and stores of the held path, nothing between
-        return re.sub(r"    let stats = row_stats\(local, tid, lane\);\n    if \(!live\) \{\n        return;\n    \}\n    let mean_rstd = finish_row\(row, lane, stats\);",
-                      "    if (!live) {\n        return;\n    }\n    let mean_rstd = vec2<f32>(0.0, 1.0);", s)
+        s = _edit(s, "    let stats = vec2<f32>(mean_row, corrected_m2(row_sum(dev, tid, lane, 1u)));\n",
+                  "    let stats = vec2<f32>(0.0, 0.0);\n")
+        return _edit(s, "    let mean_rstd = finish_row(row, lane, stats);\n    store_out(base, i_0",
+                     "    let mean_rstd = vec2<f32>(0.0, 1.0);\n    store_out(base, i_0")
+
 
 g = gpu()
 res = []

@@ -51,8 +51,10 @@ class Previous(kernel.KernelConfig):
 
 
 def check(rows: int, width: int, dtype: str, config) -> dict:
-    """out's max error against float64 over eager's at the same dtype (rows of their own
-    offset and scale, random weight and bias), and mean's and rstd's over eager's."""
+    """out's, mean's and rstd's max error against float64 over eager's at the same dtype
+    plus a floor (rows of their own offset and scale, random weight and bias): the kernel
+    tests' rule passes at most 4. out's floor holds one float32 ulp of the row's mean
+    carried through rstd and weight, the error any float32 mean brings."""
     gen = torch.Generator().manual_seed(rows + width)
     kind = kernel.DTYPES[dtype]
     x = (torch.randn(rows, width, generator=gen) * torch.rand(rows, 1, generator=gen) * 20
@@ -62,9 +64,10 @@ def check(rows: int, width: int, dtype: str, config) -> dict:
         ours = pipeline.layer_norm(x, (width,), w, b)
     eager = torch.ops.aten.native_layer_norm.default(x, [width], w, b, 1e-5)
     truth = torch.ops.aten.native_layer_norm.default(x.double(), [width], w.double(), b.double(), 1e-5)
+    mean_ulp = float((torch.finfo(torch.float32).eps * truth[1].abs() * truth[2]).max()) * float(w.abs().max())
     ratios = {}
     for name, o, e, t in zip(("out", "mean", "rstd"), ours, eager, truth):
-        floor = 4 * torch.finfo(torch.float32).eps * float(t.abs().max())
+        floor = 4 * torch.finfo(torch.float32).eps * float(t.abs().max()) + (mean_ulp if name == "out" else 0.0)
         err = float((o.double() - t).abs().max())
         ratios[name] = round(err / (float((e.double() - t).abs().max()) + floor), 3)
     return ratios
@@ -95,7 +98,7 @@ def main() -> int:
                 if dtype == "float32" and staged.workgroup_bytes <= g.limits["max-compute-workgroup-storage-size"]:
                     configs["staged_W256"] = staged
             checks = {n: check(min(rows, 4096), width, dtype, c) for n, c in configs.items()}
-            ok = [n for n in configs if max(checks[n].values()) <= 2.0]
+            ok = [n for n in configs if max(checks[n].values()) <= 4.0]
             timed = [configs[n] for n in ok]
             rounds = [time_kernel(rows, width, timed, repeats=args.repeats, dtype=dtype)[0],
                       time_kernel(rows, width, timed[::-1], repeats=args.repeats, dtype=dtype)[0][::-1]]

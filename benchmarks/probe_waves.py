@@ -187,7 +187,7 @@ class StagedAffine(KernelConfig):
             held = _edit(held, f"let b_{k} = bias_at(", f"let b_{k} = staged_bias_at(")
         anchor = _first_x_load(held)
         held = _edit(held, anchor, STAGED_COPY + anchor)
-        anchor = "    let stats = row_stats(local, tid, lane);\n"
+        anchor = "    let mean_row = row_mean("
         held = _edit(held, anchor, "    workgroupBarrier();  // the staged weight and bias are written\n" + anchor)
         if "return" in held.split("workgroupBarrier();", 1)[0]:
             raise RuntimeError("a thread of the held path may return before the staging barrier")

@@ -21,22 +21,26 @@
 // loops over a private array, which Naga bounds with a counter of its own, were measured
 // much slower than the same statements written out (benchmarks/NOTES.md, v4).
 //
-// Each thread first takes its own share's (count, mean, M2):
+// Each thread first takes the mean of its own share, and the row's mean is the sum over
+// its threads of mean x count / width (row_mean):
 // - held rows (the row fits: at most 8 values for each of 256 threads): the thread loads its
-//   share once into registers, weight and bias with it, and takes a corrected two-pass of it;
-//   the output comes from the registers;
-// - streamed rows: the thread walks its strided share, merging every V's exact (count, mean,
-//   M2) into its own (Welford, by pairwise merges), and after the row's statistics walks it
-//   again, re-reading x (mostly from L2), to write the output.
-// The row's mean is then the sum over its threads of mean x count / width, and its M2 the
-// sum of M2 + count x (mean - row mean)^2, terms that are never negative: two sums over the
-// row's threads (row_stats). Never E[x^2] - E[x]^2.
+//   share once into registers, weight and bias with it, and takes its mean in a corrected
+//   two-pass. M2 is then a corrected two-pass over the whole row about the row's mean: the
+//   sums over the row's threads of d and d^2, d = x - mean. The output comes from the
+//   registers.
+// - streamed rows: the thread walks its strided share, merging every V's exact (count,
+//   mean, M2) into its own (Welford, by pairwise merges); the row's M2 is the sum of
+//   M2 + count x (mean - row mean)^2, terms that are never negative; then the thread walks
+//   its share again, re-reading x (mostly from L2), to write the output.
+// Never E[x^2] - E[x]^2. Each sum over the row's threads is one butterfly of additions
+// (row_sum). A constant row gives its value as the mean and an M2 of exactly 0 however a
+// compiler contracts the arithmetic: M2 comes from the values' own deviations.
 //
-// Why two sums and not one pairwise merge of the threads' triples (Chan et al.): when a
-// launch fits in one wave, every thread's arithmetic between its loads and its stores is
-// paid in full, and a merge costs each thread a division and a dozen more instructions at
-// each butterfly level where a sum costs a shuffle and an add; the sums are also the more
-// accurate (benchmarks/NOTES.md).
+// Why sums and not one pairwise merge of the threads' (count, mean, M2) (Chan et al.):
+// when a launch fits in one wave, every thread's arithmetic between its loads and its
+// stores is paid in full, and a merge costs each thread a division and a dozen more
+// instructions at each butterfly level where a sum costs a shuffle and an add; the sums
+// are also the more accurate (benchmarks/NOTES.md).
 
 struct Params {
     rows: u32,  // rows in this launch
@@ -53,9 +57,10 @@ struct Params {
 @group(0) @binding(6) var<uniform> params: Params;
 
 const ROWS_PER_WORKGROUP: u32 = WORKGROUP / THREADS_PER_ROW;
-// Rounded once, at compile time: count x INV_WIDTH is then exactly 1 / THREADS_PER_ROW
-// wherever the row splits evenly (THREADS_PER_ROW is a power of two), so the row's mean
-// is a sum of the threads' means scaled without rounding.
+// Every thread of a row holds as many of its values (dead threads read the last row): its
+// mean weighs 1 / THREADS_PER_ROW in the row's, a power of two, so scaling is exact.
+const EVEN_SPLIT: bool = ROW_VECS % THREADS_PER_ROW == 0u;
+const EVEN_SHARE: f32 = 1.0 / f32(THREADS_PER_ROW);
 const INV_WIDTH: f32 = 1.0 / f32(WIDTH);
 
 fn is_finite(value: f32) -> bool {
@@ -98,13 +103,18 @@ fn value_stats(v: V) -> vec3<f32> {
     return vec3<f32>(f32(VEC), m, hsum(d * d));
 }
 
-// The row's (mean, M2) from each of its threads' (count, mean, M2) of its share: the same
-// bits in every thread of the row. Called by every thread of the workgroup (row_sum may
-// hold barriers); threads past the last row take part with the last row's values.
-fn row_stats(local: vec3<f32>, tid: u32, lane: u32) -> vec2<f32> {
-    let row_mean = row_sum(local.y * (local.x * INV_WIDTH), tid, lane, 0u);
-    let gap = local.y - row_mean;
-    return vec2<f32>(row_mean, row_sum(local.z + local.x * gap * gap, tid, lane, 1u));
+// The row's mean from each of its threads' (count, mean) of its share. Called by every
+// thread of the workgroup (row_sum may hold barriers), as the second sum is; threads past
+// the last row take part with the last row's values.
+fn row_mean(count: f32, share_mean: f32, tid: u32, lane: u32) -> f32 {
+    let share = select(count * INV_WIDTH, EVEN_SHARE, EVEN_SPLIT);
+    return row_sum(vec2<f32>(share_mean * share, 0.0), tid, lane, 0u).x;
+}
+
+// M2 from the row sums of (d, d^2) about a center near the mean, corrected by the center's
+// distance from the mean.
+fn corrected_m2(deviations: vec2<f32>) -> f32 {
+    return clamp_m2(deviations.y - deviations.x * (deviations.x * INV_WIDTH));
 }
 
 // Writes mean and rstd of `row` from its (mean, M2); returns (mean, rstd). A row holding
@@ -193,12 +203,14 @@ fn normalize_held(tid: u32, row: u32) {
     count += count_at(in_K);  // each held value
     sum += hsum(v_K);  // each held value
     let first_mean = select(0.0, sum / count, count > 0.0);
-    // Second pass about the first mean, corrected by the rounding of that mean.
+    // The share's mean: the first, corrected by the sum of the deviations from it.
+    var shift = 0.0;
+    shift += deviation_at(v_K, in_K, first_mean).x;  // each held value
+    let mean_row = row_mean(count, first_mean + select(0.0, shift / count, count > 0.0), tid, lane);
+    // The whole row's deviations from its mean.
     var dev = vec2<f32>(0.0);
-    dev += deviation_at(v_K, in_K, first_mean);  // each held value
-    let shift = select(0.0, dev.x / count, count > 0.0);
-    let local = vec3<f32>(count, first_mean + shift, clamp_m2(dev.y - dev.x * shift));
-    let stats = row_stats(local, tid, lane);
+    dev += deviation_at(v_K, in_K, mean_row);  // each held value
+    let stats = vec2<f32>(mean_row, corrected_m2(row_sum(dev, tid, lane, 1u)));
     if (row >= params.rows) {
         return;
     }
@@ -215,7 +227,9 @@ fn normalize_streamed(tid: u32, row: u32) {
         let v_K = load_x(base, i_K, i_K < ROW_VECS);  // each step value
         local = merge(local, stats_at(v_K, i_K < ROW_VECS));  // each step value
     }
-    let stats = row_stats(local, tid, lane);
+    let mean_row = row_mean(local.x, local.y, tid, lane);
+    let gap = local.y - mean_row;
+    let stats = vec2<f32>(mean_row, row_sum(vec2<f32>(local.z + local.x * gap * gap, 0.0), tid, lane, 1u).x);
     if (row >= params.rows) {
         return;
     }

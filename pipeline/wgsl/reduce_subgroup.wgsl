@@ -7,7 +7,7 @@
 
 // One slot of parts per step, so that a row's second sum never writes over parts its
 // first is still reading.
-var<workgroup> partial: array<f32, 2 * WORKGROUP>;
+var<workgroup> partial: array<vec2<f32>, 2 * WORKGROUP>;
 var<private> subgroup_lanes: u32;
 var<private> subgroup_lane: u32;
 
@@ -15,7 +15,7 @@ var<private> subgroup_lane: u32;
 // every one of them: addition commutes, so both lanes of a pair get the same bits. The
 // levels are written out rather than looped over: with `span` a constant the unused ones
 // fold away, and no loop bookkeeping sits between the shuffles.
-fn butterfly(value: f32, span: u32) -> f32 {
+fn butterfly(value: vec2<f32>, span: u32) -> vec2<f32> {
     var sum = value;
     if (span > 1u) { sum += subgroupShuffleXor(sum, 1u); }
     if (span > 2u) { sum += subgroupShuffleXor(sum, 2u); }
@@ -27,7 +27,7 @@ fn butterfly(value: f32, span: u32) -> f32 {
     return sum;
 }
 
-fn row_sum(value: f32, tid: u32, lane: u32, step: u32) -> f32 {
+fn row_sum(value: vec2<f32>, tid: u32, lane: u32, step: u32) -> vec2<f32> {
     if (ROW_IN_SUBGROUP) {
         return butterfly(value, THREADS_PER_ROW);
     }

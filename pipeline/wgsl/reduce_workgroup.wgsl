@@ -3,9 +3,9 @@
 
 // One slot per step, so that a row's second sum never writes over its first's result
 // while a thread of the row may still be reading it.
-var<workgroup> partial: array<f32, 2 * WORKGROUP>;
+var<workgroup> partial: array<vec2<f32>, 2 * WORKGROUP>;
 
-fn row_sum(value: f32, tid: u32, lane: u32, step: u32) -> f32 {
+fn row_sum(value: vec2<f32>, tid: u32, lane: u32, step: u32) -> vec2<f32> {
     let at = step * WORKGROUP + tid;
     partial[at] = value;
     workgroupBarrier();
