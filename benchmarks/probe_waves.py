@@ -8,6 +8,8 @@ shapes), and torch's copy:
 
 - product            choose_config, as the runtime launches it
 - late_affine        weight and bias loaded after the row merge (NOTES "What to try next" 2)
+- unclamped_loads    threads past the last row load out of bounds instead of the last row:
+                     no load address waits for the row count (a uniform read)
 - threads_x2, _x4    2x / 4x the threads per row (half / a quarter of the values each): more,
                      thinner threads, so more waves of work units
 - threads_half       half the threads per row (twice the values each): fewer, fatter threads
@@ -134,6 +136,17 @@ class EarlyAffine(KernelConfig):
         return _move_affine_loads(self, super().source(g), before=True)
 
 
+@dataclass(frozen=True)
+class UnclampedLoads(KernelConfig):
+    """Threads past the last row load past the end of x (a storage read out of bounds gives
+    0 or some value of the buffer, never a fault) instead of the last row: no x load address
+    then waits for the launch's row count, a uniform read at the kernel's start."""
+
+    def source(self, g) -> str:
+        return _edit(super().source(g), "    return min(row, params.rows - 1u) * ROW_VECS;\n",
+                     "    return row * ROW_VECS;\n")
+
+
 # StagedAffine's workgroup copy of weight and bias, and its reads at the stores.
 STAGED_DECLARATIONS = """
 var<workgroup> staged_weight: array<V, ROW_VECS>;
@@ -241,6 +254,7 @@ def variants(rows: int, width: int, subgroup_size: int, sms: int) -> dict[str, K
     fields = {k: getattr(product, k) for k in product.__dataclass_fields__}
     found["late_affine"] = LateAffine(**fields)
     found["early_affine"] = EarlyAffine(**fields)
+    found["unclamped_loads"] = UnclampedLoads(**fields)
     tpr = product.threads_per_row
     for name, threads in (("threads_x2", 2 * tpr), ("threads_x4", 4 * tpr), ("threads_half", tpr // 2)):
         if 1 <= threads <= 1024 and math.ceil(product.row_vecs / threads) <= 16:
