@@ -126,9 +126,9 @@ KernelConfig choose_config(uint64_t width, bool has_weight, bool has_bias, uint3
   config.has_bias = has_bias;
   config.subgroup_size = subgroup_size;
   const uint64_t row_vecs = config.row_vecs();
-  const uint64_t quarter = row_vecs / 4;
+  const uint64_t share = row_vecs / kMinHold;
   config.threads_per_row =
-      static_cast<uint32_t>(std::min<uint64_t>(kMaxThreadsPerRow, prev_pow2(quarter > 0 ? quarter : 1)));
+      static_cast<uint32_t>(std::min<uint64_t>(kMaxThreadsPerRow, prev_pow2(share > 0 ? share : 1)));
   const uint64_t hold = (row_vecs + config.threads_per_row - 1) / config.threads_per_row;
   config.workgroup = std::max(kMinWorkgroup, config.threads_per_row);
   config.hold = hold <= kMaxHold ? static_cast<uint32_t>(hold) : 0;

@@ -15,6 +15,7 @@ namespace webgpu {
 constexpr uint32_t kMinWorkgroup = 64;
 constexpr uint32_t kMaxThreadsPerRow = 256;
 constexpr uint32_t kMaxHold = 8;  // values of a row one thread holds in registers at most
+constexpr uint32_t kMinHold = 3;  // values a thread holds at least, where the row has them
 constexpr uint32_t kStreamUnroll = 4;  // values a streaming thread loads in one loop step
 
 struct KernelConfig {

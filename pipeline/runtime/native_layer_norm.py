@@ -26,6 +26,9 @@ MIN_WORKGROUP = 64
 MAX_THREADS_PER_ROW = 256
 # Values of a row one thread holds in registers at most; wider rows are streamed.
 MAX_HOLD = 8
+# Values a thread holds at least, where the row has them: the most threads per row that
+# leave each this many (3 to 6 each).
+MIN_HOLD = 3
 # Values a streaming thread loads in one loop step.
 STREAM_UNROLL = 4
 MAX_GRID_X = 65535
@@ -160,19 +163,20 @@ def choose_config(width: int, has_weight: bool, has_bias: bool, subgroup_size: i
                   dtype: str = "float32", affine_dtype: str | None = None,
                   native_f16_pack: bool = False) -> KernelConfig:
     """Loads as wide as the rows stay aligned (4, 2 or 1 floats). Rows held in registers
-    when they fit: the most threads per row (a power of two) that leave each at least 4
-    values, so 4 to 7 each, weight and bias loaded with x. Rows wider than MAX_HOLD values
-    for each of MAX_THREADS_PER_ROW threads are streamed, 4 values a loop step. Workgroups
+    when they fit: the most threads per row (a power of two) that leave each at least
+    MIN_HOLD values, so 3 to 6 each, weight and bias loaded with x. Rows wider than MAX_HOLD
+    values for each of MAX_THREADS_PER_ROW threads are streamed, 4 values a loop step. Workgroups
     of at least MIN_WORKGROUP threads (narrow rows share one). Half dtypes take the same
     shapes: a V of 4 half values is 8 bytes, and rows stay aligned to whole u32 pairs.
     `affine_dtype` defaults to `dtype`. `native_f16_pack` (the device probe's verdict on
     pack2x16float) matters for float16 only.
 
-    Chosen from the H200 sweep (benchmarks/NOTES.md). `subgroup_size` 0 means the adapter
-    has no subgroup operations (workgroup-memory merges).
+    Chosen from the H200 sweeps (benchmarks/NOTES.md; with v5's row sums, 3 values a thread
+    where the rule gave 6 took 2-12% off the 384- and 768-wide shapes). `subgroup_size` 0
+    means the adapter has no subgroup operations (workgroup-memory merges).
     """
     row_vecs = width // _vec(width)
-    threads = min(MAX_THREADS_PER_ROW, _prev_pow2(max(1, row_vecs // 4)))
+    threads = min(MAX_THREADS_PER_ROW, _prev_pow2(max(1, row_vecs // MIN_HOLD)))
     hold = math.ceil(row_vecs / threads)
     return KernelConfig(
         width=width,
