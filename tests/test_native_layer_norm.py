@@ -373,9 +373,13 @@ def test_rows_are_held_where_they_fit_and_streamed_beyond():
     held = kernel.choose_config(1024, True, True, 32)
     assert (held.vec, held.width, held.threads_per_row, held.hold) == (4, 1024, 64, 4)
     narrow = kernel.choose_config(7, False, False, 0)
-    assert (narrow.vec, narrow.threads_per_row, narrow.hold) == (1, 2, 4)
-    # At least MIN_HOLD values a thread: 768 floats are 192 vec4, 64 threads x 3.
+    assert (narrow.vec, narrow.threads_per_row, narrow.hold) == (1, 1, 7)
+    # At least MIN_HOLD vec4 a thread in float32 (768 floats: 64 threads x 3), at least
+    # MIN_HOLD_NARROW_LOADS scalars or half vec4 (768 halves: 32 threads x 6; 1023 floats: 128
+    # threads x 8 scalars, where 1022 floats take 128 threads x 4 vec2).
     assert kernel.choose_config(768, True, True, 32).threads_per_row == 64
+    assert kernel.choose_config(768, True, True, 32, "float16").threads_per_row == 32
+    assert (kernel.choose_config(1023, True, True, 32).threads_per_row, kernel.choose_config(1022, True, True, 32).threads_per_row) == (128, 128)
     wide = kernel.choose_config(4 * kernel.MAX_THREADS_PER_ROW * kernel.MAX_HOLD + 4, True, False, 32)
     assert wide.hold == 0 and wide.unroll == kernel.STREAM_UNROLL
     assert wide.threads_per_row == kernel.MAX_THREADS_PER_ROW

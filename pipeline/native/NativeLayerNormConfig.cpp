@@ -126,7 +126,8 @@ KernelConfig choose_config(uint64_t width, bool has_weight, bool has_bias, uint3
   config.has_bias = has_bias;
   config.subgroup_size = subgroup_size;
   const uint64_t row_vecs = config.row_vecs();
-  const uint64_t share = row_vecs / kMinHold;
+  const uint64_t least = dtype == 0 && config.vec() > 1 ? kMinHold : kMinHoldNarrowLoads;
+  const uint64_t share = row_vecs / least;
   config.threads_per_row =
       static_cast<uint32_t>(std::min<uint64_t>(kMaxThreadsPerRow, prev_pow2(share > 0 ? share : 1)));
   const uint64_t hold = (row_vecs + config.threads_per_row - 1) / config.threads_per_row;

@@ -26,9 +26,11 @@ MIN_WORKGROUP = 64
 MAX_THREADS_PER_ROW = 256
 # Values of a row one thread holds in registers at most; wider rows are streamed.
 MAX_HOLD = 8
-# Values a thread holds at least, where the row has them: the most threads per row that
-# leave each this many (3 to 6 each).
+# Loads a thread holds at least, where the row has them: the most threads per row that
+# leave each this many. 3 for float32 rows loaded as vec4 or vec2 (3 to 6 each), 4 for
+# scalar float32 rows and half rows (4 to 8 each): measured on the H200 (benchmarks/NOTES.md).
 MIN_HOLD = 3
+MIN_HOLD_NARROW_LOADS = 4
 # Values a streaming thread loads in one loop step.
 STREAM_UNROLL = 4
 MAX_GRID_X = 65535
@@ -164,19 +166,22 @@ def choose_config(width: int, has_weight: bool, has_bias: bool, subgroup_size: i
                   native_f16_pack: bool = False) -> KernelConfig:
     """Loads as wide as the rows stay aligned (4, 2 or 1 floats). Rows held in registers
     when they fit: the most threads per row (a power of two) that leave each at least
-    MIN_HOLD values, so 3 to 6 each, weight and bias loaded with x. Rows wider than MAX_HOLD
-    values for each of MAX_THREADS_PER_ROW threads are streamed, 4 values a loop step. Workgroups
+    MIN_HOLD loads (MIN_HOLD_NARROW_LOADS for scalar float32 rows and half rows), weight and
+    bias loaded with x. Rows wider than MAX_HOLD loads for each of MAX_THREADS_PER_ROW
+    threads are streamed, 4 loads a loop step. Workgroups
     of at least MIN_WORKGROUP threads (narrow rows share one). Half dtypes take the same
     shapes: a V of 4 half values is 8 bytes, and rows stay aligned to whole u32 pairs.
     `affine_dtype` defaults to `dtype`. `native_f16_pack` (the device probe's verdict on
     pack2x16float) matters for float16 only.
 
-    Chosen from the H200 sweeps (benchmarks/NOTES.md; with v5's row sums, 3 values a thread
-    where the rule gave 6 took 2-12% off the 384- and 768-wide shapes). `subgroup_size` 0
-    means the adapter has no subgroup operations (workgroup-memory merges).
+    Chosen from the H200 sweeps (benchmarks/NOTES.md; with v5's row sums, 3 vec4 a thread
+    where the rule gave 6 took 3-11% off the 384- and 768-wide float32 shapes, while 4 instead
+    of 8 scalars or 3 instead of 6 half vec4 lost 6-10%). `subgroup_size` 0 means the adapter
+    has no subgroup operations (workgroup-memory merges).
     """
     row_vecs = width // _vec(width)
-    threads = min(MAX_THREADS_PER_ROW, _prev_pow2(max(1, row_vecs // MIN_HOLD)))
+    least = MIN_HOLD if dtype == "float32" and _vec(width) > 1 else MIN_HOLD_NARROW_LOADS
+    threads = min(MAX_THREADS_PER_ROW, _prev_pow2(max(1, row_vecs // least)))
     hold = math.ceil(row_vecs / threads)
     return KernelConfig(
         width=width,
