@@ -35,7 +35,6 @@ from pipeline.runtime.native_layer_norm import (
     STORAGE,
     UNIFORM,
     KernelConfig,
-    choose_config,
     compile_pipeline,
     device_config,
     grid,
@@ -65,11 +64,11 @@ def _copies(nbytes: int) -> int:
     return max(2, min(MAX_COPIES, math.ceil(ROTATE_BYTES / max(nbytes, 1))))
 
 
-def candidate_configs(width: int, subgroup_size: int, affine: bool = True) -> list[KernelConfig]:
-    """The default choice first; then rows held at half, the same and twice its threads per
-    row where that leaves at most MAX_HOLD values a thread, in workgroups of 64-256 threads;
-    then rows streamed at the default's threads per row, 1, 2 or 4 values a loop step."""
-    default = choose_config(width, affine, affine, subgroup_size)
+def candidate_configs(default: KernelConfig) -> list[KernelConfig]:
+    """`default` (the runtime's choice, dtype and float16 stores included) first; then rows
+    held at half, the same and twice its threads per row where that leaves at most MAX_HOLD
+    values a thread, in workgroups of 64-256 threads; then rows streamed at the default's
+    threads per row, 1, 2 or 4 values a loop step."""
     configs = [default]
 
     def add(config: KernelConfig) -> None:
@@ -365,7 +364,7 @@ def run_benchmark(shapes: list[tuple[int, int]], repeats: int = 100, sweep: bool
         g = gpu()
         configs = None
         if sweep:
-            configs = [replace(c, dtype=dtype, affine_dtype=dtype) for c in candidate_configs(width, g.subgroup_size)]
+            configs = candidate_configs(device_config(g, width, True, True, dtype))
         times, clock = time_kernel(rows, width, configs, repeats=repeats, dtype=dtype)
         wgpu_us, isolated_us = times[0]
         torch_us, torch_clock = time_torch(rows, width, repeats=repeats, dtype=dtype)
