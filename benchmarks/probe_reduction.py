@@ -1,14 +1,12 @@
-"""Row statistics by two sums of the threads' (count, mean, M2) instead of one pairwise
-merge of them (H200).
+"""Row statistics by sums over the row's threads instead of one pairwise merge of their
+(count, mean, M2) (H200).
 
-When a launch fits in one wave of resident threads (most model shapes), every thread's
-arithmetic between its loads and its stores adds to the launch time; a pairwise merge of
-triples costs each thread a division and a dozen more instructions at each butterfly level,
-a butterfly of additions a shuffle and an add. This times, per model shape, in float32
-and float16, interleaved:
-- product          the two sums (pipeline/wgsl/native_layer_norm.wgsl's row_stats)
-- merge_reduction  the previous product (the merge), its generated WGSL modules read from a
-                   JSON file written at that commit (`--previous`, {config as JSON: module})
+A pairwise merge of triples costs each thread a division and a dozen more instructions at
+each butterfly level, a butterfly of additions a shuffle and an add. This times, per model
+shape, in float32 and float16, interleaved:
+- product          the sums (pipeline/wgsl/native_layer_norm.wgsl's row_mean and row_sum)
+- merge_reduction  the same configuration built from the kernel files of an earlier commit
+                   (`--previous DIR`: its pipeline/wgsl/ files; the merge until 652e851)
 - late_affine      the product with weight and bias loaded after the row statistics
                    (probe_waves.py's), fewer registers held across the sums
 - staged_W256      float32: the product with weight and bias copied once per 256-thread
@@ -16,7 +14,9 @@ and float16, interleaved:
 each first checked against float64, beside the WGSL copy of the same bytes, torch eager
 and torch.compile at that dtype.
 
-    OUT=dir python benchmarks/probe_reduction.py --previous previous_modules.json [--shapes model]
+    mkdir -p /tmp/prev && git archive 652e851 pipeline/wgsl | tar -x -C /tmp/prev
+    cp -r /tmp/prev/pipeline/wgsl benchmarks/previous-wgsl   # carried to a GPU host untracked
+    OUT=dir python benchmarks/probe_reduction.py --previous benchmarks/previous-wgsl [--shapes model]
 """
 from __future__ import annotations
 
@@ -25,7 +25,8 @@ import importlib
 import json
 import os
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
+from pathlib import Path
 from unittest import mock
 
 import torch
@@ -36,18 +37,28 @@ from pipeline.runtime.device import device_info, gpu
 from probe_waves import LateAffine, StagedAffine  # benchmarks/, the script's own directory
 
 kernel = importlib.import_module("pipeline.runtime.native_layer_norm")  # the module, not the function
-PREVIOUS: dict[str, str] = {}
+
+
+class _FilesFrom:
+    """What KernelConfig.source reads of a Gpu, the kernel files, from another directory."""
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+
+    def shader_source(self, name: str) -> str:
+        return (self.directory / name).read_text()
 
 
 @dataclass(frozen=True)
 class Previous(kernel.KernelConfig):
-    """The same configuration with the previous product's WGSL module."""
+    """The same configuration, its module built from the kernel files in `PREVIOUS_DIR` with
+    today's constants prelude and written-out lines (unchanged since the merge)."""
 
     def source(self, g) -> str:
-        key = json.dumps(asdict(self), sort_keys=True)
-        if key not in PREVIOUS:
-            raise KeyError(f"no previous module for {key}")
-        return PREVIOUS[key]
+        return super().source(_FilesFrom(PREVIOUS_DIR))
+
+
+PREVIOUS_DIR = Path()
 
 
 def check(rows: int, width: int, dtype: str, config) -> dict:
@@ -75,13 +86,15 @@ def check(rows: int, width: int, dtype: str, config) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--previous", required=True, help="JSON of the previous product's modules")
+    parser.add_argument("--previous", required=True, type=Path, help="an earlier commit's pipeline/wgsl/ files")
     parser.add_argument("--shapes", default="model")
     parser.add_argument("--dtypes", default="float32,float16")
     parser.add_argument("--repeats", type=int, default=200)
     args = parser.parse_args()
-    with open(args.previous) as f:
-        PREVIOUS.update(json.load(f))
+    global PREVIOUS_DIR
+    PREVIOUS_DIR = args.previous
+    if not (PREVIOUS_DIR / kernel.SHADER).is_file():
+        parser.error(f"--previous: no {kernel.SHADER} in {PREVIOUS_DIR}")
     g = gpu()
     path = os.path.join(os.environ.get("OUT", "."), "reduction_probe.json")
     doc = {"device": device_info(), "torch_device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
