@@ -10,12 +10,7 @@ from dataclasses import dataclass
 from pipeline.benchmark import time_kernel, time_copy
 from pipeline.runtime.native_layer_norm import choose_config, KernelConfig
 from pipeline.runtime.device import gpu
-
-def _edit(source: str, old: str, new: str) -> str:
-    """`source` with its one occurrence of `old` replaced; fails if the product moved it."""
-    if source.count(old) != 1:
-        raise RuntimeError(f"expected one {old!r} in the product kernel, found {source.count(old)}")
-    return source.replace(old, new)
+from probe_waves import _edit  # benchmarks/, the script's own directory
 
 
 @dataclass(frozen=True)

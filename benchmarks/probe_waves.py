@@ -188,8 +188,8 @@ class StagedAffine(KernelConfig):
     @property
     def workgroup_bytes(self) -> int:
         """Workgroup memory: the staged weight and bias (a float32 row each) and the
-        reduction's `partial` (an f32 per thread for each of its two sums)."""
-        return 2 * 4 * self.width + 8 * self.workgroup
+        reduction's `partial` (a vec2<f32> per thread for each of its two sums)."""
+        return 2 * 4 * self.width + 2 * 8 * self.workgroup
 
     def source(self, g) -> str:
         if self.hold < 1 or self.dtype != "float32":
@@ -205,6 +205,15 @@ class StagedAffine(KernelConfig):
         if "return" in held.split("workgroupBarrier();", 1)[0]:
             raise RuntimeError("a thread of the held path may return before the staging barrier")
         return _join_held(head + STAGED_DECLARATIONS, held, tail)
+
+
+def _held_statistics(source: str) -> str:
+    """normalize_held's lines from its first statistic to its row statistics (`stats`),
+    indented for persistent_rows.wgsl's loop."""
+    lines = _split_held(source)[1].splitlines()
+    first = lines.index("    var count = 0.0;")
+    last = next(i for i, line in enumerate(lines) if line.startswith("    let stats = "))
+    return "".join("    " + line + "\n" for line in lines[first:last + 1])
 
 
 @dataclass(frozen=True)
@@ -237,7 +246,8 @@ class Persistent(KernelConfig):
         if self.hold < 1:
             raise ValueError("persistent rows are held rows (hold >= 1)")
         source = _edit(super().source(g), "fn normalize_rows(", "fn normalize_rows_one_launch_grid(")
-        return source + _written_out(PERSISTENT_SOURCE.read_text(), "each held value", self.hold)
+        persistent = _written_out(PERSISTENT_SOURCE.read_text(), "each held value", self.hold)
+        return source + _edit(persistent, "        HELD_STATISTICS\n", _held_statistics(source))
 
 
 def _threads(config: KernelConfig, threads: int) -> KernelConfig:

@@ -2,9 +2,9 @@
 // rows. Appended to the product's module (pipeline/wgsl/native_layer_norm.wgsl and its
 // reduction file, constants and written-out lines as the runtime builds them), whose own
 // `normalize_rows` the probe renames away: this one replaces it and reuses the product's
-// helpers (held_in_row, load_x, weight_at, bias_at, count_at, deviation_at, row_mean,
-// corrected_m2, row_sum, finish_row, store_out), so each row's arithmetic and sums are the
-// product's.
+// helpers (held_in_row, load_x, weight_at, bias_at, finish_row, store_out), and the probe
+// copies normalize_held's statistics lines in at HELD_STATISTICS, so each row's arithmetic
+// and sums are the product's.
 //
 // The probe adds
 //   const PREFETCH: bool    true: the next rows' x loads are issued before this row's merge
@@ -32,18 +32,8 @@ fn normalize_rows(tid: u32, group: vec3<u32>, groups: vec3<u32>) {
         if (PREFETCH) {
             n_K = load_x(ahead * ROW_VECS, i_K, in_K && ahead < params.rows);  // each held value
         }
-        // This row, as normalize_held does it.
-        var count = 0.0;
-        var sum = 0.0;
-        count += count_at(in_K);  // each held value
-        sum += hsum(v_K);  // each held value
-        let first_mean = select(0.0, sum / count, count > 0.0);
-        var shift = 0.0;
-        shift += deviation_at(v_K, in_K, first_mean).x;  // each held value
-        let mean_row = row_mean(count, first_mean + select(0.0, shift / count, count > 0.0), tid, lane);
-        var dev = vec2<f32>(0.0);
-        dev += deviation_at(v_K, in_K, mean_row);  // each held value
-        let stats = vec2<f32>(mean_row, corrected_m2(row_sum(dev, tid, lane, 1u)));
+        // This row's statistics: the probe puts normalize_held's own lines here.
+        HELD_STATISTICS
         if (live) {
             let mean_rstd = finish_row(row, lane, stats);
             store_out(row * ROW_VECS, i_K, in_K, v_K, mean_rstd, w_K, b_K);  // each held value

@@ -179,8 +179,9 @@ def choose_config(width: int, has_weight: bool, has_bias: bool, subgroup_size: i
     of 8 scalars or 3 instead of 6 half vec4 lost 6-10%). `subgroup_size` 0 means the adapter
     has no subgroup operations (workgroup-memory merges).
     """
-    row_vecs = width // _vec(width)
-    least = MIN_HOLD if dtype == "float32" and _vec(width) > 1 else MIN_HOLD_NARROW_LOADS
+    vec = _vec(width)
+    row_vecs = width // vec
+    least = MIN_HOLD if dtype == "float32" and vec > 1 else MIN_HOLD_NARROW_LOADS
     threads = min(MAX_THREADS_PER_ROW, _prev_pow2(max(1, row_vecs // least)))
     hold = math.ceil(row_vecs / threads)
     return KernelConfig(

@@ -225,8 +225,9 @@ fn normalize_streamed(tid: u32, row: u32) {
     var local = vec3<f32>(0.0, 0.0, 0.0);
     for (var at = lane; at < ROW_VECS; at += STEP * THREADS_PER_ROW) {
         let i_K = at + K * THREADS_PER_ROW;  // each step value
-        let v_K = load_x(base, i_K, i_K < ROW_VECS);  // each step value
-        local = merge(local, stats_at(v_K, i_K < ROW_VECS));  // each step value
+        let in_K = i_K < ROW_VECS;  // each step value
+        let v_K = load_x(base, i_K, in_K);  // each step value
+        local = merge(local, stats_at(v_K, in_K));  // each step value
     }
     let mean_row = row_mean(local.x, local.y, tid, lane);
     let gap = local.y - mean_row;
@@ -237,7 +238,8 @@ fn normalize_streamed(tid: u32, row: u32) {
     let mean_rstd = finish_row(row, lane, stats);
     for (var at = lane; at < ROW_VECS; at += STEP * THREADS_PER_ROW) {
         let i_K = at + K * THREADS_PER_ROW;  // each step value
-        let v_K = load_x(base, i_K, i_K < ROW_VECS);  // each step value
-        store_out(base, i_K, i_K < ROW_VECS, v_K, mean_rstd, weight_at(i_K, i_K < ROW_VECS), bias_at(i_K, i_K < ROW_VECS));  // each step value
+        let in_K = i_K < ROW_VECS;  // each step value
+        let v_K = load_x(base, i_K, in_K);  // each step value
+        store_out(base, i_K, in_K, v_K, mean_rstd, weight_at(i_K, in_K), bias_at(i_K, in_K));  // each step value
     }
 }
