@@ -1,13 +1,15 @@
 """Where the gap to a copy goes (H200): the chosen kernel; without the row merge (each
-thread's own statistics: wrong results, timing only); without weight and bias; both; and the
-held path's loads and stores with nothing between them (a copy in the kernel's pattern);
-against the plain WGSL copy of the same bytes.
+thread's own statistics: wrong results, timing only); without weight and bias; both; without
+the mean and rstd stores; and the held path's loads and stores with nothing between them (a
+copy in the kernel's pattern); against the plain WGSL copy of the same bytes.
 
-    OUT=dir python benchmarks/probe_gap_to_copy.py   # dir/gap_probe.json
+    OUT=dir python benchmarks/probe_gap_to_copy.py [SHAPES [OUTPUTS]]   # dir/gap_probe.json
+SHAPES as bench_layer_norm.py's --shapes (default five large ones), OUTPUTS rotating (default)
+or shared (pipeline/benchmark.py).
 """
-import json, os
+import json, os, sys
 from dataclasses import dataclass
-from pipeline.benchmark import time_kernel, time_copy
+from pipeline.benchmark import parse_shapes, time_kernel, time_copy
 from pipeline.runtime.native_layer_norm import choose_config, KernelConfig
 from pipeline.runtime.device import gpu
 from probe_waves import _edit  # benchmarks/, the script's own directory
@@ -23,6 +25,15 @@ class NoMerge(KernelConfig):
 
 
 @dataclass(frozen=True)
+class NoStats(KernelConfig):
+    """No mean and rstd stores (the bindings stay: the test is never true)."""
+
+    def source(self, g):
+        return _edit(super().source(g), "    if (lane == 0u) {\n        mean[row]",
+                     "    if (lane == 0u && params.rows == 0u) {\n        mean[row]")
+
+
+@dataclass(frozen=True)
 class HeldCopy(KernelConfig):
     """The held path's loads and stores with nothing between them: x stored straight back."""
 
@@ -34,18 +45,20 @@ class HeldCopy(KernelConfig):
                      "    let mean_rstd = vec2<f32>(0.0, 1.0);\n    store_out(base, i_0")
 
 
+shapes = parse_shapes(sys.argv[1] if len(sys.argv) > 1 else "1024x1024,1500x1024,4096x3072,8192x1024,73728x128")
+outputs = sys.argv[2] if len(sys.argv) > 2 else "rotating"
 g = gpu()
 res = []
-for rows, width in [(1024, 1024), (1500, 1024), (4096, 3072), (8192, 1024), (73728, 128)]:
+for rows, width in shapes:
     d = choose_config(width, True, True, g.subgroup_size)
     n = choose_config(width, False, False, g.subgroup_size)
     f = {k: getattr(d, k) for k in d.__dataclass_fields__}
     fn = {k: getattr(n, k) for k in n.__dataclass_fields__}
-    cfgs = {"default": d, "no_merge": NoMerge(**f), "no_affine": n, "no_affine_no_merge": NoMerge(**fn),
+    cfgs = {"default": d, "no_stats": NoStats(**f), "no_merge": NoMerge(**f), "no_affine": n, "no_affine_no_merge": NoMerge(**fn),
             "held_copy": HeldCopy(**fn)}
-    t, _ = time_kernel(rows, width, list(cfgs.values()), repeats=200)
-    r = {"rows": rows, "width": width, **{k: round(v[0], 2) for k, v in zip(cfgs, t)},
-         "wgsl_copy": round(time_copy(rows, width, repeats=200), 2)}
+    t, _ = time_kernel(rows, width, list(cfgs.values()), repeats=200, outputs=outputs)
+    r = {"rows": rows, "width": width, "outputs": outputs, **{k: round(v[0], 2) for k, v in zip(cfgs, t)},
+         "wgsl_copy": round(time_copy(rows, width, repeats=200, outputs=outputs), 2)}
     print(r, flush=True)
     res.append(r)
-json.dump(res, open(os.environ.get("OUT", "/tmp") + "/gap_probe.json", "w"), indent=1)
+json.dump(res, open(os.environ.get("OUT", "/tmp") + f"/gap_probe_{outputs}.json", "w"), indent=1)

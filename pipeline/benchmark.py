@@ -6,7 +6,11 @@ like the runtime needs only wgpu, numpy and torch (no ExecuTorch), so it runs on
 
 GPU time comes from timestamp queries around each compute pass when the adapter has
 `timestamp-query` (wall clock over a batch of dispatches otherwise). Inputs rotate over
-enough copies to exceed the last-level cache, so a shape is not timed from cache.
+enough copies to exceed the last-level cache, so a shape is not timed from cache. Outputs
+are treated alike for every measurement (kernel, WGSL copy, torch eager, compiled and
+copy): `outputs="rotating"` (the default) gives each launch its own output, as it gives
+each its own input; `outputs="shared"` has every launch write the same output, which a
+write-back cache may keep from reaching memory at all between launches.
 
 `dtype` float16 or bfloat16 times the half kernel (weight and bias of the same dtype)
 against torch at that dtype; bandwidth counts 2 bytes a value. On CUDA, torch.compile of
@@ -44,6 +48,7 @@ from pipeline.runtime.native_layer_norm import (
 # Rotate among at least this many bytes of input (the H200's L2 is 60 MB).
 ROTATE_BYTES = 256 << 20
 MAX_COPIES = 16
+OUTPUTS = ("rotating", "shared")  # each launch its own output, or all of them one
 
 
 
@@ -87,10 +92,17 @@ def candidate_configs(default: KernelConfig) -> list[KernelConfig]:
     return configs
 
 
+def _check_outputs(outputs: str) -> None:
+    if outputs not in OUTPUTS:
+        raise ValueError(f"outputs must be one of {', '.join(OUTPUTS)}, got {outputs!r}")
+
+
 def time_kernel(rows: int, width: int, configs: list[KernelConfig] | None = None, affine: bool = True,
-                warmup: int = 10, repeats: int = 100, dtype: str = "float32") -> tuple[list[tuple[float, float]], str]:
+                warmup: int = 10, repeats: int = 100, dtype: str = "float32",
+                outputs: str = "rotating") -> tuple[list[tuple[float, float]], str]:
     """GPU microseconds of one launch over (rows, width) for each config (default: the
     runtime's own choice at `dtype`), as (batched, isolated) medians; returns (times, clock)."""
+    _check_outputs(outputs)
     g = gpu()
     configs = configs or [device_config(g, width, affine, affine, dtype)]
     itemsize = DTYPES[dtype].itemsize
@@ -107,12 +119,14 @@ def time_kernel(rows: int, width: int, configs: list[KernelConfig] | None = None
     row = _values(rng.standard_normal(width, dtype=np.float32), dtype)
     # Inputs and outputs rotate; mean and rstd are shared, which orders the launches.
     stats = [g.device.create_buffer(size=rows * 4, usage=STORAGE) for _ in range(2)]
+    shared_out = g.device.create_buffer(size=nbytes, usage=STORAGE) if outputs == "shared" else None
     sets = []
     for _ in range(copies):
         x = g.device.create_buffer(size=nbytes, usage=STORAGE)
         data = np.tile(row, rows).view(np.uint8)
         g.device.queue.write_buffer(x, 0, np.concatenate([data, np.zeros(nbytes - data.size, np.uint8)]))
-        sets.append([x, *affine_bufs, g.device.create_buffer(size=nbytes, usage=STORAGE), *stats, params])
+        out = shared_out or g.device.create_buffer(size=nbytes, usage=STORAGE)
+        sets.append([x, *affine_bufs, out, *stats, params])
     timed = _timestamped if "timestamp-query" in g.features else _wall_clock
     times = []
     for config in configs:
@@ -122,33 +136,37 @@ def time_kernel(rows: int, width: int, configs: list[KernelConfig] | None = None
             layout=layout, entries=[{"binding": i, "resource": {"buffer": b}} for i, b in enumerate(bufs)])
             for bufs in sets]
         times.append(timed(g, pipeline, bind_groups, grid(rows, config), warmup, repeats))
-    for bufs in sets:
-        bufs[0].destroy()
-        bufs[3].destroy()
+    for buf in {id(b): b for bufs in sets for b in (bufs[0], bufs[3])}.values():
+        buf.destroy()
     clock = "gpu-timestamps" if "timestamp-query" in g.features else "wall-clock"
     return times, clock
 
 
-def time_copy(rows: int, width: int, warmup: int = 10, repeats: int = 100, itemsize: int = 4) -> float | None:
+def time_copy(rows: int, width: int, warmup: int = 10, repeats: int = 100, itemsize: int = 4,
+              outputs: str = "rotating") -> float | None:
     """Batched GPU microseconds of bench_copy.wgsl over rows*width values of `itemsize` bytes
     (None when that is not whole vec4s or the adapter has no timestamps): the floor a WGSL
     kernel can reach."""
+    _check_outputs(outputs)
     g = gpu()
     nbytes = rows * width * itemsize
     if nbytes % 16 or "timestamp-query" not in g.features:
         return None
     module = g.device.create_shader_module(code=g.shader_source("bench_copy.wgsl"))
     pipeline = g.device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"})
-    dst = g.device.create_buffer(size=nbytes, usage=STORAGE)  # shared: orders the launches
-    sources = [g.device.create_buffer(size=nbytes, usage=STORAGE) for _ in range(_copies(nbytes))]
+    copies = _copies(nbytes)
+    sources = [g.device.create_buffer(size=nbytes, usage=STORAGE) for _ in range(copies)]
+    dsts = [g.device.create_buffer(size=nbytes, usage=STORAGE) for _ in range(copies if outputs == "rotating" else 1)]
+    order = g.device.create_buffer(size=16, usage=STORAGE)  # shared: orders the launches, as mean/rstd do the kernel's
     bind_groups = [g.device.create_bind_group(
         layout=pipeline.get_bind_group_layout(0),
-        entries=[{"binding": 0, "resource": {"buffer": src}}, {"binding": 1, "resource": {"buffer": dst}}])
-        for src in sources]
+        entries=[{"binding": 0, "resource": {"buffer": src}}, {"binding": 1, "resource": {"buffer": dsts[i % len(dsts)]}},
+                 {"binding": 2, "resource": {"buffer": order}}])
+        for i, src in enumerate(sources)]
     groups = math.ceil(nbytes / 16 / 256)
     x = min(groups, 65535)
     us, _ = _timestamped(g, pipeline, bind_groups, (x, math.ceil(groups / x)), warmup, repeats)
-    for buf in (dst, *sources):
+    for buf in (*dsts, *sources, order):
         buf.destroy()
     return us
 
@@ -223,10 +241,11 @@ def _wall_clock(g: Gpu, pipeline, bind_groups, groups, warmup: int, repeats: int
 
 
 def time_torch(rows: int, width: int, affine: bool = True, warmup: int = 10, repeats: int = 100,
-               dtype: str = "float32") -> tuple[float, str]:
+               dtype: str = "float32", outputs: str = "rotating") -> tuple[float, str]:
     """Median microseconds of torch.nn.functional.layer_norm: CUDA graph + events, else CPU."""
+    _check_outputs(outputs)
     if torch.cuda.is_available():
-        return _time_torch_cuda(rows, width, affine, warmup, repeats, dtype=dtype), "cuda-graph-events"
+        return _time_torch_cuda(rows, width, affine, warmup, repeats, dtype=dtype, outputs=outputs), "cuda-graph-events"
     x = torch.randn(rows, width).to(DTYPES[dtype])
     w, b = (torch.randn(width).to(x.dtype), torch.randn(width).to(x.dtype)) if affine else (None, None)
     for _ in range(max(1, warmup // 5)):
@@ -239,20 +258,23 @@ def time_torch(rows: int, width: int, affine: bool = True, warmup: int = 10, rep
     return statistics.median(times), "cpu-wall-clock"
 
 
-def time_torch_copy(rows: int, width: int, warmup: int = 10, repeats: int = 100, dtype: str = "float32") -> float | None:
+def time_torch_copy(rows: int, width: int, warmup: int = 10, repeats: int = 100, dtype: str = "float32",
+                    outputs: str = "rotating") -> float | None:
     """torch's device-to-device copy of the same bytes (CUDA graph + events); None without CUDA."""
+    _check_outputs(outputs)
     if not torch.cuda.is_available():
         return None
-    return _time_torch_cuda(rows, width, False, warmup, repeats, copy=True, dtype=dtype)
+    return _time_torch_cuda(rows, width, False, warmup, repeats, copy=True, dtype=dtype, outputs=outputs)
 
 
 def time_torch_compiled(rows: int, width: int, affine: bool = True, warmup: int = 10, repeats: int = 100,
-                        dtype: str = "float32") -> float | None:
+                        dtype: str = "float32", outputs: str = "rotating") -> float | None:
     """Median microseconds of torch.compile(F.layer_norm) (default mode), compiled and warmed
     first, then timed as eager is (CUDA graph + events); None without CUDA."""
+    _check_outputs(outputs)
     if not torch.cuda.is_available():
         return None
-    return _time_torch_cuda(rows, width, affine, warmup, repeats, dtype=dtype, compiled=True)
+    return _time_torch_cuda(rows, width, affine, warmup, repeats, dtype=dtype, compiled=True, outputs=outputs)
 
 
 def compiled_layer_norm(x: torch.Tensor, width: int, w: torch.Tensor | None, b: torch.Tensor | None):
@@ -273,7 +295,7 @@ def compiled_layer_norm(x: torch.Tensor, width: int, w: torch.Tensor | None, b: 
 
 
 def _time_torch_cuda(rows: int, width: int, affine: bool, warmup: int, repeats: int, copy: bool = False,
-                     dtype: str = "float32", compiled: bool = False) -> float:
+                     dtype: str = "float32", compiled: bool = False, outputs: str = "rotating") -> float:
     dev = torch.device("cuda")
     kind = DTYPES[dtype]
     copies = _copies(rows * width * kind.itemsize)
@@ -282,13 +304,18 @@ def _time_torch_cuda(rows: int, width: int, affine: bool, warmup: int, repeats: 
             else (None, None))
     layer_norm = compiled_layer_norm(xs[0], width, w, b) if compiled else torch.nn.functional.layer_norm
 
-    dst = torch.empty_like(xs[0])
+    dsts = [torch.empty_like(x) for x in (xs if outputs == "rotating" else xs[:1])]
 
     def body():
-        # The graph's memory pool gives each output the same address on every replay.
-        for x in xs:
+        # The graph's memory pool gives each output the same address on every replay: one
+        # address for all of them when each is dropped before the next call ("shared"),
+        # one per call while all are kept ("rotating").
+        kept = []
+        for i, x in enumerate(xs):
             if copy:
-                dst.copy_(x)
+                dsts[i % len(dsts)].copy_(x)
+            elif outputs == "rotating":
+                kept.append(layer_norm(x, (width,), w, b))
             else:
                 layer_norm(x, (width,), w, b)
 
@@ -349,7 +376,7 @@ def parse_shapes(spec: str) -> list[tuple[int, int]]:
 
 
 def run_benchmark(shapes: list[tuple[int, int]], repeats: int = 100, sweep: bool = False, progress=print,
-                  dtype: str = "float32") -> dict:
+                  dtype: str = "float32", outputs: str = "rotating") -> dict:
     """Time kernel and torch (eager, and compiled on CUDA) on each shape at `dtype`; the
     JSON-ready result of bench_layer_norm.py.
 
@@ -357,6 +384,7 @@ def run_benchmark(shapes: list[tuple[int, int]], repeats: int = 100, sweep: bool
     """
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    _check_outputs(outputs)
     itemsize = DTYPES[dtype].itemsize
     info = device_info()
     results = []
@@ -365,12 +393,12 @@ def run_benchmark(shapes: list[tuple[int, int]], repeats: int = 100, sweep: bool
         configs = None
         if sweep:
             configs = candidate_configs(device_config(g, width, True, True, dtype))
-        times, clock = time_kernel(rows, width, configs, repeats=repeats, dtype=dtype)
+        times, clock = time_kernel(rows, width, configs, repeats=repeats, dtype=dtype, outputs=outputs)
         wgpu_us, isolated_us = times[0]
-        torch_us, torch_clock = time_torch(rows, width, repeats=repeats, dtype=dtype)
-        compiled_us = time_torch_compiled(rows, width, repeats=repeats, dtype=dtype)
-        copy_us = time_copy(rows, width, repeats=repeats, itemsize=itemsize)
-        torch_copy_us = time_torch_copy(rows, width, repeats=repeats, dtype=dtype)
+        torch_us, torch_clock = time_torch(rows, width, repeats=repeats, dtype=dtype, outputs=outputs)
+        compiled_us = time_torch_compiled(rows, width, repeats=repeats, dtype=dtype, outputs=outputs)
+        copy_us = time_copy(rows, width, repeats=repeats, itemsize=itemsize, outputs=outputs)
+        torch_copy_us = time_torch_copy(rows, width, repeats=repeats, dtype=dtype, outputs=outputs)
         result = {
             "rows": rows,
             "width": width,
@@ -399,6 +427,7 @@ def run_benchmark(shapes: list[tuple[int, int]], repeats: int = 100, sweep: bool
                  f"torch {torch_us:9.2f} us {result['torch_gbps']:8.1f} GB/s{compiled}{best}")
     return {
         "dtype": dtype,
+        "outputs": outputs,
         "machine": platform.node() + " " + platform.machine(),
         "adapter": info["adapter"],
         "backend": info["backend"],

@@ -11,7 +11,7 @@ import sys
 
 from pipeline import cli
 from pipeline.ioutil import check_output_file, write_json_atomic
-from pipeline.benchmark import parse_shapes, run_benchmark
+from pipeline.benchmark import OUTPUTS, parse_shapes, run_benchmark
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,6 +24,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32",
                         help="of x, weight, bias and out, for the kernel and torch (default float32); "
                         "bandwidth counts its bytes a value")
+    parser.add_argument("--outputs", choices=OUTPUTS, default="rotating",
+                        help="rotating (default): every launch, of the kernel, the copies and torch alike, writes "
+                        "its own output, as it reads its own input; shared: they all write one output")
     cli.add_verbose(parser)
     args = parser.parse_args(argv)
     try:
@@ -38,7 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     cli.quiet_dependencies(args.verbose)
     try:
         result = run_benchmark(shapes, repeats=args.repeats, sweep=args.sweep,
-                               progress=lambda line: print(line, flush=True), dtype=args.dtype)
+                               progress=lambda line: print(line, flush=True), dtype=args.dtype,
+                               outputs=args.outputs)
     except Exception as exc:  # one line for the user, status 1
         print(f"bench_layer_norm: {exc}", file=sys.stderr)
         return 1

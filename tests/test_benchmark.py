@@ -49,6 +49,23 @@ def test_a_small_benchmark_runs(monkeypatch):
 
 
 @pytest.mark.usefixtures("gpu_info")
+@pytest.mark.parametrize("outputs", benchmark.OUTPUTS)
+def test_kernel_and_copy_time_with_rotating_or_shared_outputs(monkeypatch, outputs):
+    monkeypatch.setattr(benchmark, "ROTATE_BYTES", 1 << 16)
+    result = benchmark.run_benchmark([(16, 128)], repeats=2, progress=lambda line: None, outputs=outputs)
+    assert result["outputs"] == outputs and result["results"][0]["wgpu_us"] > 0
+    ((batched, _),), _ = benchmark.time_kernel(16, 128, repeats=2, outputs=outputs)
+    assert batched > 0 and benchmark.time_copy(16, 128, repeats=2, outputs=outputs) > 0
+
+
+def test_unknown_outputs_mode_is_refused():
+    with pytest.raises(ValueError, match="outputs must be one of rotating, shared"):
+        benchmark.run_benchmark([(16, 128)], outputs="fresh")
+    with pytest.raises(ValueError, match="outputs must be one of"):
+        benchmark.time_copy(16, 128, outputs="fresh")
+
+
+@pytest.mark.usefixtures("gpu_info")
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_a_small_half_benchmark_runs_and_counts_two_bytes_a_value(monkeypatch, dtype):
     monkeypatch.setattr(benchmark, "ROTATE_BYTES", 1 << 16)
