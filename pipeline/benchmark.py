@@ -49,6 +49,12 @@ from pipeline.runtime.native_layer_norm import (
 ROTATE_BYTES = 256 << 20
 MAX_COPIES = 16
 OUTPUTS = ("rotating", "shared")  # each launch its own output, or all of them one
+# Every timing starts after this long of the GPU kept busy (a large WGSL copy, back to back):
+# after a pause on the host of a second or two (a float64 check, a compile) the H200 timed
+# everything, a copy included, 2.5-3x slower, and 0.1 s of the timed launches themselves,
+# synchronised one small batch at a time, did not bring it back (benchmarks/NOTES.md).
+WARM_SECONDS = 0.25
+WARM_BYTES = 64 << 20  # copied by each warm-up dispatch
 
 
 
@@ -99,12 +105,14 @@ def _check_outputs(outputs: str) -> None:
 
 def time_kernel(rows: int, width: int, configs: list[KernelConfig] | None = None, affine: bool = True,
                 warmup: int = 10, repeats: int = 100, dtype: str = "float32",
-                outputs: str = "rotating") -> tuple[list[tuple[float, float]], str]:
+                outputs: str = "rotating", stats: bool = False) -> tuple[list[tuple[float, float]], str]:
     """GPU microseconds of one launch over (rows, width) for each config (default: the
-    runtime's own choice at `dtype`), as (batched, isolated) medians; returns (times, clock)."""
+    runtime's own choice for this launch at `dtype`, storing mean and rstd with `stats`: a
+    delegate that returns only the output, as the three models' do, stores none), as
+    (batched, isolated) medians; returns (times, clock)."""
     _check_outputs(outputs)
     g = gpu()
-    configs = configs or [device_config(g, width, affine, affine, dtype)]
+    configs = configs or [device_config(g, width, affine, affine, dtype, rows, stats)]
     itemsize = DTYPES[dtype].itemsize
     nbytes = (rows * width * itemsize + 3) // 4 * 4  # whole u32 words
     copies = _copies(nbytes)
@@ -171,11 +179,50 @@ def time_copy(rows: int, width: int, warmup: int = 10, repeats: int = 100, items
     return us
 
 
+def warm_gpu(seconds: float | None = None) -> None:
+    """Keep the GPU busy for about `seconds` (default WARM_SECONDS) with copies of
+    WARM_BYTES: each submission twice the dispatches of the last while it takes under 10 ms
+    and twice it still fits in the time left."""
+    seconds = WARM_SECONDS if seconds is None else seconds
+    if seconds <= 0:
+        return
+    g = gpu()
+    module = g.device.create_shader_module(code=g.shader_source("bench_copy.wgsl"))
+    pipeline = g.device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"})
+    bufs = [g.device.create_buffer(size=size, usage=STORAGE) for size in (WARM_BYTES, WARM_BYTES, 16)]
+    bind_group = g.device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=[
+        {"binding": i, "resource": {"buffer": b}} for i, b in enumerate(bufs)])
+    groups = WARM_BYTES // 16 // 256
+    dispatches, start = 1, time.perf_counter()
+    while (left := seconds - (time.perf_counter() - start)) > 0:
+        began = time.perf_counter()
+        encoder = g.device.create_command_encoder()
+        compute = encoder.begin_compute_pass()
+        compute.set_pipeline(pipeline)
+        compute.set_bind_group(0, bind_group)
+        for _ in range(dispatches):
+            compute.dispatch_workgroups(min(groups, 65535), math.ceil(groups / 65535))
+        compute.end()
+        g.device.queue.submit([encoder.finish()])
+        _sync(g)
+        took = time.perf_counter() - began
+        if took < 0.01 and 2 * took < left - took:
+            dispatches *= 2
+    for buf in bufs:
+        buf.destroy()
+
+
 def _sync(g: Gpu) -> None:
-    # Mapping a buffer waits for all submitted work (on_submitted_work_done_sync is broken).
+    """Wait for all submitted work (on_submitted_work_done_sync is broken): map a buffer that
+    a new submission writes, which the queue runs after everything before it. Mapping a
+    buffer that no submission uses returns at once, without waiting."""
     probe = g.device.create_buffer(size=16, usage=STAGING)
+    encoder = g.device.create_command_encoder()
+    encoder.clear_buffer(probe)
+    g.device.queue.submit([encoder.finish()])
     probe.map_sync(wgpu.MapMode.READ)
     probe.unmap()
+    probe.destroy()
 
 
 def _timestamped(g: Gpu, pipeline, bind_groups, groups, warmup: int, repeats: int) -> tuple[float, float]:
@@ -205,6 +252,7 @@ def _timestamped(g: Gpu, pipeline, bind_groups, groups, warmup: int, repeats: in
             compute.dispatch_workgroups(*groups)
         compute.end()
 
+    warm_gpu()
     encoder = g.device.create_command_encoder()
     launches(encoder, warmup, None)
     for b in range(batches):
@@ -328,6 +376,7 @@ def _time_torch_cuda(rows: int, width: int, affine: bool, warmup: int, repeats: 
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         body()
+    warm_gpu()
     for _ in range(warmup):
         graph.replay()
     times = []
@@ -376,7 +425,7 @@ def parse_shapes(spec: str) -> list[tuple[int, int]]:
 
 
 def run_benchmark(shapes: list[tuple[int, int]], repeats: int = 100, sweep: bool = False, progress=print,
-                  dtype: str = "float32", outputs: str = "rotating") -> dict:
+                  dtype: str = "float32", outputs: str = "rotating", stats: bool = False) -> dict:
     """Time kernel and torch (eager, and compiled on CUDA) on each shape at `dtype`; the
     JSON-ready result of bench_layer_norm.py.
 
@@ -392,8 +441,8 @@ def run_benchmark(shapes: list[tuple[int, int]], repeats: int = 100, sweep: bool
         g = gpu()
         configs = None
         if sweep:
-            configs = candidate_configs(device_config(g, width, True, True, dtype))
-        times, clock = time_kernel(rows, width, configs, repeats=repeats, dtype=dtype, outputs=outputs)
+            configs = candidate_configs(device_config(g, width, True, True, dtype, rows, stats))
+        times, clock = time_kernel(rows, width, configs, repeats=repeats, dtype=dtype, outputs=outputs, stats=stats)
         wgpu_us, isolated_us = times[0]
         torch_us, torch_clock = time_torch(rows, width, repeats=repeats, dtype=dtype, outputs=outputs)
         compiled_us = time_torch_compiled(rows, width, repeats=repeats, dtype=dtype, outputs=outputs)
@@ -428,6 +477,7 @@ def run_benchmark(shapes: list[tuple[int, int]], repeats: int = 100, sweep: bool
     return {
         "dtype": dtype,
         "outputs": outputs,
+        "kernel_stores_stats": stats,
         "machine": platform.node() + " " + platform.machine(),
         "adapter": info["adapter"],
         "backend": info["backend"],

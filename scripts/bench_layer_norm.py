@@ -27,6 +27,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--outputs", choices=OUTPUTS, default="rotating",
                         help="rotating (default): every launch, of the kernel, the copies and torch alike, writes "
                         "its own output, as it reads its own input; shared: they all write one output")
+    parser.add_argument("--stats", action="store_true",
+                        help="time the kernel storing mean and rstd too (default: the output alone, as a delegate "
+                        "of the three models launches it, and as torch.compile's F.layer_norm computes it)")
     cli.add_verbose(parser)
     args = parser.parse_args(argv)
     try:
@@ -42,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = run_benchmark(shapes, repeats=args.repeats, sweep=args.sweep,
                                progress=lambda line: print(line, flush=True), dtype=args.dtype,
-                               outputs=args.outputs)
+                               outputs=args.outputs, stats=args.stats)
     except Exception as exc:  # one line for the user, status 1
         print(f"bench_layer_norm: {exc}", file=sys.stderr)
         return 1

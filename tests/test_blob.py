@@ -292,6 +292,24 @@ def test_delegate_runner_refuses_bad_blobs_and_arguments(gpu_info):
         delegate(x)
 
 
+def test_a_delegate_returning_out_alone_has_the_kernel_store_no_mean_and_rstd(gpu_info, monkeypatch):
+    from pipeline.runtime import delegate as delegate_module
+
+    launched = []
+    real = delegate_module.native_layer_norm
+    monkeypatch.setattr(delegate_module, "native_layer_norm",
+                        lambda *a, **k: launched.append(k["stats"]) or real(*a, **k))
+    x = torch.randn(3, 6)
+    for outputs, stats in (((0,), False), ((0, 1), True), ((2,), True)):
+        original = make_blob(shape=(6,), outputs=outputs)
+        got = delegate_module.LayerNormDelegate(encode(original))(x)
+        w, b = (torch.from_numpy(original.constants[r]) for r in ("weight", "bias"))
+        want = torch.ops.aten.native_layer_norm.default(x, [6], w, b, 1e-5)
+        for value, i in zip(got, outputs):
+            torch.testing.assert_close(value, want[i], atol=2e-5, rtol=1e-5)
+        assert launched[-1] is stats
+
+
 def edge_program(module, *inputs):
     from executorch.exir import to_edge
 

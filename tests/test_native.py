@@ -82,12 +82,13 @@ def test_changed_kernel_file_changes_the_build(tmp_path, monkeypatch):
 
 
 def _python_source(width: int, has_weight: bool, has_bias: bool, subgroup_size: int, dtype: str = "float32",
-                   affine_dtype: str | None = None, native_f16_pack: bool = False) -> str:
+                   affine_dtype: str | None = None, native_f16_pack: bool = False, rows: int = 0,
+                   write_stats: bool = True) -> str:
     files = types.SimpleNamespace(
         shader_source=lambda name: resources.files("pipeline.wgsl").joinpath(name).read_text()
     )
     return choose_config(width, has_weight, has_bias, subgroup_size, dtype, affine_dtype,
-                         native_f16_pack).source(files)
+                         native_f16_pack, rows, write_stats).source(files)
 
 
 # (dtype, affine dtype): float32, and each half dtype with weight and bias like x or float32.
@@ -114,6 +115,17 @@ def test_wgsl_module_is_pythons(native, width, dtype, affine_dtype):
                     want = _python_source(width, has_weight, has_bias, subgroup_size, dtype, affine_dtype, pack)
                     assert got == want, (f"width {width} weight {has_weight} bias {has_bias} subgroups "
                                          f"{subgroup_size} {dtype}/{affine_dtype} native_f16_pack {pack}")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("width", [128, 512, 1024, 1026, 1536, 4096])
+def test_wgsl_module_by_launch_rows_and_stats_is_pythons(native, width, dtype):
+    # Rows on both sides of WIDE_LAUNCH_THREADS at any threads per row, with and without stats.
+    for rows in (0, 1, 4095, 4096, 24575, 24576, 1 << 20):
+        for write_stats in (False, True):
+            got = native.wgsl_source(width, True, True, 32, dtype, rows=rows, write_stats=write_stats)
+            want = _python_source(width, True, True, 32, dtype, rows=rows, write_stats=write_stats)
+            assert got == want, f"width {width} {dtype} rows {rows} write_stats {write_stats}"
 
 
 # One set of blob rules

@@ -385,6 +385,44 @@ def test_rows_are_held_where_they_fit_and_streamed_beyond():
     assert wide.threads_per_row == kernel.MAX_THREADS_PER_ROW
 
 
+def test_wide_float32_launches_take_twice_the_threads_at_two_loads_each():
+    base = kernel.choose_config(1024, True, True, 32)
+    assert (base.threads_per_row, base.hold) == (64, 4)
+    at = kernel.WIDE_LAUNCH_THREADS // 64
+    assert kernel.choose_config(1024, True, True, 32, rows=at - 1) == base
+    wide = kernel.choose_config(1024, True, True, 32, rows=at)
+    assert (wide.threads_per_row, wide.hold, wide.workgroup) == (128, 2, 128)
+    # Only float32 rows of exactly 4 vec4 a thread: not 768 floats (64 x 3), not half rows,
+    # not scalar rows, not rows already at MAX_THREADS_PER_ROW.
+    for width, dtype in ((768, "float32"), (1024, "float16"), (1023, "float32"), (4096, "float32")):
+        assert (kernel.choose_config(width, True, True, 32, dtype, rows=1 << 20)
+                == kernel.choose_config(width, True, True, 32, dtype))
+
+
+@pytest.mark.parametrize("width", [128, 1024])
+def test_wide_launches_at_twice_the_threads(width, reduction):
+    threads = kernel.choose_config(width, True, True, 8).threads_per_row
+    rows = kernel.WIDE_LAUNCH_THREADS // threads
+    assert kernel.choose_config(width, True, True, 8, rows=rows).threads_per_row == 2 * threads
+    gen = torch.Generator().manual_seed(width)
+    x = torch.randn(rows, width, generator=gen) * torch.rand(rows, 1, generator=gen) * 20 + 50
+    weight, bias = make_affine((width,), True, True, gen)
+    assert_close_to_reference(x, (width,), weight, bias)
+
+
+@pytest.mark.parametrize("width", [7, 768, 4097])
+def test_out_alone_stores_no_mean_and_rstd(width, reduction):
+    gen = torch.Generator().manual_seed(width)
+    x, w, b = torch.randn(37, width, generator=gen) * 3 + 1, torch.randn(width, generator=gen), torch.randn(width, generator=gen)
+    whole = kernel.native_layer_norm(x, [width], w, b)
+    before = runtime.stats()
+    out, mean, rstd = kernel.native_layer_norm(x, [width], w, b, stats=False, poison=float("nan"))
+    assert mean is None and rstd is None and torch.equal(out, whole[0])
+    assert runtime.stats()["bytes_read_back"] - before["bytes_read_back"] == 37 * width * 4  # out only
+    g = runtime_device.gpu()
+    assert not kernel.device_config(g, width, True, True, write_stats=False).write_stats
+
+
 def test_loads_are_as_wide_as_the_width_keeps_rows_aligned():
     assert [kernel.choose_config(w, True, True, 32).vec for w in (1024, 766, 1023, 2, 1)] == [4, 2, 1, 2, 1]
     even = kernel.choose_config(766, True, True, 32)

@@ -127,7 +127,9 @@ bool NativeLayerNorm::prepare(const LayerNormBlob& blob, std::string* reason) {
                 " values exceeds the adapter's binding limit of " + std::to_string(limit) + " bytes";
       return false;
     }
-    if (pipeline_for(blob.width, reason) == nullptr) {
+    // What most launches take: the rule by width, mean and rstd stored where returned.
+    const bool stats = std::any_of(blob.outputs.begin(), blob.outputs.end(), [](uint32_t i) { return i != 0; });
+    if (pipeline_for(config_for(blob.width, 0, stats), reason) == nullptr) {
       return false;
     }
   }
@@ -146,18 +148,21 @@ bool NativeLayerNorm::prepare(const LayerNormBlob& blob, std::string* reason) {
   return device_->finish(reason);
 }
 
-WGPUComputePipeline NativeLayerNorm::pipeline_for(uint64_t width, std::string* reason) {
-  auto known = pipelines_.find(width);
+KernelConfig NativeLayerNorm::config_for(uint64_t width, uint64_t rows, bool write_stats) const {
+  return choose_config(width, has_weight_, has_bias_, device_->subgroup_size(), dtype_, affine_dtype_,
+                       device_->native_f16_pack(), rows, write_stats);
+}
+
+WGPUComputePipeline NativeLayerNorm::pipeline_for(const KernelConfig& config, std::string* reason) {
+  const auto key = std::make_tuple(config.width, config.threads_per_row, config.write_stats);
+  auto known = pipelines_.find(key);
   if (known != pipelines_.end()) {
     return known->second;
   }
-  const KernelConfig config =
-      choose_config(width, has_weight_, has_bias_, device_->subgroup_size(), dtype_, affine_dtype_,
-                    device_->native_f16_pack());
   WGPUComputePipeline pipeline =
       device_->create_pipeline(kernel_source(config), pipeline_layout_, "native_layer_norm.wgsl", reason);
   if (pipeline != nullptr) {
-    pipelines_.emplace(width, pipeline);
+    pipelines_.emplace(key, pipeline);
   }
   return pipeline;
 }
@@ -176,13 +181,6 @@ bool NativeLayerNorm::run(const void* x, uint64_t rows, uint64_t width, const vo
   if (rows == 0) {
     return true;
   }
-  WGPUComputePipeline pipeline = pipeline_for(width, reason);
-  if (pipeline == nullptr) {
-    return false;
-  }
-  const KernelConfig config =
-      choose_config(width, has_weight_, has_bias_, device_->subgroup_size(), dtype_, affine_dtype_,
-                    device_->native_f16_pack());
   // Input-sourced weight and bias are uploaded on every call.
   const uint64_t affine_bytes = width * dtype_bytes(affine_dtype_);
   if (weight != nullptr) {
@@ -201,7 +199,11 @@ bool NativeLayerNorm::run(const void* x, uint64_t rows, uint64_t width, const vo
     part.out = outputs.out ? static_cast<uint8_t*>(outputs.out) + start * row_bytes : nullptr;
     part.mean = outputs.mean ? outputs.mean + start : nullptr;
     part.rstd = outputs.rstd ? outputs.rstd + start : nullptr;
-    if (!launch(pipeline, config, static_cast<const uint8_t*>(x) + start * row_bytes, n, width, part,
+    // The configuration follows the launch's rows; mean and rstd are stored only if returned.
+    const KernelConfig config = config_for(width, n, part.mean != nullptr || part.rstd != nullptr);
+    WGPUComputePipeline pipeline = pipeline_for(config, reason);
+    if (pipeline == nullptr ||
+        !launch(pipeline, config, static_cast<const uint8_t*>(x) + start * row_bytes, n, width, part,
                 reason)) {
       return false;
     }
@@ -270,8 +272,10 @@ bool NativeLayerNorm::launch(WGPUComputePipeline pipeline, const KernelConfig& c
   wgpuComputePassEncoderEnd(pass);
   wgpuComputePassEncoderRelease(pass);
   wgpuCommandEncoderCopyBufferToBuffer(encoder, out_.buffer, 0, out_read_.buffer, 0, word_bytes);
-  wgpuCommandEncoderCopyBufferToBuffer(encoder, mean_.buffer, 0, mean_read_.buffer, 0, stat_bytes);
-  wgpuCommandEncoderCopyBufferToBuffer(encoder, rstd_.buffer, 0, rstd_read_.buffer, 0, stat_bytes);
+  if (config.write_stats) {
+    wgpuCommandEncoderCopyBufferToBuffer(encoder, mean_.buffer, 0, mean_read_.buffer, 0, stat_bytes);
+    wgpuCommandEncoderCopyBufferToBuffer(encoder, rstd_.buffer, 0, rstd_read_.buffer, 0, stat_bytes);
+  }
   WGPUCommandBuffer commands = wgpuCommandEncoderFinish(encoder, nullptr);
   wgpuCommandEncoderRelease(encoder);
   wgpuBindGroupRelease(group);

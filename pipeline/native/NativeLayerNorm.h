@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "NativeLayerNormConfig.h"
@@ -48,7 +49,8 @@ class NativeLayerNorm {
     WGPUBuffer buffer = nullptr;
     uint64_t size = 0;
   };
-  WGPUComputePipeline pipeline_for(uint64_t width, std::string* reason);
+  KernelConfig config_for(uint64_t width, uint64_t rows, bool write_stats) const;
+  WGPUComputePipeline pipeline_for(const KernelConfig& config, std::string* reason);
   bool ensure(Buffer* buffer, uint64_t size, WGPUBufferUsage usage, std::string* reason);
   bool launch(WGPUComputePipeline pipeline, const KernelConfig& config, const uint8_t* x,
               uint64_t rows, uint64_t width, const LayerNormOutputs& outputs, std::string* reason);
@@ -64,7 +66,8 @@ class NativeLayerNorm {
   std::vector<uint8_t> out_words_;  // read-back of an out whose bytes end mid-word
   WGPUBindGroupLayout bind_layout_ = nullptr;
   WGPUPipelineLayout pipeline_layout_ = nullptr;
-  std::map<uint64_t, WGPUComputePipeline> pipelines_;  // by width
+  // by (width, threads per row, write_stats): what choose_config varies for one delegate
+  std::map<std::tuple<uint64_t, uint32_t, bool>, WGPUComputePipeline> pipelines_;
   Buffer weight_, bias_, x_, out_, mean_, rstd_, params_;
   Buffer out_read_, mean_read_, rstd_read_;
 };

@@ -116,8 +116,10 @@ const char* boolean(bool b) { return b ? "true" : "false"; }
 }  // namespace
 
 KernelConfig choose_config(uint64_t width, bool has_weight, bool has_bias, uint32_t subgroup_size,
-                           uint32_t dtype, uint32_t affine_dtype, bool native_f16_pack) {
+                           uint32_t dtype, uint32_t affine_dtype, bool native_f16_pack,
+                           uint64_t rows, bool write_stats) {
   KernelConfig config;
+  config.write_stats = write_stats;
   config.dtype = dtype;
   config.affine_dtype = affine_dtype;
   config.native_f16_pack = native_f16_pack && dtype == 1;
@@ -130,6 +132,11 @@ KernelConfig choose_config(uint64_t width, bool has_weight, bool has_bias, uint3
   const uint64_t share = row_vecs / least;
   config.threads_per_row =
       static_cast<uint32_t>(std::min<uint64_t>(kMaxThreadsPerRow, prev_pow2(share > 0 ? share : 1)));
+  if (least == kMinHold && row_vecs == uint64_t{4} * config.threads_per_row &&
+      2 * config.threads_per_row <= kMaxThreadsPerRow &&
+      rows * config.threads_per_row >= kWideLaunchThreads) {
+    config.threads_per_row *= 2;
+  }
   const uint64_t hold = (row_vecs + config.threads_per_row - 1) / config.threads_per_row;
   config.workgroup = std::max(kMinWorkgroup, config.threads_per_row);
   config.hold = hold <= kMaxHold ? static_cast<uint32_t>(hold) : 0;
@@ -178,6 +185,7 @@ std::string kernel_source(const KernelConfig& config) {
   prelude += "const ROW_VECS: u32 = " + std::to_string(config.row_vecs()) + "u;\n";
   prelude += "const HOLD: u32 = " + std::to_string(config.hold) + "u;\n";
   prelude += "const STEP: u32 = " + std::to_string(config.unroll) + "u;\n";
+  prelude += std::string("const WRITE_STATS: bool = ") + boolean(config.write_stats) + ";\n";
 
   // Half dtypes: which one, and the word types and conversions of the storage file
   // (KernelConfig._storage_prelude).

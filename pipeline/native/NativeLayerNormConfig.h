@@ -20,6 +20,9 @@ constexpr uint32_t kMaxHold = 8;  // values of a row one thread holds in registe
 constexpr uint32_t kMinHold = 3;
 constexpr uint32_t kMinHoldNarrowLoads = 4;
 constexpr uint32_t kStreamUnroll = 4;  // values a streaming thread loads in one loop step
+// A float32 launch split into exactly 4 vec4 loads a thread with at least this many
+// threads takes twice the threads per row, 2 loads each (WIDE_LAUNCH_THREADS).
+constexpr uint64_t kWideLaunchThreads = uint64_t{3} << 16;
 
 struct KernelConfig {
   uint64_t width = 0;  // elements per row, compiled in
@@ -33,6 +36,7 @@ struct KernelConfig {
   uint32_t dtype = 0;  // of x and out: 0 float32, 1 float16, 2 bfloat16 (the blob's codes)
   uint32_t affine_dtype = 0;  // of weight and bias: dtype, or 0 with a half dtype
   bool native_f16_pack = false;  // float16 stores through pack2x16float (the device probe's verdict)
+  bool write_stats = true;  // mean and rstd stored (not where the delegate returns only out)
 
   uint32_t vec() const { return width % 4 == 0 ? 4 : width % 2 == 0 ? 2 : 1; }
   uint64_t row_vecs() const { return width / vec(); }
@@ -40,8 +44,10 @@ struct KernelConfig {
   uint32_t rows_per_workgroup() const { return workgroup / threads_per_row; }
 };
 
+// `rows`: the launch's (0: the rule by width alone).
 KernelConfig choose_config(uint64_t width, bool has_weight, bool has_bias, uint32_t subgroup_size,
-                           uint32_t dtype, uint32_t affine_dtype, bool native_f16_pack);
+                           uint32_t dtype, uint32_t affine_dtype, bool native_f16_pack,
+                           uint64_t rows = 0, bool write_stats = true);
 
 // The WGSL module: reduction file (entry point), constants prelude, kernel written out.
 std::string kernel_source(const KernelConfig& config);

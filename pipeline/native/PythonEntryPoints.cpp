@@ -74,13 +74,15 @@ PIPELINE_EXPORT int pipeline_webgpu_native_f16_pack() {
 // `capacity` including the NUL), or -1 on failure.
 PIPELINE_EXPORT long long pipeline_webgpu_wgsl_source(uint64_t width, int has_weight, int has_bias,
                                       uint32_t subgroup_size, uint32_t dtype, uint32_t affine_dtype,
-                                      int native_f16_pack, char* out, size_t capacity) {
+                                      int native_f16_pack, uint64_t rows, int write_stats,
+                                      char* out, size_t capacity) {
   try {
     if (width == 0 || dtype > webgpu::kBFloat16 || affine_dtype > webgpu::kBFloat16) {
       return -1;
     }
     const std::string source = webgpu::kernel_source(webgpu::choose_config(
-        width, has_weight != 0, has_bias != 0, subgroup_size, dtype, affine_dtype, native_f16_pack != 0));
+        width, has_weight != 0, has_bias != 0, subgroup_size, dtype, affine_dtype, native_f16_pack != 0,
+        rows, write_stats != 0));
     if (source.size() < capacity) {
       copy_out(source, out, capacity);
     }

@@ -51,7 +51,7 @@ def library() -> ctypes.CDLL:
             lib.pipeline_webgpu_native_f16_pack.restype = ctypes.c_int
             lib.pipeline_webgpu_wgsl_source.argtypes = [
                 ctypes.c_uint64, ctypes.c_int, ctypes.c_int, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_uint32,
-                ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t,
+                ctypes.c_int, ctypes.c_uint64, ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t,
             ]
             lib.pipeline_webgpu_wgsl_source.restype = ctypes.c_longlong
             lib.pipeline_webgpu_check_blob.argtypes = [
@@ -93,14 +93,16 @@ def native_f16_pack() -> int:
 
 
 def wgsl_source(width: int, has_weight: bool, has_bias: bool, subgroup_size: int, dtype: str = "float32",
-                affine_dtype: str | None = None, native_f16_pack: bool = False) -> str:
+                affine_dtype: str | None = None, native_f16_pack: bool = False, rows: int = 0,
+                write_stats: bool = True) -> str:
     """The WGSL module the backend compiles for this configuration (no device needed);
-    `affine_dtype` (of weight and bias) defaults to `dtype`."""
+    `affine_dtype` (of weight and bias) defaults to `dtype`; `rows` is the launch's (0: the
+    rule by width alone)."""
     from pipeline.blob import DTYPE_CODES
 
     lib = library()
     args = (width, int(has_weight), int(has_bias), subgroup_size, DTYPE_CODES[dtype], DTYPE_CODES[affine_dtype or dtype],
-            int(native_f16_pack))
+            int(native_f16_pack), rows, int(write_stats))
     size = lib.pipeline_webgpu_wgsl_source(*args, None, 0)
     if size < 0:
         raise ValueError(f"no WGSL for width={width!r}")

@@ -36,8 +36,10 @@ class LayerNormDelegate:
         if len(args) != p.arguments:
             raise ValueError(f"delegate expects {p.arguments} inputs, got {len(args)}")
         x = args[p.input_index]
+        # mean and rstd are computed on the GPU either way; stored and read back only if returned.
         results = native_layer_norm(
-            x, p.resolve(tuple(x.shape)), self._operand("weight", args), self._operand("bias", args), p.eps
+            x, p.resolve(tuple(x.shape)), self._operand("weight", args), self._operand("bias", args), p.eps,
+            stats=any(i != 0 for i in p.outputs),
         )
         return tuple(results[i] for i in p.outputs)
 

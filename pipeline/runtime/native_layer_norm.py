@@ -31,6 +31,11 @@ MAX_HOLD = 8
 # scalar float32 rows and half rows (4 to 8 each): measured on the H200 (benchmarks/NOTES.md).
 MIN_HOLD = 3
 MIN_HOLD_NARROW_LOADS = 4
+# A float32 launch whose rows split into exactly 4 vec4 loads a thread, and that has
+# at least this many threads at that rule, takes twice the threads per row, 2 loads each:
+# 1-8% faster on the H200 from 3 x 2^16 threads, 2-8% slower at 2^17 and fewer
+# (benchmarks/NOTES.md, "Threads by the launch's size").
+WIDE_LAUNCH_THREADS = 3 << 16
 # Values a streaming thread loads in one loop step.
 STREAM_UNROLL = 4
 MAX_GRID_X = 65535
@@ -74,6 +79,8 @@ class KernelConfig:
     affine_dtype: str = "float32"  # of weight and bias: dtype, or float32 with a half dtype
     # float16 stores through pack2x16float: only where the device probe saw it round as aten
     native_f16_pack: bool = False
+    # mean and rstd stored (a delegate whose program uses only the output does without)
+    write_stats: bool = True
 
     @property
     def vec(self) -> int:
@@ -108,6 +115,7 @@ class KernelConfig:
             f"const ROW_VECS: u32 = {self.row_vecs}u;\n"
             f"const HOLD: u32 = {self.hold}u;\n"
             f"const STEP: u32 = {self.unroll}u;\n"
+            f"const WRITE_STATS: bool = {str(self.write_stats).lower()};\n"
         ) + self._storage_prelude()
 
     def _storage_prelude(self) -> str:
@@ -163,16 +171,18 @@ def _written_out(source: str, marker: str, count: int) -> str:
 
 def choose_config(width: int, has_weight: bool, has_bias: bool, subgroup_size: int = 0,
                   dtype: str = "float32", affine_dtype: str | None = None,
-                  native_f16_pack: bool = False) -> KernelConfig:
+                  native_f16_pack: bool = False, rows: int = 0, write_stats: bool = True) -> KernelConfig:
     """Loads as wide as the rows stay aligned (4, 2 or 1 floats). Rows held in registers
     when they fit: the most threads per row (a power of two) that leave each at least
     MIN_HOLD loads (MIN_HOLD_NARROW_LOADS for scalar float32 rows and half rows), weight and
-    bias loaded with x. Rows wider than MAX_HOLD loads for each of MAX_THREADS_PER_ROW
-    threads are streamed, 4 loads a loop step. Workgroups
+    bias loaded with x; a float32 launch of `rows` rows that this splits into exactly 4
+    vec4 loads a thread, with at least WIDE_LAUNCH_THREADS threads, takes twice the
+    threads, 2 loads each (`rows` 0: the rule by width alone). Rows wider than MAX_HOLD loads
+    for each of MAX_THREADS_PER_ROW threads are streamed, 4 loads a loop step. Workgroups
     of at least MIN_WORKGROUP threads (narrow rows share one). Half dtypes take the same
     shapes: a V of 4 half values is 8 bytes, and rows stay aligned to whole u32 pairs.
     `affine_dtype` defaults to `dtype`. `native_f16_pack` (the device probe's verdict on
-    pack2x16float) matters for float16 only.
+    pack2x16float) matters for float16 only. `write_stats` False leaves mean and rstd unwritten.
 
     Chosen from the H200 sweeps (benchmarks/NOTES.md; with v5's row sums, 3 vec4 a thread
     where the rule gave 6 took 3-11% off the 384- and 768-wide float32 shapes, while 4 instead
@@ -183,6 +193,9 @@ def choose_config(width: int, has_weight: bool, has_bias: bool, subgroup_size: i
     row_vecs = width // vec
     least = MIN_HOLD if dtype == "float32" and vec > 1 else MIN_HOLD_NARROW_LOADS
     threads = min(MAX_THREADS_PER_ROW, _prev_pow2(max(1, row_vecs // least)))
+    if (least == MIN_HOLD and row_vecs == 4 * threads and 2 * threads <= MAX_THREADS_PER_ROW
+            and rows * threads >= WIDE_LAUNCH_THREADS):
+        threads *= 2
     hold = math.ceil(row_vecs / threads)
     return KernelConfig(
         width=width,
@@ -196,14 +209,16 @@ def choose_config(width: int, has_weight: bool, has_bias: bool, subgroup_size: i
         dtype=dtype,
         affine_dtype=dtype if affine_dtype is None else affine_dtype,
         native_f16_pack=native_f16_pack and dtype == "float16",
+        write_stats=write_stats,
     )
 
 
 def device_config(g: Gpu, width: int, has_weight: bool, has_bias: bool, dtype: str = "float32",
-                  affine_dtype: str | None = None) -> KernelConfig:
+                  affine_dtype: str | None = None, rows: int = 0, write_stats: bool = True) -> KernelConfig:
     """`choose_config` with what the device's probes found (subgroup size, float16 packing):
-    the configuration a launch on `g` uses."""
-    return choose_config(width, has_weight, has_bias, g.subgroup_size, dtype, affine_dtype, g.native_f16_pack)
+    the configuration a launch of `rows` rows on `g` uses."""
+    return choose_config(width, has_weight, has_bias, g.subgroup_size, dtype, affine_dtype, g.native_f16_pack,
+                         rows, write_stats)
 
 
 def _vec(width: int) -> int:
@@ -321,7 +336,8 @@ def native_layer_norm(
     eps: float = 1e-5,
     *,
     poison: float | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    stats: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """LayerNorm over the trailing `normalized_shape` dims of `x`, on the GPU.
 
     `x` is float32, float16 or bfloat16; weight and bias (each optional) share x's dtype,
@@ -330,7 +346,8 @@ def native_layer_norm(
     typed like aten.native_layer_norm's: out like x; mean and rstd like x with the
     normalized dims set to 1, in the dtype of weight and bias (x's when both are None).
     `poison` fills the output buffers with that value before each launch (to check that
-    the kernel writes every element).
+    the kernel writes every element). `stats` False: the kernel stores no mean and rstd, and
+    they come back as None (a caller that uses only the output).
     """
     shape, eps = _check(x, normalized_shape, weight, bias, eps)
     width = math.prod(shape)
@@ -345,10 +362,14 @@ def native_layer_norm(
         src = _stored(x.detach().reshape(rows, width))
         g = gpu()
         with g.lock:
-            _run(g, src, weight, bias, eps, out, mean, rstd, poison, _name(x.dtype), _name(affine))
+            _run(g, src, weight, bias, eps, out, mean if stats else None, rstd if stats else None, poison,
+                 _name(x.dtype), _name(affine))
+    out_tensor = torch.from_numpy(out).view(x.dtype).reshape(x.shape)
+    if not stats:
+        return out_tensor, None, None
     # mean and rstd come back in float32; a half dtype rounds them once here, as aten does.
     return (
-        torch.from_numpy(out).view(x.dtype).reshape(x.shape),
+        out_tensor,
         torch.from_numpy(mean).to(affine).reshape(stat_shape),
         torch.from_numpy(rstd).to(affine).reshape(stat_shape),
     )
@@ -375,13 +396,12 @@ def _words(data: np.ndarray) -> np.ndarray:
 
 
 def _run(g: Gpu, src, weight, bias, eps, out, mean, rstd, poison, dtype, affine_dtype) -> None:
+    """Normalizes `src` into `out`, and into `mean` and `rstd` unless they are None."""
     rows, width = src.shape
     row_bytes = width * src.itemsize
     limit = min(g.limits["max-storage-buffer-binding-size"], g.limits["max-buffer-size"])
     if row_bytes > limit:
         raise ValueError(f"a row of {width} values exceeds the adapter's binding limit of {limit} bytes")
-    config = device_config(g, width, weight is not None, bias is not None, dtype, affine_dtype)
-    pipeline, layout = compile_pipeline(g, config)
 
     # Absent weight/bias bind a small placeholder that the specialised kernel never reads.
     affine = []
@@ -396,12 +416,15 @@ def _run(g: Gpu, src, weight, bias, eps, out, mean, rstd, poison, dtype, affine_
     chunk = max(1, min(rows, limit // row_bytes))
     for start in range(0, rows, chunk):
         stop = min(rows, start + chunk)
-        _launch(g, pipeline, layout, config, src[start:stop], affine, eps, poison,
-                out[start:stop], mean[start:stop], rstd[start:stop])
+        config = device_config(g, width, weight is not None, bias is not None, dtype, affine_dtype,
+                               stop - start, mean is not None)
+        _launch(g, config, src[start:stop], affine, eps, poison, out[start:stop],
+                None if mean is None else mean[start:stop], None if rstd is None else rstd[start:stop])
 
 
-def _launch(g, pipeline, layout, config, src, affine, eps, poison, out, mean, rstd) -> None:
+def _launch(g, config, src, affine, eps, poison, out, mean, rstd) -> None:
     rows, width = src.shape
+    pipeline, layout = compile_pipeline(g, config)
     x_words = _words(src)
     x_buf = g.buffer("x", x_words.nbytes, STORAGE)
     out_buf = g.buffer("out", x_words.nbytes, STORAGE)
@@ -412,7 +435,8 @@ def _launch(g, pipeline, layout, config, src, affine, eps, poison, out, mean, rs
     stat_bytes = rows * 4
     mean_at = _align16(x_words.nbytes)
     rstd_at = mean_at + _align16(stat_bytes)
-    staging = g.buffer("staging", rstd_at + stat_bytes, STAGING)
+    read_bytes = rstd_at + stat_bytes if config.write_stats else x_words.nbytes
+    staging = g.buffer("staging", read_bytes, STAGING)
 
     g.upload(x_buf, x_words)
     g.upload(params, pack_params(rows, eps))
@@ -436,13 +460,16 @@ def _launch(g, pipeline, layout, config, src, affine, eps, poison, out, mean, rs
     compute.dispatch_workgroups(*grid(rows, config))
     compute.end()
     encoder.copy_buffer_to_buffer(out_buf, 0, staging, 0, x_words.nbytes)
-    encoder.copy_buffer_to_buffer(mean_buf, 0, staging, mean_at, stat_bytes)
-    encoder.copy_buffer_to_buffer(rstd_buf, 0, staging, rstd_at, stat_bytes)
+    if config.write_stats:
+        encoder.copy_buffer_to_buffer(mean_buf, 0, staging, mean_at, stat_bytes)
+        encoder.copy_buffer_to_buffer(rstd_buf, 0, staging, rstd_at, stat_bytes)
     g.device.queue.submit([encoder.finish()])
     g.stats.dispatches += 1
 
-    data = g.read(staging, rstd_at + stat_bytes)
+    data = g.read(staging, read_bytes)
     out[...] = np.frombuffer(data, dtype=src.dtype, count=src.size).reshape(rows, width)
+    if not config.write_stats:
+        return
     stats = np.frombuffer(data, dtype=np.float32)
     mean[...] = stats[mean_at // 4 : mean_at // 4 + rows]
     rstd[...] = stats[rstd_at // 4 : rstd_at // 4 + rows]

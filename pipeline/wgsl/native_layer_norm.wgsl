@@ -16,6 +16,7 @@
 //   const ROW_VECS: u32     V values per row (WIDTH / VEC)
 //   const HOLD: u32         0: rows streamed; k > 0: each thread holds k values of its row
 //   const STEP: u32         streamed rows: values a thread loads in one loop step
+//   const WRITE_STATS: bool mean and rstd stored (a caller that uses only out does without)
 // and writes out the lines marked `// each held value` HOLD times and those marked
 // `// each step value` STEP times, K (and the suffix _K of names) becoming 0, 1, ...:
 // loops over a private array, which Naga bounds with a counter of its own, were measured
@@ -118,13 +119,13 @@ fn corrected_m2(deviations: vec2<f32>) -> f32 {
     return clamp_m2(deviations.y - deviations.x * (deviations.x * INV_WIDTH));
 }
 
-// Writes mean and rstd of `row` from its (mean, M2); returns (mean, rstd). A row holding
+// Writes mean and rstd of `row` from its (mean, M2) (with WRITE_STATS); returns (mean, rstd). A row holding
 // NaN or an infinity gives NaN out and rstd, like aten, and a mean of +-inf or NaN.
 // Tested on bits, since compilers may assume finite floats.
 fn finish_row(row: u32, lane: u32, stats: vec2<f32>) -> vec2<f32> {
     let finite = is_finite(stats.x) && is_finite(stats.y);
     let rstd_row = select(params.nan, 1.0 / sqrt(stats.y / f32(WIDTH) + params.eps), finite);
-    if (lane == 0u) {
+    if (WRITE_STATS && lane == 0u) {
         mean[row] = stats.x;
         rstd[row] = rstd_row;
     }
