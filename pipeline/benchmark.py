@@ -112,7 +112,7 @@ def time_kernel(rows: int, width: int, configs: list[KernelConfig] | None = None
     (batched, isolated) medians; returns (times, clock)."""
     _check_outputs(outputs)
     g = gpu()
-    configs = configs or [device_config(g, width, affine, affine, dtype, rows, stats)]
+    configs = configs or [device_config(g, width, affine, affine, dtype, rows=rows, write_stats=stats)]
     itemsize = DTYPES[dtype].itemsize
     nbytes = (rows * width * itemsize + 3) // 4 * 4  # whole u32 words
     copies = _copies(nbytes)
@@ -441,7 +441,7 @@ def run_benchmark(shapes: list[tuple[int, int]], repeats: int = 100, sweep: bool
         g = gpu()
         configs = None
         if sweep:
-            configs = candidate_configs(device_config(g, width, True, True, dtype, rows, stats))
+            configs = candidate_configs(device_config(g, width, True, True, dtype, rows=rows, write_stats=stats))
         times, clock = time_kernel(rows, width, configs, repeats=repeats, dtype=dtype, outputs=outputs, stats=stats)
         wgpu_us, isolated_us = times[0]
         torch_us, torch_clock = time_torch(rows, width, repeats=repeats, dtype=dtype, outputs=outputs)

@@ -58,6 +58,24 @@ def test_kernel_and_copy_time_with_rotating_or_shared_outputs(monkeypatch, outpu
     assert batched > 0 and benchmark.time_copy(16, 128, repeats=2, outputs=outputs) > 0
 
 
+@pytest.mark.usefixtures("gpu_info")
+@pytest.mark.parametrize("stats", [False, True])
+def test_the_kernel_is_timed_as_the_runtime_launches_it(monkeypatch, stats):
+    # The launch's rows and whether mean and rstd are stored both reach the configuration.
+    from pipeline.runtime.device import gpu
+    from pipeline.runtime.native_layer_norm import WIDE_LAUNCH_THREADS, device_config
+
+    timed = []
+    real = benchmark.compile_pipeline
+    monkeypatch.setattr(benchmark, "compile_pipeline", lambda g, config: timed.append(config) or real(g, config))
+    monkeypatch.setattr(benchmark, "ROTATE_BYTES", 1 << 16)
+    rows = WIDE_LAUNCH_THREADS // device_config(gpu(), 128, True, True).threads_per_row
+    benchmark.time_kernel(rows, 128, repeats=2, stats=stats)
+    assert timed == [device_config(gpu(), 128, True, True, rows=rows, write_stats=stats)]
+    assert timed[0].threads_per_row == 2 * device_config(gpu(), 128, True, True).threads_per_row
+    assert timed[0].write_stats is stats
+
+
 def test_unknown_outputs_mode_is_refused():
     with pytest.raises(ValueError, match="outputs must be one of rotating, shared"):
         benchmark.run_benchmark([(16, 128)], outputs="fresh")

@@ -88,7 +88,7 @@ def _python_source(width: int, has_weight: bool, has_bias: bool, subgroup_size: 
         shader_source=lambda name: resources.files("pipeline.wgsl").joinpath(name).read_text()
     )
     return choose_config(width, has_weight, has_bias, subgroup_size, dtype, affine_dtype,
-                         native_f16_pack, rows, write_stats).source(files)
+                         native_f16_pack, rows=rows, write_stats=write_stats).source(files)
 
 
 # (dtype, affine dtype): float32, and each half dtype with weight and bias like x or float32.

@@ -171,7 +171,7 @@ def _written_out(source: str, marker: str, count: int) -> str:
 
 def choose_config(width: int, has_weight: bool, has_bias: bool, subgroup_size: int = 0,
                   dtype: str = "float32", affine_dtype: str | None = None,
-                  native_f16_pack: bool = False, rows: int = 0, write_stats: bool = True) -> KernelConfig:
+                  native_f16_pack: bool = False, *, rows: int = 0, write_stats: bool = True) -> KernelConfig:
     """Loads as wide as the rows stay aligned (4, 2 or 1 floats). Rows held in registers
     when they fit: the most threads per row (a power of two) that leave each at least
     MIN_HOLD loads (MIN_HOLD_NARROW_LOADS for scalar float32 rows and half rows), weight and
@@ -214,11 +214,11 @@ def choose_config(width: int, has_weight: bool, has_bias: bool, subgroup_size: i
 
 
 def device_config(g: Gpu, width: int, has_weight: bool, has_bias: bool, dtype: str = "float32",
-                  affine_dtype: str | None = None, rows: int = 0, write_stats: bool = True) -> KernelConfig:
+                  affine_dtype: str | None = None, *, rows: int = 0, write_stats: bool = True) -> KernelConfig:
     """`choose_config` with what the device's probes found (subgroup size, float16 packing):
     the configuration a launch of `rows` rows on `g` uses."""
     return choose_config(width, has_weight, has_bias, g.subgroup_size, dtype, affine_dtype, g.native_f16_pack,
-                         rows, write_stats)
+                         rows=rows, write_stats=write_stats)
 
 
 def _vec(width: int) -> int:
@@ -417,7 +417,7 @@ def _run(g: Gpu, src, weight, bias, eps, out, mean, rstd, poison, dtype, affine_
     for start in range(0, rows, chunk):
         stop = min(rows, start + chunk)
         config = device_config(g, width, weight is not None, bias is not None, dtype, affine_dtype,
-                               stop - start, mean is not None)
+                               rows=stop - start, write_stats=mean is not None)
         _launch(g, config, src[start:stop], affine, eps, poison, out[start:stop],
                 None if mean is None else mean[start:stop], None if rstd is None else rstd[start:stop])
 
