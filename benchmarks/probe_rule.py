@@ -26,18 +26,15 @@ import statistics
 import sys
 from dataclasses import replace
 from pathlib import Path
-from unittest import mock
 
-import torch
-
-import pipeline
 from pipeline.benchmark import parse_shapes, time_copy, time_kernel
 from pipeline.runtime.device import device_info, gpu
+import probe_reduction  # benchmarks/, the script's own directory
 
 kernel = importlib.import_module("pipeline.runtime.native_layer_norm")  # the module, not the function
 
-# Widths 128-2048 with rows putting the base rule's launch at 2^17 to 2^20 threads.
 REFERENCE = (8192, 1024)  # its WGSL copy takes 18.5-18.7 us on an undisturbed H200
+# Widths 128-2048 with rows putting the base rule's launch at 2^17 to 2^20 threads.
 HELD_OUT = ("2048x1024,3072x1024,12288x1024,16384x1024,6144x512,8192x512,16384x512,16384x256,65536x256,"
             "24576x128,32768x128,131072x128,1024x2048,2048x2048,4096x2048")
 
@@ -56,24 +53,10 @@ def doubled(config: kernel.KernelConfig) -> kernel.KernelConfig | None:
 
 
 def check(rows: int, width: int, dtype: str, config, stats: bool) -> float:
-    """The largest of out's (and mean's and rstd's) error against float64 over eager's at the
-    same dtype plus a floor (the kernel tests' rule passes at most 4)."""
-    gen = torch.Generator().manual_seed(rows + width)
-    kind = kernel.DTYPES[dtype]
-    x = (torch.randn(rows, width, generator=gen) * torch.rand(rows, 1, generator=gen) * 20
-         + torch.randn(rows, 1, generator=gen) * 30).to(kind)
-    w, b = torch.randn(width, generator=gen).to(kind), torch.randn(width, generator=gen).to(kind)
-    with mock.patch.object(kernel, "choose_config", lambda *a, **k: config):
-        ours = pipeline.layer_norm(x, (width,), w, b)
-    eager = torch.ops.aten.native_layer_norm.default(x, [width], w, b, 1e-5)
-    truth = torch.ops.aten.native_layer_norm.default(x.double(), [width], w.double(), b.double(), 1e-5)
-    mean_ulp = float((torch.finfo(torch.float32).eps * truth[1].abs() * truth[2]).max()) * float(w.abs().max())
-    worst = 0.0
-    for name, o, e, t in list(zip(("out", "mean", "rstd"), ours, eager, truth))[: 3 if stats else 1]:
-        floor = 4 * torch.finfo(torch.float32).eps * float(t.abs().max()) + (mean_ulp if name == "out" else 0.0)
-        err = float((o.double() - t).abs().max())
-        worst = max(worst, err / (float((e.double() - t).abs().max()) + floor))
-    return round(worst, 3)
+    """The largest of out's (and, with stats, mean's and rstd's) error ratios of
+    probe_reduction.check (the kernel tests' rule passes at most 4)."""
+    ratios = probe_reduction.check(rows, width, dtype, config)
+    return max(ratios.values()) if stats else ratios["out"]
 
 
 def main() -> int:
