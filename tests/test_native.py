@@ -344,6 +344,42 @@ def test_small_model_runs_in_executorch_runtime(native_runtime, tmp_path):
         _assert_within_one_ulp(got[2], python[2], "GroupNorm's LayerNorm")
 
 
+class WideLaunchModel(nn.Module):
+    """A LayerNorm returning only its output and one returning mean and rstd too, over
+    enough rows that the launch takes twice the threads per row (WIDE_LAUNCH_THREADS)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(128)
+        with torch.no_grad():
+            for p in self.norm.parameters():
+                p.normal_()
+
+    def forward(self, x):
+        out, mean, rstd = torch.ops.aten.native_layer_norm(x * 2, [128], self.norm.weight, self.norm.bias, 1e-5)
+        return self.norm(x), out, mean, rstd
+
+
+def test_wide_launches_with_and_without_stats_run_in_executorch_runtime(native_runtime, tmp_path):
+    from pipeline.runtime import device_info
+    from pipeline.runtime.native_layer_norm import WIDE_LAUNCH_THREADS
+
+    lanes = device_info()["subgroup_size"]
+    rows = WIDE_LAUNCH_THREADS // choose_config(128, True, True, lanes).threads_per_row
+    assert choose_config(128, True, True, lanes, rows=rows).threads_per_row > choose_config(128, True, True, lanes).threads_per_row
+    torch.manual_seed(0)
+    model = WideLaunchModel().eval()
+    x = torch.randn(rows, 128) * 4 + 30
+    prog = pipeline.lower(model, (x,))
+    assert prog.coverage.delegated == prog.coverage.total == 2
+    prog.save(tmp_path / "wide.pte")
+    got = native_runtime.load(tmp_path / "wide.pte")(x)
+    with torch.no_grad():
+        _assert_close_to_eager(got, model(x), "wide launches")
+    for i, (g, p) in enumerate(zip(got, prog(x))):
+        assert torch.equal(g, p), f"output {i} differs from the Python runtime's"
+
+
 class HalfModel(nn.Module):
     """LayerNorms of odd and even widths (the half kernel's two storage layouts), one
     returning mean and rstd, and an affine GroupNorm."""

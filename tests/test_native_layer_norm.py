@@ -421,6 +421,8 @@ def test_out_alone_stores_no_mean_and_rstd(width, reduction):
     assert runtime.stats()["bytes_read_back"] - before["bytes_read_back"] == 37 * width * 4  # out only
     g = runtime_device.gpu()
     assert not kernel.device_config(g, width, True, True, write_stats=False).write_stats
+    with pytest.raises(TypeError, match="stats must be a bool"):
+        kernel.native_layer_norm(x, [width], stats="no")
 
 
 def test_loads_are_as_wide_as_the_width_keeps_rows_aligned():

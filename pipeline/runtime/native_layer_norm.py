@@ -350,6 +350,8 @@ def native_layer_norm(
     they come back as None (a caller that uses only the output).
     """
     shape, eps = _check(x, normalized_shape, weight, bias, eps)
+    if not isinstance(stats, bool):
+        raise TypeError(f"stats must be a bool, got {_short(stats)}")
     width = math.prod(shape)
     lead = tuple(x.shape[: x.dim() - len(shape)])
     rows = math.prod(lead)
