@@ -55,8 +55,7 @@ OUTPUTS = ("rotating", "shared")  # each launch its own output, or all of them o
 # synchronised one small batch at a time, did not bring it back (benchmarks/NOTES.md).
 WARM_SECONDS = 0.25
 WARM_BYTES = 64 << 20  # copied by each warm-up dispatch
-
-
+COPY_SHADER = "bench_copy.wgsl"
 
 
 def effective_gbps(rows: int, width: int, us: float, itemsize: int = 4) -> float:
@@ -160,14 +159,13 @@ def time_copy(rows: int, width: int, warmup: int = 10, repeats: int = 100, items
     nbytes = rows * width * itemsize
     if nbytes % 16 or "timestamp-query" not in g.features:
         return None
-    module = g.device.create_shader_module(code=g.shader_source("bench_copy.wgsl"))
-    pipeline = g.device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"})
+    pipeline, layout = _copy_pipeline(g)
     copies = _copies(nbytes)
     sources = [g.device.create_buffer(size=nbytes, usage=STORAGE) for _ in range(copies)]
     dsts = [g.device.create_buffer(size=nbytes, usage=STORAGE) for _ in range(copies if outputs == "rotating" else 1)]
     order = g.device.create_buffer(size=16, usage=STORAGE)  # shared: orders the launches, as mean/rstd do the kernel's
     bind_groups = [g.device.create_bind_group(
-        layout=pipeline.get_bind_group_layout(0),
+        layout=layout,
         entries=[{"binding": 0, "resource": {"buffer": src}}, {"binding": 1, "resource": {"buffer": dsts[i % len(dsts)]}},
                  {"binding": 2, "resource": {"buffer": order}}])
         for i, src in enumerate(sources)]
@@ -179,6 +177,16 @@ def time_copy(rows: int, width: int, warmup: int = 10, repeats: int = 100, items
     return us
 
 
+def _copy_pipeline(g: Gpu) -> tuple[wgpu.GPUComputePipeline, wgpu.GPUBindGroupLayout]:
+    """bench_copy.wgsl's pipeline and bind group layout, compiled once and cached on `g`."""
+    known = g.pipelines.get((COPY_SHADER, None))
+    if known is None:
+        module = g.device.create_shader_module(code=g.shader_source(COPY_SHADER))
+        pipeline = g.device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"})
+        known = g.pipelines[(COPY_SHADER, None)] = (pipeline, pipeline.get_bind_group_layout(0))
+    return known
+
+
 def warm_gpu(seconds: float | None = None) -> None:
     """Keep the GPU busy for about `seconds` (default WARM_SECONDS) with copies of
     WARM_BYTES: each submission twice the dispatches of the last while it takes under 10 ms
@@ -187,10 +195,9 @@ def warm_gpu(seconds: float | None = None) -> None:
     if seconds <= 0:
         return
     g = gpu()
-    module = g.device.create_shader_module(code=g.shader_source("bench_copy.wgsl"))
-    pipeline = g.device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"})
+    pipeline, layout = _copy_pipeline(g)
     bufs = [g.device.create_buffer(size=size, usage=STORAGE) for size in (WARM_BYTES, WARM_BYTES, 16)]
-    bind_group = g.device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=[
+    bind_group = g.device.create_bind_group(layout=layout, entries=[
         {"binding": i, "resource": {"buffer": b}} for i, b in enumerate(bufs)])
     groups = WARM_BYTES // 16 // 256
     dispatches, start = 1, time.perf_counter()

@@ -246,126 +246,97 @@ bool WebGPUDevice::open(std::string* reason) {
   return true;
 }
 
-// Runs f16_pack_probe.wgsl on the Python runtime's cases (embedded at build time): float16
-// stores use pack2x16float only when every case came back as aten rounds it, NaN as a NaN.
-void WebGPUDevice::probe_f16_pack() {
-  const std::string* source = wgsl_file("f16_pack_probe.wgsl");
+// Runs one probe shader (an embedded pipeline/wgsl/ file) once over `groups` workgroups:
+// binding i is a storage buffer of bindings[i].size bytes, filled from bindings[i].data when
+// it is not null; the bytes of binding `read` are copied to `out`. False when the shader is
+// missing or does not compile, or the read-back fails.
+bool WebGPUDevice::run_probe(const char* shader, const std::vector<ProbeBinding>& bindings, uint32_t groups,
+                             size_t read, void* out) {
+  const std::string* source = wgsl_file(shader);
   std::string reason;
-  WGPUComputePipeline pipeline =
-      source ? create_pipeline(*source, nullptr, "f16_pack_probe.wgsl", &reason) : nullptr;
+  WGPUComputePipeline pipeline = source ? create_pipeline(*source, nullptr, shader, &reason) : nullptr;
   if (pipeline == nullptr) {
-    return;
+    return false;
   }
-  const size_t in_bytes = kF16PackCases * sizeof(uint32_t);
-  const size_t out_bytes = kF16PackCases * sizeof(uint16_t);
   WGPUBufferDescriptor desc = WGPU_BUFFER_DESCRIPTOR_INIT;
   desc.usage = WGPUBufferUsage_Storage | WGPUBufferUsage_CopySrc | WGPUBufferUsage_CopyDst;
-  desc.size = in_bytes;
-  WGPUBuffer values = wgpuDeviceCreateBuffer(device_, &desc);
-  desc.size = out_bytes;
-  WGPUBuffer packed = wgpuDeviceCreateBuffer(device_, &desc);
+  std::vector<WGPUBuffer> buffers;
+  std::vector<WGPUBindGroupEntry> entries;
+  for (const ProbeBinding& binding : bindings) {
+    desc.size = binding.size;
+    buffers.push_back(wgpuDeviceCreateBuffer(device_, &desc));
+    if (binding.data != nullptr) {
+      wgpuQueueWriteBuffer(queue_, buffers.back(), 0, binding.data, binding.size);
+    }
+    WGPUBindGroupEntry entry = WGPU_BIND_GROUP_ENTRY_INIT;
+    entry.binding = static_cast<uint32_t>(entries.size());
+    entry.buffer = buffers.back();
+    entry.size = binding.size;
+    entries.push_back(entry);
+  }
   desc.usage = WGPUBufferUsage_MapRead | WGPUBufferUsage_CopyDst;
+  desc.size = bindings[read].size;
   WGPUBuffer staging = wgpuDeviceCreateBuffer(device_, &desc);
-  wgpuQueueWriteBuffer(queue_, values, 0, kF16PackCaseBits, in_bytes);
 
   WGPUBindGroupLayout layout = wgpuComputePipelineGetBindGroupLayout(pipeline, 0);
-  WGPUBindGroupEntry entries[2] = {WGPU_BIND_GROUP_ENTRY_INIT, WGPU_BIND_GROUP_ENTRY_INIT};
-  entries[0].binding = 0;
-  entries[0].buffer = values;
-  entries[0].size = in_bytes;
-  entries[1].binding = 1;
-  entries[1].buffer = packed;
-  entries[1].size = out_bytes;
   WGPUBindGroupDescriptor group_desc = WGPU_BIND_GROUP_DESCRIPTOR_INIT;
   group_desc.layout = layout;
-  group_desc.entryCount = 2;
-  group_desc.entries = entries;
+  group_desc.entryCount = entries.size();
+  group_desc.entries = entries.data();
   WGPUBindGroup group = wgpuDeviceCreateBindGroup(device_, &group_desc);
 
   WGPUCommandEncoder encoder = wgpuDeviceCreateCommandEncoder(device_, nullptr);
   WGPUComputePassEncoder pass = wgpuCommandEncoderBeginComputePass(encoder, nullptr);
   wgpuComputePassEncoderSetPipeline(pass, pipeline);
   wgpuComputePassEncoderSetBindGroup(pass, 0, group, 0, nullptr);
-  wgpuComputePassEncoderDispatchWorkgroups(pass, static_cast<uint32_t>((kF16PackCases / 2 + 63) / 64), 1, 1);
+  wgpuComputePassEncoderDispatchWorkgroups(pass, groups, 1, 1);
   wgpuComputePassEncoderEnd(pass);
   wgpuComputePassEncoderRelease(pass);
-  wgpuCommandEncoderCopyBufferToBuffer(encoder, packed, 0, staging, 0, out_bytes);
+  wgpuCommandEncoderCopyBufferToBuffer(encoder, buffers[read], 0, staging, 0, bindings[read].size);
   WGPUCommandBuffer commands = wgpuCommandEncoderFinish(encoder, nullptr);
   wgpuQueueSubmit(queue_, 1, &commands);
   wgpuCommandBufferRelease(commands);
   wgpuCommandEncoderRelease(encoder);
 
-  std::vector<uint16_t> got(kF16PackCases);
-  if (read_buffer(staging, out_bytes, got.data(), &reason)) {
-    bool all = true;
-    for (size_t i = 0; i < kF16PackCases && all; ++i) {
-      const uint32_t bits = kF16PackCaseBits[i];
-      const bool nan = (bits & 0x7fffffffu) > 0x7f800000u;
-      all = nan ? ((got[i] & 0x7c00u) == 0x7c00u && (got[i] & 0x03ffu) != 0) : got[i] == kF16PackExpected[i];
-    }
-    native_f16_pack_ = all;
-  }
+  const bool ok = read_buffer(staging, bindings[read].size, out, &reason);
   wgpuBindGroupRelease(group);
   wgpuBindGroupLayoutRelease(layout);
   wgpuBufferRelease(staging);
-  wgpuBufferRelease(packed);
-  wgpuBufferRelease(values);
+  for (WGPUBuffer buffer : buffers) {
+    wgpuBufferRelease(buffer);
+  }
   wgpuComputePipelineRelease(pipeline);
+  return ok;
+}
+
+// Runs f16_pack_probe.wgsl on the Python runtime's cases (embedded at build time): float16
+// stores use pack2x16float only when every case came back as aten rounds it, NaN as a NaN.
+void WebGPUDevice::probe_f16_pack() {
+  std::vector<uint16_t> got(kF16PackCases);
+  const uint32_t groups = static_cast<uint32_t>((kF16PackCases / 2 + 63) / 64);
+  if (!run_probe("f16_pack_probe.wgsl",
+                 {{kF16PackCaseBits, kF16PackCases * sizeof(uint32_t)}, {nullptr, kF16PackCases * sizeof(uint16_t)}},
+                 groups, 1, got.data())) {
+    return;
+  }
+  bool all = true;
+  for (size_t i = 0; i < kF16PackCases && all; ++i) {
+    const uint32_t bits = kF16PackCaseBits[i];
+    const bool nan = (bits & 0x7fffffffu) > 0x7f800000u;
+    all = nan ? ((got[i] & 0x7c00u) == 0x7c00u && (got[i] & 0x03ffu) != 0) : got[i] == kF16PackExpected[i];
+  }
+  native_f16_pack_ = all;
 }
 
 // Runs subgroup_size.wgsl once, as the Python runtime does: the smallest subgroup size
 // any invocation of a 256-thread workgroup sees. Anything but a power of two up to 256
 // turns subgroups off.
 void WebGPUDevice::probe_subgroup_size() {
-  const std::string* source = wgsl_file("subgroup_size.wgsl");
-  std::string reason;
-  WGPUComputePipeline pipeline =
-      source ? create_pipeline(*source, nullptr, "subgroup_size.wgsl", &reason) : nullptr;
-  if (pipeline == nullptr) {
-    return;
-  }
-  WGPUBufferDescriptor desc = WGPU_BUFFER_DESCRIPTOR_INIT;
-  desc.size = 4;
-  desc.usage = WGPUBufferUsage_Storage | WGPUBufferUsage_CopySrc | WGPUBufferUsage_CopyDst;
-  WGPUBuffer result = wgpuDeviceCreateBuffer(device_, &desc);
-  desc.usage = WGPUBufferUsage_MapRead | WGPUBufferUsage_CopyDst;
-  WGPUBuffer staging = wgpuDeviceCreateBuffer(device_, &desc);
   const uint32_t start = 0xFFFFFFFFu;
-  wgpuQueueWriteBuffer(queue_, result, 0, &start, sizeof start);
-
-  WGPUBindGroupLayout layout = wgpuComputePipelineGetBindGroupLayout(pipeline, 0);
-  WGPUBindGroupEntry entry = WGPU_BIND_GROUP_ENTRY_INIT;
-  entry.binding = 0;
-  entry.buffer = result;
-  entry.size = 4;
-  WGPUBindGroupDescriptor group_desc = WGPU_BIND_GROUP_DESCRIPTOR_INIT;
-  group_desc.layout = layout;
-  group_desc.entryCount = 1;
-  group_desc.entries = &entry;
-  WGPUBindGroup group = wgpuDeviceCreateBindGroup(device_, &group_desc);
-
-  WGPUCommandEncoder encoder = wgpuDeviceCreateCommandEncoder(device_, nullptr);
-  WGPUComputePassEncoder pass = wgpuCommandEncoderBeginComputePass(encoder, nullptr);
-  wgpuComputePassEncoderSetPipeline(pass, pipeline);
-  wgpuComputePassEncoderSetBindGroup(pass, 0, group, 0, nullptr);
-  wgpuComputePassEncoderDispatchWorkgroups(pass, 1, 1, 1);
-  wgpuComputePassEncoderEnd(pass);
-  wgpuComputePassEncoderRelease(pass);
-  wgpuCommandEncoderCopyBufferToBuffer(encoder, result, 0, staging, 0, 4);
-  WGPUCommandBuffer commands = wgpuCommandEncoderFinish(encoder, nullptr);
-  wgpuQueueSubmit(queue_, 1, &commands);
-  wgpuCommandBufferRelease(commands);
-  wgpuCommandEncoderRelease(encoder);
-
   uint32_t size = 0;
-  if (read_buffer(staging, 4, &size, &reason)) {
+  if (run_probe("subgroup_size.wgsl", {{&start, sizeof start}}, 1, 0, &size)) {
     subgroup_size_ = size > 0 && size <= 256 && (size & (size - 1)) == 0 ? size : 0;
   }
-  wgpuBindGroupRelease(group);
-  wgpuBindGroupLayoutRelease(layout);
-  wgpuBufferRelease(staging);
-  wgpuBufferRelease(result);
-  wgpuComputePipelineRelease(pipeline);
 }
 
 WGPUComputePipeline WebGPUDevice::create_pipeline(const std::string& wgsl, WGPUPipelineLayout layout,

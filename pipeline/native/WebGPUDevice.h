@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <mutex>
 #include <string>
+#include <vector>
 
 namespace executorch {
 namespace backends {
@@ -48,6 +49,13 @@ class WebGPUDevice {
  private:
   WebGPUDevice() = default;
   bool open(std::string* reason);
+  // One storage binding of a probe shader: its size, and its initial bytes (null: none).
+  struct ProbeBinding {
+    const void* data;
+    size_t size;
+  };
+  bool run_probe(const char* shader, const std::vector<ProbeBinding>& bindings, uint32_t groups, size_t read,
+                 void* out);
   void probe_subgroup_size();
   void probe_f16_pack();
   // Polls the device and processes events until `*done`, or gives up.

@@ -142,11 +142,10 @@ def _f16_pack_cases() -> str:
     the very cases the Python runtime's probe checks (`device.f16_pack_cases`)."""
     import numpy as np
 
-    from pipeline.runtime.device import f16_pack_cases
+    from pipeline.runtime.device import aten_f16_bits, f16_pack_cases
 
     values = f16_pack_cases()
-    with np.errstate(over="ignore"):
-        want = values.astype(np.float16).view(np.uint16)
+    want = aten_f16_bits(values)
 
     def table(kind: str, name: str, items) -> str:
         body = ",".join(f"0x{int(v):x}" for v in items)

@@ -157,24 +157,33 @@ def gpu() -> Gpu:
         return _gpu
 
 
-def _probe_subgroup_size(g: Gpu) -> int:
-    """Run subgroup_size.wgsl once: the kernel sizes its shuffle reductions by this."""
+def _run_probe(g: Gpu, shader: str, contents: list[np.ndarray], groups: int, read: int) -> bytes:
+    """Run one probe shader once over `groups` workgroups: binding i is a storage buffer
+    holding `contents[i]`; returns the bytes of binding `read` afterwards."""
     usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
-    result = g.device.create_buffer(size=4, usage=usage)
-    g.device.queue.write_buffer(result, 0, np.array([0xFFFFFFFF], dtype=np.uint32))
-    module = g.device.create_shader_module(code=g.shader_source("subgroup_size.wgsl"))
+    buffers = [g.device.create_buffer(size=data.nbytes, usage=usage) for data in contents]
+    for buffer, data in zip(buffers, contents):
+        g.device.queue.write_buffer(buffer, 0, data)
+    module = g.device.create_shader_module(code=g.shader_source(shader))
     pipeline = g.device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"})
     bind_group = g.device.create_bind_group(
-        layout=pipeline.get_bind_group_layout(0), entries=[{"binding": 0, "resource": {"buffer": result}}]
+        layout=pipeline.get_bind_group_layout(0),
+        entries=[{"binding": i, "resource": {"buffer": b}} for i, b in enumerate(buffers)],
     )
     encoder = g.device.create_command_encoder()
     compute = encoder.begin_compute_pass()
     compute.set_pipeline(pipeline)
     compute.set_bind_group(0, bind_group)
-    compute.dispatch_workgroups(1)
+    compute.dispatch_workgroups(groups)
     compute.end()
     g.device.queue.submit([encoder.finish()])
-    size = int(np.frombuffer(g.device.queue.read_buffer(result), dtype=np.uint32)[0])
+    return g.device.queue.read_buffer(buffers[read])
+
+
+def _probe_subgroup_size(g: Gpu) -> int:
+    """Run subgroup_size.wgsl once: the kernel sizes its shuffle reductions by this."""
+    result = _run_probe(g, "subgroup_size.wgsl", [np.array([0xFFFFFFFF], dtype=np.uint32)], 1, 0)
+    size = int(np.frombuffer(result, dtype=np.uint32)[0])
     return size if 0 < size <= 256 and size & (size - 1) == 0 else 0
 
 
@@ -191,34 +200,24 @@ def f16_pack_cases() -> np.ndarray:
     return values if values.size % 2 == 0 else np.append(values, np.float32(0))
 
 
+def aten_f16_bits(values: np.ndarray) -> np.ndarray:
+    """float32 `values` rounded to float16 as aten (and numpy, IEEE) rounds them, as bits."""
+    with np.errstate(over="ignore"):
+        return values.astype(np.float16).view(np.uint16)
+
+
 def _probe_f16_pack(g: Gpu) -> bool:
     """Run f16_pack_probe.wgsl on `f16_pack_cases()`: True when every value came back as
-    numpy's float16 rounding (IEEE: nearest, ties to even) gives it, NaN as a NaN."""
+    aten rounds it, NaN as a NaN."""
     values = f16_pack_cases()
-    usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
-    source = g.device.create_buffer(size=values.nbytes, usage=usage)
-    packed = g.device.create_buffer(size=values.nbytes // 2, usage=usage)
-    g.device.queue.write_buffer(source, 0, values)
-    module = g.device.create_shader_module(code=g.shader_source("f16_pack_probe.wgsl"))
-    pipeline = g.device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"})
-    bind_group = g.device.create_bind_group(
-        layout=pipeline.get_bind_group_layout(0),
-        entries=[{"binding": 0, "resource": {"buffer": source}}, {"binding": 1, "resource": {"buffer": packed}}],
-    )
-    encoder = g.device.create_command_encoder()
-    compute = encoder.begin_compute_pass()
-    compute.set_pipeline(pipeline)
-    compute.set_bind_group(0, bind_group)
-    compute.dispatch_workgroups((values.size // 2 + 63) // 64)
-    compute.end()
-    g.device.queue.submit([encoder.finish()])
-    return pack_matches_aten(values, np.frombuffer(g.device.queue.read_buffer(packed), dtype=np.uint16))
+    packed = _run_probe(g, "f16_pack_probe.wgsl", [values, np.zeros(values.size, dtype=np.uint16)],
+                        (values.size // 2 + 63) // 64, 1)
+    return pack_matches_aten(values, np.frombuffer(packed, dtype=np.uint16))
 
 
 def pack_matches_aten(values: np.ndarray, got: np.ndarray) -> bool:
     """Whether float16 bits `got` are `values` rounded as aten (and numpy, IEEE) rounds them."""
-    with np.errstate(over="ignore"):
-        want = values.astype(np.float16).view(np.uint16)
+    want = aten_f16_bits(values)
     nan = np.isnan(values)
     got_nan = ((got & 0x7C00) == 0x7C00) & ((got & 0x03FF) != 0)
     return bool(np.array_equal(got[~nan], want[~nan]) and got_nan[nan].all())
