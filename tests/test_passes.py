@@ -5,7 +5,12 @@ import torch
 from torch import nn
 from torch.export import Dim
 
-from pipeline.passes import group_norm_as_layer_norm, native_group_norm_as_layer_norm, reframe_group_norm
+from pipeline.passes import (
+    group_norm_as_layer_norm,
+    linears_over_rows,
+    native_group_norm_as_layer_norm,
+    reframe_group_norm,
+)
 
 aten = torch.ops.aten
 CASES = [  # (N, C, spatial, G)
@@ -79,3 +84,82 @@ def test_reframe_with_dynamic_batch():
     assert layer_norm_nodes(ep)[0].args[1] == [15]
     x = randn(5, 6, 5, seed=3)
     torch.testing.assert_close(ep.module()(x), model(x), atol=1e-5, rtol=1e-5)
+
+
+# Linears over rows: rank >= 3 linear inputs become clone -> view(-1, K) -> 2-D linear -> view
+
+
+class WindowAttention(nn.Module):
+    """Florence-2's window attention in small: qkv, heads, fused attention, the
+    `.transpose(1, 2).contiguous()` torch.export records as nothing, proj, then a LayerNorm."""
+
+    def __init__(self, channels: int = 32, heads: int = 4) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(channels, 3 * channels)
+        self.proj = nn.Linear(channels, channels)
+        self.norm = nn.LayerNorm(channels)
+        self.head = nn.Linear(channels, 5)  # rank 2 below: stays as it is
+
+    def forward(self, x):
+        windows, tokens, channels = x.shape
+        qkv = self.qkv(x).reshape(windows, tokens, 3, self.heads, channels // self.heads).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)
+        attended = nn.functional.scaled_dot_product_attention(q, k, v, scale=0.3).transpose(1, 2).contiguous()
+        y = self.norm(self.proj(attended.view(windows, tokens, channels)))
+        return y, self.head(y[:, 0])
+
+
+def linear_inputs(ep) -> list[int]:
+    return [n.args[0].meta["val"].dim() for n in ep.graph.nodes if n.target == aten.linear.default]
+
+
+def test_linears_over_rows_rewrites_rank_3_inputs_only():
+    model = WindowAttention().eval()
+    x = randn(8, 9, 32)
+    ep = linears_over_rows(torch.export.export(model, (x,)))
+    assert linear_inputs(ep) == [2, 2, 2]
+    clones = [n for n in ep.graph.nodes if n.target == aten.clone.default]
+    assert len(clones) == 2 and all(n.kwargs["memory_format"] == torch.contiguous_format for n in clones)
+    for got, want in zip(ep.module()(x), model(x)):
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+
+
+def test_linears_over_rows_keeps_programs_without_such_linears():
+    ep = torch.export.export(nn.Linear(8, 4).eval(), (randn(3, 8),))
+    before = [n.target for n in ep.graph.nodes]
+    assert linears_over_rows(ep) is ep and [n.target for n in ep.graph.nodes] == before
+
+
+def test_linears_over_rows_with_dynamic_leading_dims():
+    model = nn.Sequential(nn.Linear(6, 4, bias=False), nn.GELU(), nn.Linear(4, 3)).eval()
+    dims = {0: Dim("batch", max=8), 1: Dim("length", max=32)}
+    ep = linears_over_rows(torch.export.export(model, (randn(2, 5, 6),), dynamic_shapes=(dims,)))
+    assert linear_inputs(ep) == [2, 2]
+    for shape in [(1, 1, 6), (7, 19, 6)]:
+        x = randn(*shape, seed=4)
+        torch.testing.assert_close(ep.module()(x), model(x), atol=1e-6, rtol=1e-6)
+
+
+def test_linears_over_rows_lets_xnnpack_take_window_attention():
+    """With our LayerNorm partitioner first, XNNPACK's ConvertToLinearPass fails on the
+    window attention's proj (a 3-D weight); after the rewrite it lowers, every LayerNorm on
+    WebGPU and the linears on XNNPACK."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    from pipeline.partitioner import LayerNormPartitioner
+
+    model = WindowAttention().eval()
+    x = randn(8, 9, 32)
+    with pytest.raises(Exception, match="ConvertToLinearPass"):
+        to_edge_transform_and_lower(torch.export.export(model, (x,)),
+                                    partitioner=[LayerNormPartitioner(), XnnpackPartitioner()])
+    edge = to_edge_transform_and_lower(linears_over_rows(torch.export.export(model, (x,))),
+                                       partitioner=[LayerNormPartitioner(), XnnpackPartitioner()])
+    gm = edge.exported_program().graph_module
+    backends = sorted(getattr(gm, n.target).backend_id for n in gm.graph.nodes
+                      if n.op == "get_attr" and n.target.startswith("lowered_module"))
+    assert "WebGPUBackend" in backends and "XnnpackBackend" in backends
+    left = {str(n.target) for n in gm.graph.nodes if n.op == "call_function"}
+    assert not any("linear" in t or "addmm" in t or "native_layer_norm" in t for t in left), left

@@ -20,7 +20,7 @@ from pipeline.backend.webgpu import NATIVE_LAYER_NORM
 from pipeline.executor.program import Coverage, Program
 from pipeline.executor.pte import PteFile
 from pipeline.partitioner import LayerNormPartitioner
-from pipeline.passes import reframe_group_norm
+from pipeline.passes import linears_over_rows, reframe_group_norm
 
 _EXPORTED_LAYER_NORMS = (torch.ops.aten.layer_norm.default, torch.ops.aten.native_layer_norm.default)
 _CALL_DELEGATE = torch.ops.higher_order.executorch_call_delegate
@@ -125,6 +125,9 @@ def lower_to_edge(module: torch.nn.Module, example_inputs: tuple, dynamic_shapes
     if cpu_backend == "xnnpack":
         from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 
+        # XNNPACK's linear rule fails on a linear whose input edge's decompositions left
+        # non-contiguous (Florence-2's window attention): give it 2-D linears.
+        exported = linears_over_rows(exported)
         partitioners.append(XnnpackPartitioner())
     edge = to_edge_transform_and_lower(exported, partitioner=partitioners)
     coverage = _coverage(edge, total, partitioner.rejected)

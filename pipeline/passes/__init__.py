@@ -6,10 +6,12 @@ from pipeline.passes.group_norm import (
     native_group_norm_as_layer_norm,
     reframe_group_norm,
 )
+from pipeline.passes.linear import linears_over_rows
 
 __all__ = [
     "GROUP_NORM_DECOMPOSITIONS",
     "group_norm_as_layer_norm",
+    "linears_over_rows",
     "native_group_norm_as_layer_norm",
     "reframe_group_norm",
 ]
