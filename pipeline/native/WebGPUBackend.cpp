@@ -14,11 +14,13 @@
 #include <cstring>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "NativeLayerNorm.h"
 #include "WebGPUDelegateHeader.h"
+#include "WebGPUDelegateTrace.h"
 #include "WebGPUDevice.h"
 
 namespace executorch {
@@ -38,6 +40,7 @@ using executorch::runtime::CompileSpec;
 using executorch::runtime::DelegateHandle;
 using executorch::runtime::Error;
 using executorch::runtime::EValue;
+using executorch::runtime::EventTracer;
 using executorch::runtime::FreeableBuffer;
 using executorch::runtime::kTensorDimensionLimit;
 using executorch::runtime::Result;
@@ -94,7 +97,7 @@ bool check_tensor(EValue* value, const char* what, uint32_t index, uint32_t dtyp
   return true;
 }
 
-Error run_delegate(WebGPUDelegate* d, Span<EValue*> args, std::string* reason) {
+Error run_delegate(WebGPUDelegate* d, Span<EValue*> args, EventTracer* tracer, std::string* reason) {
   const LayerNormBlob& blob = d->blob;
   const size_t n_args = static_cast<size_t>(blob.arguments) + blob.outputs.size();
   if (args.size() != n_args) {
@@ -131,6 +134,11 @@ Error run_delegate(WebGPUDelegate* d, Span<EValue*> args, std::string* reason) {
     width *= static_cast<uint64_t>(size);  // bounded: it is a factor of numel
   }
   const uint64_t rows = static_cast<uint64_t>(x.numel()) / width;
+  // Switched on from Python: an ETDump event around the call, a copy of its tensors after it.
+  std::optional<DelegateTraceScope> trace;
+  if (tracing_enabled()) {
+    trace.emplace(tracer, rows, width, dtype_name(blob.dtype));
+  }
 
   // Input-sourced weight and bias: the affine dtype, shaped like the normalized dims.
   const void* operands[2] = {nullptr, nullptr};
@@ -208,6 +216,9 @@ Error run_delegate(WebGPUDelegate* d, Span<EValue*> args, std::string* reason) {
     if (t.mutable_data_ptr() != src) {
       std::memcpy(t.mutable_data_ptr(), src, t.nbytes());
     }
+  }
+  if (trace) {
+    trace->capture(args);
   }
   return Error::Ok;
 }
@@ -295,13 +306,15 @@ class WebGPUBackend final : public BackendInterface {
     return d;
   }
 
-  Error execute(BackendExecutionContext&, DelegateHandle* handle, Span<EValue*> args) const override {
+  Error execute(BackendExecutionContext& context, DelegateHandle* handle, Span<EValue*> args) const override {
     if (handle == nullptr) {
       ET_LOG(Error, "WebGPUBackend execute: no handle");
       return Error::InvalidArgument;
     }
     return guarded("execute",
-                   [&](std::string* why) { return run_delegate(static_cast<WebGPUDelegate*>(handle), args, why); });
+                   [&](std::string* why) {
+                     return run_delegate(static_cast<WebGPUDelegate*>(handle), args, context.event_tracer(), why);
+                   });
   }
 
   void destroy(DelegateHandle* handle) const override {
