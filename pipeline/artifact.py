@@ -118,11 +118,17 @@ def run_artifact(
     runtime: str = "python",
     repeats: int = 3,
     progress=lambda line: None,
+    etdump: str | os.PathLike | None = None,
 ) -> dict[str, Any]:
     """Run an exported file: its model's example inputs (from the `.coverage.json` beside
     it) or a user's (`inputs_path`), timed over `repeats` runs, compared with eager at the
     file's dtype and float64 when the model is known. Returns what was measured; `passed` is
     False when the outputs are not finite or their error against float64 exceeds twice eager's.
+
+    In ExecuTorch's runtime the error is held against the same model run there without our
+    delegate instead (`pipeline.evaluation.executorch_verdict`, under "executorch_verdict"),
+    and `etdump` names a file to write the timed runs' ETDump to (an event per LayerNorm
+    delegate call, for ExecuTorch's Inspector).
     """
     import time
 
@@ -132,6 +138,8 @@ def run_artifact(
 
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
+    if etdump is not None and runtime != "executorch":
+        raise ValueError("etdump needs runtime='executorch'")
     summary = None
     if inputs_path is None or coverage_path_of(pte_path).exists():
         summary = read_artifact(pte_path)
@@ -143,6 +151,11 @@ def run_artifact(
     inputs = read_inputs(inputs_path) if inputs_path is not None else spec.example_inputs
     progress(f"loading {pte_path} ({runtime} runtime)")
     load = runtime_loader(runtime)  # imports the runtime first: the timing is of the load alone
+    if etdump is not None:
+        from pipeline.native.trace import TracedProgram
+
+        def load(path):
+            return TracedProgram(path, etdump=True)
     start = time.perf_counter()
     program = load(pte_path)
     load_seconds = time.perf_counter() - start
@@ -152,6 +165,9 @@ def run_artifact(
         start = time.perf_counter()
         outputs = program(*inputs)
         times.append(time.perf_counter() - start)
+    if etdump is not None:
+        program.write_etdump(etdump)
+        program.close()
     result: dict[str, Any] = {
         "pte": str(pte_path),
         "runtime": runtime,
@@ -160,6 +176,8 @@ def run_artifact(
         "output_shapes": [list(t.shape) for t in pytree.tree_leaves(outputs) if isinstance(t, torch.Tensor)],
         "finite": bool(torch.isfinite(flatten_output(outputs)).all()),
     }
+    if etdump is not None:
+        result["etdump"] = str(etdump)
     if spec is not None:
         dtype = summary.get("dtype", "float32")
         progress(f"running eager {dtype} and float64")
@@ -174,6 +192,11 @@ def run_artifact(
             max_abs_vs_fp64=got["max_abs"], eager_max_abs_vs_fp64=eager["max_abs"], envelope=ENVELOPE,
         )
         result["passed"] = result["finite"] and got["max_abs"] <= ENVELOPE * eager["max_abs"]
+        if runtime == "executorch":
+            from pipeline.evaluation.executorch_verdict import evaluate_in_executorch
+
+            verdict = evaluate_in_executorch(pte_path, summary, spec, inputs, progress, eager=(same_dtype, fp64))
+            result.update(executorch_verdict=verdict, passed=verdict["passed"])
     else:
         result["passed"] = result["finite"]
     return result

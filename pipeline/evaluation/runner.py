@@ -99,6 +99,7 @@ def run_reports(
     progress: Callable[[str], None] = print,
     pte: str | Path | None = None,
     dtype: str = "float32",
+    runtime: str = "python",
 ) -> int:
     """Run the coverage audit (`kind="coverage"`) or accuracy report (`"accuracy"`) for `model` or `all`,
     or for the exported file `pte` (its model, variant and seed from the `.coverage.json` beside it).
@@ -106,12 +107,22 @@ def run_reports(
     `dtype` (float32, float16, bfloat16) casts the model and its inputs; the accuracy verdict
     then holds the program against eager at that dtype, both against float64.
 
+    `runtime="executorch"` (accuracy of a `pte` only) runs the file in ExecuTorch's runtime
+    and holds it against the same model exported with the same CPU backend and no WebGPU
+    delegate, run there (`pipeline.evaluation.executorch_verdict`): STEM.pte.executorch.accuracy.*.
+
     Writes MODEL[-VARIANT][-DTYPE].KIND.{json,md,html} (STEM.pte.KIND.* for a file) under
     `output_dir`, prints one summary line per model, and returns the exit status: 0 when
     every verdict passes, 1 otherwise.
     """
     if kind not in ("coverage", "accuracy"):
         raise ValueError(f"kind must be 'coverage' or 'accuracy', got {kind!r}")
+    if runtime == "executorch":
+        if kind != "accuracy" or pte is None:
+            raise ValueError("runtime='executorch' is for the accuracy report of a file (pte)")
+        return _executorch_accuracy(pte, output_dir, progress)
+    if runtime != "python":
+        raise ValueError(f"runtime must be 'python' or 'executorch', got {runtime!r}")
     names = [None] if pte is not None else resolve_models(model)
     lines, failed = [], []
     for name in names:
@@ -150,6 +161,32 @@ def run_reports(
     return 1 if failed else 0
 
 
+def _executorch_accuracy(pte: str | Path, output_dir: str | Path, progress: Callable[[str], None]) -> int:
+    """The accuracy report of `pte` run in ExecuTorch's runtime; returns the exit status."""
+    from pipeline.artifact import build_for_artifact, read_artifact
+    from pipeline.evaluation import executorch_verdict
+
+    summary = read_artifact(pte)
+    progress(f"[{pte}] building its model for the eager reference ...")
+    torch.manual_seed(summary.get("seed", 0))
+    spec = build_for_artifact(summary)
+    verdict = executorch_verdict.evaluate_in_executorch(pte, summary, spec, progress=progress)
+    env = environment(summary.get("seed", 0))
+    data = {"model": spec.name, "variant": spec.variant, "verdict": "pass" if verdict["passed"] else "fail",
+            "runtime": "executorch", "accuracy": verdict, "adapter": env["adapter"], "environment": env,
+            "program": {"source": "file", "pte": str(pte), "pte_sha256": summary["pte_sha256"]}}
+    stem = f"{Path(pte).name.removesuffix('.pte')}.pte.executorch.accuracy"
+    paths = write_report(output_dir, stem, data, executorch_verdict.report_markdown(data),
+                         executorch_verdict.report_html(data))
+    progress(f"[{spec.name}] wrote {', '.join(str(p) for p in paths)}")
+    progress("")
+    progress(f"accuracy in ExecuTorch's runtime on {env['adapter']} ({env['backend']}), seed {summary.get('seed', 0)}")
+    progress(executorch_verdict.report_line(data))
+    if not verdict["passed"]:
+        print(f"accuracy: verdict failed for {spec.name}: {verdict['why']}", file=sys.stderr)
+    return 0 if verdict["passed"] else 1
+
+
 def report_main(kind: str, description: str, argv: list[str] | None = None) -> int:
     """The command line of scripts/coverage_audit.py ("coverage") and accuracy_report.py
     ("accuracy"): parse arguments, run the reports, one line on stderr on failure."""
@@ -163,6 +200,10 @@ def report_main(kind: str, description: str, argv: list[str] | None = None) -> i
     parser.add_argument("--variant", help="model variant (default: each model's default)")
     parser.add_argument("--output-dir", default=str(DEFAULT_OUTPUT_DIR), help=f"default {DEFAULT_OUTPUT_DIR}")
     parser.add_argument("--seed", type=cli.seed, default=0, help="seed of weights and inputs, 0 to 2**64 - 1 (default 0)")
+    if kind == "accuracy":
+        parser.add_argument("--runtime", choices=("python", "executorch"), default="python",
+                            help="with --pte: run the file in our Python runtime (default) or in ExecuTorch's "
+                            "runtime, held against the same model exported without the WebGPU delegate")
     cli.add_dtype(parser)
     cli.add_verbose(parser)
     args = parser.parse_args(argv)
@@ -172,6 +213,9 @@ def report_main(kind: str, description: str, argv: list[str] | None = None) -> i
         parser.error("argument --dtype: not allowed with --pte (the file's dtype is used)")
     if args.pte is not None and args.variant is not None:
         parser.error("argument --variant: not allowed with --pte (the file's variant is used)")
+    runtime = getattr(args, "runtime", "python")
+    if runtime == "executorch" and args.pte is None:
+        parser.error("argument --runtime: executorch needs --pte FILE")
     try:
         check_output_dir(args.output_dir)
     except ValueError as exc:
@@ -186,7 +230,8 @@ def report_main(kind: str, description: str, argv: list[str] | None = None) -> i
                              f"(choose from {', '.join(models.variants(name))})")
     try:
         return run_reports(kind, args.model, args.variant, args.output_dir, args.seed,
-                           progress=lambda line: print(line, flush=True), pte=args.pte, dtype=args.dtype)
+                           progress=lambda line: print(line, flush=True), pte=args.pte, dtype=args.dtype,
+                           runtime=runtime)
     except Exception as exc:  # one line for the user, status 1
         print(f"{parser.prog}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
