@@ -106,6 +106,24 @@ def _delegate_names(edge: EdgeProgramManager, pte: PteFile) -> list[str]:
 CPU_BACKENDS = ("portable", "xnnpack")
 
 
+def export_for_cpu_backend(module: torch.nn.Module, example_inputs: tuple, dynamic_shapes=None,
+                           cpu_backend: str = "portable") -> tuple[ExportedProgram, list]:
+    """`torch.export` with our graph passes, and the partitioners of `cpu_backend` (none
+    for portable) to run after ours: what `lower_to_edge` lowers, and, without our
+    partitioner, the same program with no WebGPU delegate (the reference of a file run in
+    ExecuTorch's runtime)."""
+    if cpu_backend not in CPU_BACKENDS:
+        raise ValueError(f"cpu_backend must be one of {', '.join(CPU_BACKENDS)}, got {cpu_backend!r}")
+    exported = reframe_group_norm(torch.export.export(module, example_inputs, dynamic_shapes=dynamic_shapes))
+    if cpu_backend == "portable":
+        return exported, []
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+    # XNNPACK's linear rule fails on a linear whose input edge's decompositions left
+    # non-contiguous (Florence-2's window attention): give it 2-D linears.
+    return linears_over_rows(exported), [XnnpackPartitioner()]
+
+
 def lower_to_edge(module: torch.nn.Module, example_inputs: tuple, dynamic_shapes=None,
                   cpu_backend: str = "portable") -> tuple[EdgeProgramManager, Coverage]:
     """Export, reframe group norms, delegate every supported LayerNorm to WebGPU; with
@@ -116,20 +134,10 @@ def lower_to_edge(module: torch.nn.Module, example_inputs: tuple, dynamic_shapes
         raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
     if not isinstance(example_inputs, tuple):
         raise TypeError(f"example_inputs must be a tuple, got {type(example_inputs).__name__}")
-    if cpu_backend not in CPU_BACKENDS:
-        raise ValueError(f"cpu_backend must be one of {', '.join(CPU_BACKENDS)}, got {cpu_backend!r}")
-    exported = reframe_group_norm(torch.export.export(module, example_inputs, dynamic_shapes=dynamic_shapes))
+    exported, cpu_partitioners = export_for_cpu_backend(module, example_inputs, dynamic_shapes, cpu_backend)
     total = count_layer_norms(exported)
     partitioner = LayerNormPartitioner()
-    partitioners = [partitioner]
-    if cpu_backend == "xnnpack":
-        from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-
-        # XNNPACK's linear rule fails on a linear whose input edge's decompositions left
-        # non-contiguous (Florence-2's window attention): give it 2-D linears.
-        exported = linears_over_rows(exported)
-        partitioners.append(XnnpackPartitioner())
-    edge = to_edge_transform_and_lower(exported, partitioner=partitioners)
+    edge = to_edge_transform_and_lower(exported, partitioner=[partitioner, *cpu_partitioners])
     coverage = _coverage(edge, total, partitioner.rejected)
     for name, lowered in _delegate_nodes(edge):
         if lowered.backend_id != WebGPUBackend.__name__ and any(
