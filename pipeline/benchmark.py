@@ -1,8 +1,9 @@
 """Time native_layer_norm on the GPU, and torch's layer_norm on the same shapes.
 
 A tool beside the runtime, not part of it: it launches the kernel through the runtime's
-public launch pieces (`compile_pipeline`, `pack_params`, `grid`, the buffer usages), and
-like the runtime needs only wgpu, numpy and torch (no ExecuTorch), so it runs on a GPU host.
+public launch pieces (`compile_pipeline`, `pack_params`, `grid`, the buffer usages) on the
+device layer, so it times whichever WebGPU implementation PIPELINE_WEBGPU chooses, and like
+the runtime needs no ExecuTorch, so it runs on a GPU host.
 
 GPU time comes from timestamp queries around each compute pass when the adapter has
 `timestamp-query` (wall clock over a batch of dispatches otherwise). Inputs rotate over
@@ -28,9 +29,8 @@ from dataclasses import asdict, replace
 
 import numpy as np
 import torch
-import wgpu
 
-from pipeline.runtime.device import Gpu, device_info, gpu
+from pipeline.runtime.device import COPY_SRC, QUERY_RESOLVE, Gpu, Pipeline, device_info, gpu
 from pipeline.runtime.native_layer_norm import (
     DTYPES,
     MAX_HOLD,
@@ -111,6 +111,7 @@ def time_kernel(rows: int, width: int, configs: list[KernelConfig] | None = None
     (batched, isolated) medians; returns (times, clock)."""
     _check_outputs(outputs)
     g = gpu()
+    impl = g.impl
     configs = configs or [device_config(g, width, affine, affine, dtype, rows=rows, write_stats=stats)]
     itemsize = DTYPES[dtype].itemsize
     nbytes = (rows * width * itemsize + 3) // 4 * 4  # whole u32 words
@@ -118,33 +119,31 @@ def time_kernel(rows: int, width: int, configs: list[KernelConfig] | None = None
     rng = np.random.default_rng(0)
     affine_bufs = []
     for _ in ("weight", "bias"):
-        buf = g.device.create_buffer(size=max(16, (width * itemsize + 3) // 4 * 4), usage=STORAGE)
+        buf = impl.buffer(max(16, (width * itemsize + 3) // 4 * 4), STORAGE)
         values = _values(rng.standard_normal(width, dtype=np.float32), dtype)
-        g.device.queue.write_buffer(buf, 0, np.concatenate([values.view(np.uint8), np.zeros(values.nbytes % 4, np.uint8)]))
+        impl.write(buf, np.concatenate([values.view(np.uint8), np.zeros(values.nbytes % 4, np.uint8)]))
         affine_bufs.append(buf)
-    params = g.device.create_buffer(size=PARAMS_BYTES, usage=UNIFORM)
+    params = impl.buffer(PARAMS_BYTES, UNIFORM)
     row = _values(rng.standard_normal(width, dtype=np.float32), dtype)
     # Inputs and outputs rotate; mean and rstd are shared, which orders the launches.
-    stats = [g.device.create_buffer(size=rows * 4, usage=STORAGE) for _ in range(2)]
-    shared_out = g.device.create_buffer(size=nbytes, usage=STORAGE) if outputs == "shared" else None
+    stats = [impl.buffer(rows * 4, STORAGE) for _ in range(2)]
+    shared_out = impl.buffer(nbytes, STORAGE) if outputs == "shared" else None
     sets = []
     for _ in range(copies):
-        x = g.device.create_buffer(size=nbytes, usage=STORAGE)
+        x = impl.buffer(nbytes, STORAGE)
         data = np.tile(row, rows).view(np.uint8)
-        g.device.queue.write_buffer(x, 0, np.concatenate([data, np.zeros(nbytes - data.size, np.uint8)]))
-        out = shared_out or g.device.create_buffer(size=nbytes, usage=STORAGE)
+        impl.write(x, np.concatenate([data, np.zeros(nbytes - data.size, np.uint8)]))
+        out = shared_out or impl.buffer(nbytes, STORAGE)
         sets.append([x, *affine_bufs, out, *stats, params])
     timed = _timestamped if "timestamp-query" in g.features else _wall_clock
     times = []
     for config in configs:
-        pipeline, layout = compile_pipeline(g, config)
-        g.device.queue.write_buffer(params, 0, pack_params(rows, 1e-5))
-        bind_groups = [g.device.create_bind_group(
-            layout=layout, entries=[{"binding": i, "resource": {"buffer": b}} for i, b in enumerate(bufs)])
-            for bufs in sets]
+        pipeline = compile_pipeline(g, config)
+        impl.write(params, pack_params(rows, 1e-5))
+        bind_groups = [impl.bind_group(pipeline, bufs) for bufs in sets]
         times.append(timed(g, pipeline, bind_groups, grid(rows, config), warmup, repeats))
     for buf in {id(b): b for bufs in sets for b in (bufs[0], bufs[3])}.values():
-        buf.destroy()
+        impl.destroy(buf)
     clock = "gpu-timestamps" if "timestamp-query" in g.features else "wall-clock"
     return times, clock
 
@@ -156,35 +155,28 @@ def time_copy(rows: int, width: int, warmup: int = 10, repeats: int = 100, items
     kernel can reach."""
     _check_outputs(outputs)
     g = gpu()
+    impl = g.impl
     nbytes = rows * width * itemsize
     if nbytes % 16 or "timestamp-query" not in g.features:
         return None
-    pipeline, layout = _copy_pipeline(g)
+    pipeline = _copy_pipeline(g)
     copies = _copies(nbytes)
-    sources = [g.device.create_buffer(size=nbytes, usage=STORAGE) for _ in range(copies)]
-    dsts = [g.device.create_buffer(size=nbytes, usage=STORAGE) for _ in range(copies if outputs == "rotating" else 1)]
-    order = g.device.create_buffer(size=16, usage=STORAGE)  # shared: orders the launches, as mean/rstd do the kernel's
-    bind_groups = [g.device.create_bind_group(
-        layout=layout,
-        entries=[{"binding": 0, "resource": {"buffer": src}}, {"binding": 1, "resource": {"buffer": dsts[i % len(dsts)]}},
-                 {"binding": 2, "resource": {"buffer": order}}])
-        for i, src in enumerate(sources)]
+    sources = [impl.buffer(nbytes, STORAGE) for _ in range(copies)]
+    dsts = [impl.buffer(nbytes, STORAGE) for _ in range(copies if outputs == "rotating" else 1)]
+    order = impl.buffer(16, STORAGE)  # shared: orders the launches, as mean/rstd do the kernel's
+    bind_groups = [impl.bind_group(pipeline, [src, dsts[i % len(dsts)], order]) for i, src in enumerate(sources)]
     groups = math.ceil(nbytes / 16 / 256)
     x = min(groups, 65535)
     us, _ = _timestamped(g, pipeline, bind_groups, (x, math.ceil(groups / x)), warmup, repeats)
     for buf in (*dsts, *sources, order):
-        buf.destroy()
+        impl.destroy(buf)
     return us
 
 
-def _copy_pipeline(g: Gpu) -> tuple[wgpu.GPUComputePipeline, wgpu.GPUBindGroupLayout]:
-    """bench_copy.wgsl's pipeline and bind group layout, compiled once and cached on `g`."""
-    known = g.pipelines.get((COPY_SHADER, None))
-    if known is None:
-        module = g.device.create_shader_module(code=g.shader_source(COPY_SHADER))
-        pipeline = g.device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"})
-        known = g.pipelines[(COPY_SHADER, None)] = (pipeline, pipeline.get_bind_group_layout(0))
-    return known
+def _copy_pipeline(g: Gpu) -> Pipeline:
+    """bench_copy.wgsl's pipeline (its own layout), compiled once and cached on `g`."""
+    return g.pipeline((COPY_SHADER,), g.files.module(g.files.shader_source(COPY_SHADER), subgroups=False),
+                      None, COPY_SHADER)
 
 
 def warm_gpu(seconds: float | None = None) -> None:
@@ -195,41 +187,35 @@ def warm_gpu(seconds: float | None = None) -> None:
     if seconds <= 0:
         return
     g = gpu()
-    pipeline, layout = _copy_pipeline(g)
-    bufs = [g.device.create_buffer(size=size, usage=STORAGE) for size in (WARM_BYTES, WARM_BYTES, 16)]
-    bind_group = g.device.create_bind_group(layout=layout, entries=[
-        {"binding": i, "resource": {"buffer": b}} for i, b in enumerate(bufs)])
+    impl = g.impl
+    pipeline = _copy_pipeline(g)
+    bufs = [impl.buffer(size, STORAGE) for size in (WARM_BYTES, WARM_BYTES, 16)]
+    bind_group = impl.bind_group(pipeline, bufs)
     groups = WARM_BYTES // 16 // 256
     dispatches, start = 1, time.perf_counter()
     while (left := seconds - (time.perf_counter() - start)) > 0:
         began = time.perf_counter()
-        encoder = g.device.create_command_encoder()
-        compute = encoder.begin_compute_pass()
-        compute.set_pipeline(pipeline)
-        compute.set_bind_group(0, bind_group)
-        for _ in range(dispatches):
-            compute.dispatch_workgroups(min(groups, 65535), math.ceil(groups / 65535))
-        compute.end()
-        g.device.queue.submit([encoder.finish()])
+        encoder = impl.encoder()
+        encoder.compute(pipeline, [(bind_group, (min(groups, 65535), math.ceil(groups / 65535)))] * dispatches)
+        impl.submit(encoder)
         _sync(g)
         took = time.perf_counter() - began
         if took < 0.01 and 2 * took < left - took:
             dispatches *= 2
     for buf in bufs:
-        buf.destroy()
+        impl.destroy(buf)
 
 
 def _sync(g: Gpu) -> None:
-    """Wait for all submitted work (on_submitted_work_done_sync is broken): map a buffer that
-    a new submission writes, which the queue runs after everything before it. Mapping a
-    buffer that no submission uses returns at once, without waiting."""
-    probe = g.device.create_buffer(size=16, usage=STAGING)
-    encoder = g.device.create_command_encoder()
-    encoder.clear_buffer(probe)
-    g.device.queue.submit([encoder.finish()])
-    probe.map_sync(wgpu.MapMode.READ)
-    probe.unmap()
-    probe.destroy()
+    """Wait for all submitted work: map a buffer that a new submission writes, which the
+    queue runs after everything before it (wgpu 0.32.0's on_submitted_work_done_sync is
+    broken). Mapping a buffer that no submission uses returns at once, without waiting."""
+    probe = g.impl.buffer(16, STAGING)
+    encoder = g.impl.encoder()
+    encoder.clear(probe)
+    g.impl.submit(encoder)
+    g.impl.read(probe, 16)
+    g.impl.destroy(probe)
 
 
 def _timestamped(g: Gpu, pipeline, bind_groups, groups, warmup: int, repeats: int) -> tuple[float, float]:
@@ -240,53 +226,40 @@ def _timestamped(g: Gpu, pipeline, bind_groups, groups, warmup: int, repeats: in
     buffers, so each waits for the one before (a barrier between them, as on a CUDA stream).
     Isolated: timestamps around a pass holding a single launch (includes the pass's own cost).
     """
+    impl = g.impl
     batch = len(bind_groups)
     batches = max(5, repeats // batch)
     count = 2 * (batches + repeats)
-    queries = g.device.create_query_set(type=wgpu.QueryType.timestamp, count=count)
-    resolved = g.device.create_buffer(size=8 * count, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
-    staging = g.device.create_buffer(size=8 * count, usage=STAGING)
+    queries = impl.query_set(count)
+    resolved = impl.buffer(8 * count, QUERY_RESOLVE | COPY_SRC)
+    staging = impl.buffer(8 * count, STAGING)
 
-    def launches(encoder, n: int, query: int | None) -> None:
-        writes = None
-        if query is not None:
-            writes = {"query_set": queries, "beginning_of_pass_write_index": query,
-                      "end_of_pass_write_index": query + 1}
-        compute = encoder.begin_compute_pass(timestamp_writes=writes)
-        compute.set_pipeline(pipeline)
-        for i in range(n):
-            compute.set_bind_group(0, bind_groups[i % batch])
-            compute.dispatch_workgroups(*groups)
-        compute.end()
+    def launches(n: int) -> list:
+        return [(bind_groups[i % batch], groups) for i in range(n)]
 
     warm_gpu()
-    encoder = g.device.create_command_encoder()
-    launches(encoder, warmup, None)
+    encoder = impl.encoder()
+    encoder.compute(pipeline, launches(warmup))
     for b in range(batches):
-        launches(encoder, batch, 2 * b)
+        encoder.compute(pipeline, launches(batch), (queries, 2 * b))
     for i in range(repeats):
-        launches(encoder, 1, 2 * (batches + i))
-    encoder.resolve_query_set(queries, 0, count, resolved, 0)
-    encoder.copy_buffer_to_buffer(resolved, 0, staging, 0, 8 * count)
-    g.device.queue.submit([encoder.finish()])
-    staging.map_sync(wgpu.MapMode.READ)
-    stamps = np.frombuffer(staging.read_mapped(copy=True), dtype=np.uint64).reshape(-1, 2)
-    staging.unmap()
-    ns = (stamps[:, 1] - stamps[:, 0]).astype(np.float64)  # wgpu reports nanoseconds
+        encoder.compute(pipeline, launches(1), (queries, 2 * (batches + i)))
+    encoder.resolve(queries, count, resolved)
+    encoder.copy(resolved, 0, staging, 0, 8 * count)
+    impl.submit(encoder)
+    stamps = np.frombuffer(impl.read(staging, 8 * count), dtype=np.uint64).reshape(-1, 2)
+    for buf in (resolved, staging):
+        impl.destroy(buf)
+    ns = (stamps[:, 1] - stamps[:, 0]).astype(np.float64)  # both implementations report nanoseconds
     return float(np.median(ns[:batches])) / batch / 1e3, float(np.median(ns[batches:])) / 1e3
 
 
 def _wall_clock(g: Gpu, pipeline, bind_groups, groups, warmup: int, repeats: int) -> tuple[float, float]:
     def batch(n: int) -> float:
         start = time.perf_counter()
-        encoder = g.device.create_command_encoder()
-        compute = encoder.begin_compute_pass()
-        compute.set_pipeline(pipeline)
-        for i in range(n):
-            compute.set_bind_group(0, bind_groups[i % len(bind_groups)])
-            compute.dispatch_workgroups(*groups)
-        compute.end()
-        g.device.queue.submit([encoder.finish()])
+        encoder = g.impl.encoder()
+        encoder.compute(pipeline, [(bind_groups[i % len(bind_groups)], groups) for i in range(n)])
+        g.impl.submit(encoder)
         _sync(g)
         return (time.perf_counter() - start) / n * 1e6
 
@@ -479,7 +452,7 @@ def run_benchmark(shapes: list[tuple[int, int]], repeats: int = 100, sweep: bool
         results.append(result)
         best = f" | best of sweep {min(t[0] for t in times):9.2f} us" if sweep else ""
         compiled = "" if compiled_us is None else f" | compiled {compiled_us:9.2f} us {result['compiled_gbps']:8.1f} GB/s"
-        progress(f"{rows:>6}x{width:<5} wgpu {wgpu_us:9.2f} us {result['wgpu_gbps']:8.1f} GB/s | "
+        progress(f"{rows:>6}x{width:<5} {info['implementation']} {wgpu_us:9.2f} us {result['wgpu_gbps']:8.1f} GB/s | "
                  f"torch {torch_us:9.2f} us {result['torch_gbps']:8.1f} GB/s{compiled}{best}")
     return {
         "dtype": dtype,
@@ -488,6 +461,8 @@ def run_benchmark(shapes: list[tuple[int, int]], repeats: int = 100, sweep: bool
         "machine": platform.node() + " " + platform.machine(),
         "adapter": info["adapter"],
         "backend": info["backend"],
+        # The kernel's columns (wgpu_us, ...) keep their names whichever implementation ran them.
+        "implementation": info["implementation"],
         "kernel_clock": clock,
         "torch_clock": torch_clock,
         "torch_device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",

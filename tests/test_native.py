@@ -8,12 +8,11 @@ the LayerNorms and eager's within the float32 envelope on whole models.
 from __future__ import annotations
 
 import copy
+import itertools
 import importlib
 import random
 import struct
-import types
 import zlib
-from importlib import resources
 
 import numpy as np
 import pytest
@@ -25,6 +24,7 @@ import pipeline
 from pipeline import blob
 from pipeline.blob import CONSTANT, DYNAMIC, INPUT, NONE, DelegateBlob, LayerNormParams, Operand
 from pipeline.native import build as native_build
+from pipeline.runtime.device import ShaderFiles
 from pipeline.runtime.native_layer_norm import choose_config
 from tests.lowering import TOLERANCE
 
@@ -83,12 +83,9 @@ def test_changed_kernel_file_changes_the_build(tmp_path, monkeypatch):
 
 def _python_source(width: int, has_weight: bool, has_bias: bool, subgroup_size: int, dtype: str = "float32",
                    affine_dtype: str | None = None, native_f16_pack: bool = False, rows: int = 0,
-                   write_stats: bool = True) -> str:
-    files = types.SimpleNamespace(
-        shader_source=lambda name: resources.files("pipeline.wgsl").joinpath(name).read_text()
-    )
+                   write_stats: bool = True, compiler: str = "naga") -> str:
     return choose_config(width, has_weight, has_bias, subgroup_size, dtype, affine_dtype,
-                         native_f16_pack, rows=rows, write_stats=write_stats).source(files)
+                         native_f16_pack, rows=rows, write_stats=write_stats).source(ShaderFiles(compiler))
 
 
 # (dtype, affine dtype): float32, and each half dtype with weight and bias like x or float32.
@@ -109,12 +106,14 @@ def test_device_probes_agree_with_pythons(native):
 def test_wgsl_module_is_pythons(native, width, dtype, affine_dtype):
     for has_weight in (False, True):
         for has_bias in (False, True):
-            for subgroup_size in (0, 8, 32):
-                for pack in (False, True) if dtype == "float16" else (False,):
-                    got = native.wgsl_source(width, has_weight, has_bias, subgroup_size, dtype, affine_dtype, pack)
-                    want = _python_source(width, has_weight, has_bias, subgroup_size, dtype, affine_dtype, pack)
-                    assert got == want, (f"width {width} weight {has_weight} bias {has_bias} subgroups "
-                                         f"{subgroup_size} {dtype}/{affine_dtype} native_f16_pack {pack}")
+            for subgroup_size, pack, compiler in itertools.product(
+                    (0, 4, 8, 32), (False, True) if dtype == "float16" else (False,), ("naga", "tint")):
+                got = native.wgsl_source(width, has_weight, has_bias, subgroup_size, dtype, affine_dtype, pack,
+                                         compiler=compiler)
+                want = _python_source(width, has_weight, has_bias, subgroup_size, dtype, affine_dtype, pack,
+                                      compiler=compiler)
+                assert got == want, (f"width {width} weight {has_weight} bias {has_bias} subgroups "
+                                     f"{subgroup_size} {dtype}/{affine_dtype} native_f16_pack {pack} {compiler}")
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])

@@ -616,5 +616,5 @@ def test_half_pipelines_use_no_shader_f16():
     # Core WGSL only: the module compiles on adapters without the `shader-f16` feature.
     for dtype, affine in (("float16", "float16"), ("bfloat16", "float32")):
         for width in (4, 6, 7):
-            source = kernel.choose_config(width, True, True, 0, dtype, affine).source(runtime_device.gpu())
+            source = kernel.choose_config(width, True, True, 0, dtype, affine).source(runtime_device.gpu().files)
             assert "enable f16" not in source and "f16>" not in source and " f16" not in source

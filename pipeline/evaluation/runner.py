@@ -28,17 +28,18 @@ DEFAULT_OUTPUT_DIR = Path("out/reports")
 
 
 def environment(seed: int) -> dict:
-    """Adapter, backend, seed and the versions of what the result depends on."""
+    """Adapter, backend, WebGPU implementation, seed and the versions of what the result depends on."""
     from pipeline import runtime
 
     info = runtime.device_info()
     versions = {}
-    for package in ("torch", "executorch", "transformers", "wgpu", "numpy"):
+    for package in ("torch", "executorch", "transformers", "wgpu", "dawn-python", "numpy"):
         try:
             versions[package] = metadata.version(package)
         except metadata.PackageNotFoundError:
             versions[package] = "not installed"
-    return {"adapter": info["adapter"], "backend": info["backend"], "seed": seed, "versions": versions}
+    return {"adapter": info["adapter"], "backend": info["backend"], "implementation": info["implementation"],
+            "shader_compiler": info["shader_compiler"], "seed": seed, "versions": versions}
 
 
 def resolve_models(name: str) -> list[str]:

@@ -167,7 +167,12 @@ std::string written_out(const std::string& source, const std::string& marker, ui
   return result;
 }
 
-std::string kernel_source(const KernelConfig& config) {
+std::string module_source(const std::string& body, bool subgroups, ShaderCompiler compiler) {
+  // device.py's NEEDS_ENABLE_SUBGROUPS: Tint wants the directive, naga (wgpu 0.32) refuses it.
+  return (subgroups && compiler == ShaderCompiler::kTint ? "enable subgroups;\n" : "") + body;
+}
+
+std::string kernel_source(const KernelConfig& config, ShaderCompiler compiler) {
   static const char* const kTypes[] = {"", "f32", "vec2<f32>", "", "vec4<f32>"};
   static const char* const kSums[] = {"", "v", "v.x + v.y", "", "v.x + v.y + v.z + v.w"};
   const uint32_t vec = config.vec();
@@ -181,6 +186,7 @@ std::string kernel_source(const KernelConfig& config) {
   prelude += std::string("const HAS_BIAS: bool = ") + boolean(config.has_bias) + ";\n";
   prelude += std::string("const ROW_IN_SUBGROUP: bool = ") +
              boolean(config.subgroup_size > 0 && config.row_in_subgroup()) + ";\n";
+  prelude += "const SUBGROUP_SIZE: u32 = " + std::to_string(config.subgroup_size) + "u;\n";
   prelude += "const WIDTH: u32 = " + std::to_string(config.width) + "u;\n";
   prelude += "const ROW_VECS: u32 = " + std::to_string(config.row_vecs()) + "u;\n";
   prelude += "const HOLD: u32 = " + std::to_string(config.hold) + "u;\n";
@@ -221,7 +227,7 @@ std::string kernel_source(const KernelConfig& config) {
   std::string kernel = written_out(*wgsl_file("native_layer_norm.wgsl"), "each held value",
                                    std::max<uint32_t>(config.hold, 1));
   kernel = written_out(kernel, "each step value", config.unroll);
-  return *reduce + storage + prelude + kernel;
+  return module_source(*reduce + storage + prelude + kernel, config.subgroup_size > 0, compiler);
 }
 
 const std::string* wgsl_file(const std::string& name) {

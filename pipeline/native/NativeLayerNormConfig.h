@@ -49,8 +49,15 @@ KernelConfig choose_config(uint64_t width, bool has_weight, bool has_bias, uint3
                            uint32_t dtype, uint32_t affine_dtype, bool native_f16_pack,
                            uint64_t rows = 0, bool write_stats = true);
 
-// The WGSL module: reduction file (entry point), constants prelude, kernel written out.
-std::string kernel_source(const KernelConfig& config);
+// The shader compiler a module is written for: Tint (Dawn) needs `enable subgroups;` before
+// subgroup operations, naga (wgpu-native, which this backend runs on) refuses it.
+enum class ShaderCompiler { kNaga, kTint };
+
+// `body` with the directives `compiler` needs for what it uses (device.py's ShaderFiles.module).
+std::string module_source(const std::string& body, bool subgroups, ShaderCompiler compiler);
+
+// The WGSL module: directives, reduction file (entry point), constants prelude, kernel written out.
+std::string kernel_source(const KernelConfig& config, ShaderCompiler compiler = ShaderCompiler::kNaga);
 
 // `source` with each line ending in `// <marker>` repeated `count` times, K (and the
 // suffix _K of names) becoming 0u, 1u, ... (resp. _0, _1, ...).

@@ -74,7 +74,7 @@ PIPELINE_EXPORT int pipeline_webgpu_native_f16_pack() {
 // `capacity` including the NUL), or -1 on failure.
 PIPELINE_EXPORT long long pipeline_webgpu_wgsl_source(uint64_t width, int has_weight, int has_bias,
                                       uint32_t subgroup_size, uint32_t dtype, uint32_t affine_dtype,
-                                      int native_f16_pack, uint64_t rows, int write_stats,
+                                      int native_f16_pack, uint64_t rows, int write_stats, int tint,
                                       char* out, size_t capacity) {
   try {
     if (width == 0 || dtype > webgpu::kBFloat16 || affine_dtype > webgpu::kBFloat16) {
@@ -82,7 +82,7 @@ PIPELINE_EXPORT long long pipeline_webgpu_wgsl_source(uint64_t width, int has_we
     }
     const std::string source = webgpu::kernel_source(webgpu::choose_config(
         width, has_weight != 0, has_bias != 0, subgroup_size, dtype, affine_dtype, native_f16_pack != 0,
-        rows, write_stats != 0));
+        rows, write_stats != 0), tint != 0 ? webgpu::ShaderCompiler::kTint : webgpu::ShaderCompiler::kNaga);
     if (source.size() < capacity) {
       copy_out(source, out, capacity);
     }

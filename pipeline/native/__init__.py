@@ -51,7 +51,7 @@ def library() -> ctypes.CDLL:
             lib.pipeline_webgpu_native_f16_pack.restype = ctypes.c_int
             lib.pipeline_webgpu_wgsl_source.argtypes = [
                 ctypes.c_uint64, ctypes.c_int, ctypes.c_int, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_uint32,
-                ctypes.c_int, ctypes.c_uint64, ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t,
+                ctypes.c_int, ctypes.c_uint64, ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t,
             ]
             lib.pipeline_webgpu_wgsl_source.restype = ctypes.c_longlong
             lib.pipeline_webgpu_check_blob.argtypes = [
@@ -94,15 +94,15 @@ def native_f16_pack() -> int:
 
 def wgsl_source(width: int, has_weight: bool, has_bias: bool, subgroup_size: int, dtype: str = "float32",
                 affine_dtype: str | None = None, native_f16_pack: bool = False, rows: int = 0,
-                write_stats: bool = True) -> str:
-    """The WGSL module the backend compiles for this configuration (no device needed);
-    `affine_dtype` (of weight and bias) defaults to `dtype`; `rows` is the launch's (0: the
-    rule by width alone)."""
+                write_stats: bool = True, compiler: str = "naga") -> str:
+    """The WGSL module the backend compiles for this configuration (no device needed), as
+    `compiler` ("naga" or "tint") takes it; `affine_dtype` (of weight and bias) defaults to
+    `dtype`; `rows` is the launch's (0: the rule by width alone)."""
     from pipeline.blob import DTYPE_CODES
 
     lib = library()
     args = (width, int(has_weight), int(has_bias), subgroup_size, DTYPE_CODES[dtype], DTYPE_CODES[affine_dtype or dtype],
-            int(native_f16_pack), rows, int(write_stats))
+            int(native_f16_pack), rows, int(write_stats), int(compiler == "tint"))
     size = lib.pipeline_webgpu_wgsl_source(*args, None, 0)
     if size < 0:
         raise ValueError(f"no WGSL for width={width!r}")
@@ -122,14 +122,36 @@ def check_blob(blob: bytes) -> str | None:
 class NativeProgram:
     """A `.pte` (a path, or its bytes) loaded in ExecuTorch's runtime; call it with the
     method's inputs. The ExecuTorch Program is kept alive with the method: dropping it
-    first crashes ExecuTorch's runtime."""
+    first crashes ExecuTorch's runtime.
+
+    ExecuTorch's runtime trusts much of a file (an operator index, a string's encoding):
+    damage it does not check can crash the process. So the file is read once into memory
+    and checked by the Python runtime's reader first (framing, structure, indices, planned
+    memory, constants, and every instruction's shapes and dtypes, our delegates' blobs
+    decoded); ExecuTorch's runtime then loads those same bytes, never the file, so
+    truncating or overwriting the file later cannot reach it. Raises PteError (a
+    ValueError) for what the checks refuse, OSError as the OS reports, RuntimeError for
+    what ExecuTorch's runtime refuses.
+    """
 
     def __init__(self, path: str | os.PathLike | bytes, method: str = "forward") -> None:
+        from pipeline.executor.pte import PteError, PteFile
+        from pipeline.executor.verify import CheckError, check_program
+
+        if isinstance(path, (bytes, bytearray, memoryview)):
+            self.path = None
+            pte = PteFile(bytes(path), "<bytes>")
+        else:
+            self.path = Path(path)
+            pte = PteFile.read(self.path)
+        try:
+            check_program(pte, BACKEND_NAME)
+        except CheckError as exc:
+            raise PteError(f"{pte.source}: {exc}") from None
         register()
         from executorch.runtime import Runtime
 
-        self.path = None if isinstance(path, bytes) else Path(path)
-        self.program = Runtime.get().load_program(path if isinstance(path, bytes) else self.path)
+        self.program = Runtime.get().load_program(pte.data)
         self.method = self.program.load_method(method)
 
     def __call__(self, *inputs) -> list:

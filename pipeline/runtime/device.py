@@ -1,8 +1,10 @@
-"""The wgpu adapter and device, shader and pipeline caches, buffer pool and counters.
-
-One device per process, created on first use. Everything here follows the WebGPU
-lifecycle: adapter -> device -> shader module -> pipeline -> buffers -> dispatch ->
-read back by mapping (wgpu 0.32.0's on_submitted_work_done_sync is broken).
+"""The device layer: one WebGPU device per process over one of two implementations,
+chosen by PIPELINE_WEBGPU - wgpu (wgpu-native, shader compiler naga; the default) or dawn
+(Dawn through dawn-python, compiler Tint: what ExecuTorch's WebGPU backend and Chromium
+run). Each lives in a small file of its own (wgpu_impl.py, dawn_impl.py) behind the same
+few operations: buffers, pipelines, bind groups, command encoding, submit, read-back and
+timestamp queries. Above them nothing knows which one runs. Here: the shader files as
+the chosen compiler takes them, pipeline and buffer caches, the device probes, counters.
 """
 
 from __future__ import annotations
@@ -11,31 +13,79 @@ import os
 import threading
 from dataclasses import dataclass, field
 from importlib import resources
+from typing import Any
 
 import numpy as np
-import wgpu
 
+IMPLEMENTATION_ENV = "PIPELINE_WEBGPU"
+IMPLEMENTATIONS = ("wgpu", "dawn")
 ADAPTER_ENV = "PIPELINE_WGPU_ADAPTER"
 # "0" turns subgroup reductions off (the workgroup-memory path is used, as without the feature).
 SUBGROUPS_ENV = "PIPELINE_WGPU_SUBGROUPS"
 # "0" keeps float16 stores on the kernel's integer rounding even where pack2x16float passed its probe.
 F16_PACK_ENV = "PIPELINE_WGPU_NATIVE_F16_PACK"
 
-_NO_ADAPTER_HELP = (
-    "wgpu found no GPU adapter. On a machine without a GPU install Mesa's lavapipe "
-    "(Vulkan on the CPU): `apt-get install mesa-vulkan-drivers`, or run `make setup`. "
-    f"Set {ADAPTER_ENV} to part of an adapter's name to choose among several."
-)
+# Buffer usages, as WebGPU numbers them (wgpu and webgpu.h alike).
+MAP_READ, COPY_SRC, COPY_DST, UNIFORM, STORAGE_USAGE, QUERY_RESOLVE = 0x1, 0x4, 0x8, 0x40, 0x80, 0x200
+STORAGE = STORAGE_USAGE | COPY_DST | COPY_SRC
+UNIFORM_BUFFER = UNIFORM | COPY_DST
+STAGING = MAP_READ | COPY_DST
+BINDING_TYPES = ("read-only-storage", "storage", "uniform")
 
-# Limits the kernel can use when the adapter offers more than WebGPU's defaults.
-_LIMITS_WANTED = (
-    "max-buffer-size",
-    "max-storage-buffer-binding-size",
-    "max-compute-workgroup-storage-size",
-    "max-compute-invocations-per-workgroup",
-    "max-compute-workgroup-size-x",
-)
-_FEATURES_WANTED = ("timestamp-query", "subgroup")
+# The shader compilers that need an `enable` directive before a module may use subgroup
+# operations: Tint does (WGSL's rule); naga in wgpu 0.32 refuses the directive. The one
+# place that decides it (the C++ backend's kernel_source mirrors it, tested byte for byte).
+NEEDS_ENABLE_SUBGROUPS = {"tint": True, "naga": False}
+
+
+def no_adapter_help(implementation: str) -> str:
+    if implementation == "dawn":
+        return ("Dawn found no GPU adapter. On a machine without a GPU it needs SwiftShader's Vulkan "
+                "driver (Debian's chromium-common: /usr/lib/chromium/vk_swiftshader_icd.json): run "
+                f"`make setup`. Set {ADAPTER_ENV} to part of an adapter's name to require one.")
+    return ("wgpu found no GPU adapter. On a machine without a GPU install Mesa's lavapipe "
+            "(Vulkan on the CPU): `apt-get install mesa-vulkan-drivers`, or run `make setup`. "
+            f"Set {ADAPTER_ENV} to part of an adapter's name to choose among several.")
+
+
+def implementation() -> str:
+    """The WebGPU implementation PIPELINE_WEBGPU names (default wgpu)."""
+    name = os.environ.get(IMPLEMENTATION_ENV, "").strip().lower() or "wgpu"
+    if name not in IMPLEMENTATIONS:
+        raise RuntimeError(f"{IMPLEMENTATION_ENV}={name!r} is not a WebGPU implementation of ours; "
+                           f"use one of {', '.join(IMPLEMENTATIONS)}")
+    return name
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """A compute pipeline and the layout its bind groups follow."""
+
+    pipeline: Any
+    layout: Any
+
+
+@dataclass(frozen=True)
+class ShaderFiles:
+    """The package's WGSL files, and modules assembled from them as `compiler` takes them."""
+
+    compiler: str  # "naga" or "tint"
+
+    def shader_source(self, name: str) -> str:
+        return _wgsl_file(name)
+
+    def module(self, body: str, subgroups: bool) -> str:
+        """A complete module: the directives `compiler` needs for what `body` uses, then `body`."""
+        return ("enable subgroups;\n" if subgroups and NEEDS_ENABLE_SUBGROUPS[self.compiler] else "") + body
+
+
+_files: dict[str, str] = {}
+
+
+def _wgsl_file(name: str) -> str:
+    if name not in _files:
+        _files[name] = resources.files("pipeline.wgsl").joinpath(name).read_text()
+    return _files[name]
 
 
 @dataclass
@@ -54,23 +104,29 @@ class Stats:
 
 @dataclass
 class Gpu:
-    adapter: wgpu.GPUAdapter
-    device: wgpu.GPUDevice
-    limits: dict[str, int]
-    features: frozenset[str]
+    impl: Any  # wgpu_impl.Device or dawn_impl.Device
     stats: Stats = field(default_factory=Stats)
-    shaders: dict[str, str] = field(default_factory=dict)
-    pipelines: dict[tuple, tuple[wgpu.GPUComputePipeline, wgpu.GPUBindGroupLayout]] = field(
-        default_factory=dict
-    )
-    buffers: dict[tuple[str, int], wgpu.GPUBuffer] = field(default_factory=dict)
+    pipelines: dict[tuple, Pipeline] = field(default_factory=dict)
+    buffers: dict[tuple[str, int], Any] = field(default_factory=dict)
     subgroup_size: int = 0  # smallest subgroup size seen; 0 when subgroups are not used
     native_f16_pack: bool = False  # pack2x16float rounds as aten does (f16_pack_probe.wgsl)
     # Held for a whole launch (uploads, dispatch, read-back): the buffer pool and the
     # staging buffer's mapping are shared, so launches from several threads take turns.
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def buffer(self, role: str, size: int, usage: int) -> wgpu.GPUBuffer:
+    @property
+    def files(self) -> ShaderFiles:
+        return ShaderFiles(self.impl.compiler)
+
+    @property
+    def limits(self) -> dict[str, int]:
+        return self.impl.limits
+
+    @property
+    def features(self) -> frozenset[str]:
+        return self.impl.features
+
+    def buffer(self, role: str, size: int, usage: int) -> Any:
         """A buffer of at least `size` bytes for `role`, reused across calls of that size."""
         size = max(16, (size + 15) // 16 * 16)  # bindings and copies want 4-byte multiples
         key = (role, size)
@@ -78,111 +134,84 @@ class Gpu:
         if buf is None:
             # Keep one buffer per role: a new size replaces the old one.
             for old in [k for k in self.buffers if k[0] == role]:
-                self.buffers.pop(old).destroy()
-            buf = self.device.create_buffer(size=size, usage=usage, label=role)
+                self.impl.destroy(self.buffers.pop(old))
+            buf = self.impl.buffer(size, usage, role)
             self.buffers[key] = buf
             self.stats.buffers_allocated += 1
         return buf
 
-    def upload(self, buf: wgpu.GPUBuffer, data: np.ndarray, offset: int = 0) -> None:
-        self.device.queue.write_buffer(buf, offset, data)
+    def upload(self, buf: Any, data: np.ndarray, offset: int = 0) -> None:
+        self.impl.write(buf, data, offset)
         self.stats.bytes_uploaded += data.nbytes
 
-    def read(self, staging: wgpu.GPUBuffer, size: int) -> memoryview:
+    def read(self, staging: Any, size: int) -> bytes:
         """Map `staging` (MAP_READ) and copy out its first `size` bytes; waits for the GPU."""
-        staging.map_sync(wgpu.MapMode.READ, 0, size)
-        try:
-            data = staging.read_mapped(0, size, copy=True)
-        finally:
-            staging.unmap()
+        data = self.impl.read(staging, size)
         self.stats.bytes_read_back += size
         return data
 
-    def shader_source(self, name: str) -> str:
-        if name not in self.shaders:
-            self.shaders[name] = resources.files("pipeline.wgsl").joinpath(name).read_text()
-        return self.shaders[name]
+    def pipeline(self, key: tuple, code: str, bindings: list[str] | None, label: str) -> Pipeline:
+        """The pipeline cached under `key`, compiled from `code` the first time."""
+        known = self.pipelines.get(key)
+        if known is None:
+            known = self.pipelines[key] = self.impl.pipeline(code, bindings, label)
+            self.stats.pipelines_compiled += 1
+        return known
 
 
-_gpu: Gpu | None = None
+_gpus: dict[str, Gpu] = {}
 _lock = threading.Lock()
 
 
-def _choose_adapter() -> wgpu.GPUAdapter:
-    wanted = os.environ.get(ADAPTER_ENV, "").strip().lower()
-    if wanted:
-        adapters = wgpu.gpu.enumerate_adapters_sync()
-        names = [_adapter_name(a) for a in adapters]
-        for adapter, name in zip(adapters, names):
-            if wanted in name.lower():
-                return adapter
-        raise RuntimeError(
-            f"{ADAPTER_ENV}={wanted!r} matches no adapter; wgpu sees: {', '.join(names) or 'none'}"
-        )
-    try:
-        adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
-    except Exception as exc:  # wgpu raises a bare RuntimeError when nothing is found
-        raise RuntimeError(_NO_ADAPTER_HELP) from exc
-    if adapter is None:
-        raise RuntimeError(_NO_ADAPTER_HELP)
-    return adapter
+def _open_device(name: str) -> Any:
+    if name == "dawn":
+        from pipeline.runtime import dawn_impl
 
+        return dawn_impl.Device()
+    from pipeline.runtime import wgpu_impl
 
-def _adapter_name(adapter: wgpu.GPUAdapter) -> str:
-    info = adapter.info
-    return info.get("device") or info.get("description") or info.get("vendor") or "unknown"
+    return wgpu_impl.Device()
 
 
 def gpu() -> Gpu:
-    """The process's device, created on first use with the adapter's buffer limits."""
-    global _gpu
+    """The device of the implementation PIPELINE_WEBGPU names, created on its first use
+    with the adapter's buffer limits and probed (one per implementation and process)."""
+    name = implementation()
     with _lock:
-        if _gpu is None:
-            adapter = _choose_adapter()
-            limits = {k: adapter.limits[k] for k in _LIMITS_WANTED if k in adapter.limits}
-            features = [f for f in _FEATURES_WANTED if f in adapter.features]
-            device = adapter.request_device_sync(
-                label="pipeline", required_features=features, required_limits=limits
-            )
-            _gpu = Gpu(
-                adapter=adapter,
-                device=device,
-                limits=dict(device.limits),
-                features=frozenset(device.features),
-            )
-            if "subgroup" in _gpu.features and os.environ.get(SUBGROUPS_ENV, "1") != "0":
-                _gpu.subgroup_size = _probe_subgroup_size(_gpu)
+        if name not in _gpus:
+            g = Gpu(impl=_open_device(name))
+            if "subgroups" in g.features and os.environ.get(SUBGROUPS_ENV, "1") != "0":
+                g.subgroup_size = _probe_subgroup_size(g)
             if os.environ.get(F16_PACK_ENV, "1") != "0":
-                _gpu.native_f16_pack = _probe_f16_pack(_gpu)
-        return _gpu
+                g.native_f16_pack = _probe_f16_pack(g)
+            _gpus[name] = g
+        return _gpus[name]
 
 
-def _run_probe(g: Gpu, shader: str, contents: list[np.ndarray], groups: int, read: int) -> bytes:
+def _run_probe(g: Gpu, shader: str, contents: list[np.ndarray], groups: int, read: int,
+               subgroups: bool = False) -> bytes:
     """Run one probe shader once over `groups` workgroups: binding i is a storage buffer
     holding `contents[i]`; returns the bytes of binding `read` afterwards."""
-    usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
-    buffers = [g.device.create_buffer(size=data.nbytes, usage=usage) for data in contents]
+    impl = g.impl
+    buffers = [impl.buffer(data.nbytes, STORAGE) for data in contents]
     for buffer, data in zip(buffers, contents):
-        g.device.queue.write_buffer(buffer, 0, data)
-    module = g.device.create_shader_module(code=g.shader_source(shader))
-    pipeline = g.device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"})
-    bind_group = g.device.create_bind_group(
-        layout=pipeline.get_bind_group_layout(0),
-        entries=[{"binding": i, "resource": {"buffer": b}} for i, b in enumerate(buffers)],
-    )
-    encoder = g.device.create_command_encoder()
-    compute = encoder.begin_compute_pass()
-    compute.set_pipeline(pipeline)
-    compute.set_bind_group(0, bind_group)
-    compute.dispatch_workgroups(groups)
-    compute.end()
-    g.device.queue.submit([encoder.finish()])
-    return g.device.queue.read_buffer(buffers[read])
+        impl.write(buffer, data)
+    code = g.files.module(_wgsl_file(shader), subgroups)
+    pipeline = g.pipeline((shader,), code, None, shader)
+    staging = impl.buffer(buffers[read].size, STAGING)
+    encoder = impl.encoder()
+    encoder.compute(pipeline, [(impl.bind_group(pipeline, buffers), (groups, 1))])
+    encoder.copy(buffers[read], 0, staging, 0, staging.size)
+    impl.submit(encoder)
+    data = impl.read(staging, staging.size)
+    for buffer in (*buffers, staging):
+        impl.destroy(buffer)
+    return data
 
 
 def _probe_subgroup_size(g: Gpu) -> int:
     """Run subgroup_size.wgsl once: the kernel sizes its shuffle reductions by this."""
-    result = _run_probe(g, "subgroup_size.wgsl", [np.array([0xFFFFFFFF], dtype=np.uint32)], 1, 0)
+    result = _run_probe(g, "subgroup_size.wgsl", [np.array([0xFFFFFFFF], dtype=np.uint32)], 1, 0, subgroups=True)
     size = int(np.frombuffer(result, dtype=np.uint32)[0])
     return size if 0 < size <= 256 and size & (size - 1) == 0 else 0
 
@@ -224,18 +253,17 @@ def pack_matches_aten(values: np.ndarray, got: np.ndarray) -> bool:
 
 
 def device_info() -> dict[str, object]:
-    """Adapter name, backend, type, enabled features and the limits the kernel relies on."""
+    """The implementation and its shader compiler, adapter name, backend, type, enabled
+    features, the probes' findings and the limits the kernel relies on."""
     g = gpu()
-    info = g.adapter.info
     return {
-        "adapter": _adapter_name(g.adapter),
-        "backend": info.get("backend_type", ""),
-        "adapter_type": info.get("adapter_type", ""),
-        "driver": info.get("description", ""),
-        "features": sorted(g.features & set(_FEATURES_WANTED)),
+        **g.impl.info,
+        "implementation": g.impl.name,
+        "shader_compiler": g.impl.compiler,
+        "features": sorted(g.features),
         "subgroup_size": g.subgroup_size,
         "native_f16_pack": g.native_f16_pack,
-        "limits": {k: g.limits[k] for k in _LIMITS_WANTED if k in g.limits},
+        "limits": dict(g.limits),
     }
 
 

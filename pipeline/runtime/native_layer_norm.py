@@ -16,10 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import wgpu
 
 from pipeline.blob import DTYPE_CODES
-from pipeline.runtime.device import Gpu, gpu
+from pipeline.runtime.device import STAGING, STORAGE, UNIFORM_BUFFER as UNIFORM, Gpu, Pipeline, ShaderFiles, gpu
 
 SHADER = "native_layer_norm.wgsl"
 MIN_WORKGROUP = 64
@@ -53,12 +52,10 @@ _HALF_WORDS = {
     2: ("u32", "unpack_pair(w)", "pack_pair(v)"),
 }
 
-# Buffer usages of the kernel's bindings and read-back. With KernelConfig, choose_config,
-# compile_pipeline, grid and pack_params they are what a tool that launches the kernel
-# itself (pipeline.benchmark) needs.
-STORAGE = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC
-UNIFORM = wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST
-STAGING = wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST
+# The kernel's bindings: x, weight, bias, out, mean, rstd, params. With the buffer usages
+# (STORAGE, UNIFORM, STAGING), KernelConfig, choose_config, compile_pipeline, grid and
+# pack_params they are what a tool that launches the kernel itself (pipeline.benchmark) needs.
+BINDINGS = ["read-only-storage"] * 3 + ["storage"] * 3 + ["uniform"]
 
 
 @dataclass(frozen=True)
@@ -111,6 +108,7 @@ class KernelConfig:
             f"const HAS_WEIGHT: bool = {str(self.has_weight).lower()};\n"
             f"const HAS_BIAS: bool = {str(self.has_bias).lower()};\n"
             f"const ROW_IN_SUBGROUP: bool = {str(self.row_in_subgroup).lower()};\n"
+            f"const SUBGROUP_SIZE: u32 = {self.subgroup_size}u;\n"
             f"const WIDTH: u32 = {self.width}u;\n"
             f"const ROW_VECS: u32 = {self.row_vecs}u;\n"
             f"const HOLD: u32 = {self.hold}u;\n"
@@ -146,14 +144,16 @@ class KernelConfig:
             return ["storage_float32.wgsl"]
         return ["half.wgsl", "storage_half.wgsl" if self.vec > 1 else "storage_half_odd.wgsl"]
 
-    def source(self, g: Gpu) -> str:
-        """The WGSL module: the reduction file (it holds the entry point), constants, kernel
-        with its per-value lines written out."""
+    def source(self, files: ShaderFiles) -> str:
+        """The WGSL module as `files.compiler` takes it: the directives it needs, the
+        reduction file (it holds the entry point), constants, kernel with its per-value
+        lines written out."""
         reduce = "reduce_subgroup.wgsl" if self.subgroup_size else "reduce_workgroup.wgsl"
-        kernel = _written_out(g.shader_source(SHADER), "each held value", max(self.hold, 1))
+        kernel = _written_out(files.shader_source(SHADER), "each held value", max(self.hold, 1))
         kernel = _written_out(kernel, "each step value", self.unroll)
-        storage = "".join(g.shader_source(name) for name in self.storage)
-        return g.shader_source(reduce) + storage + self.prelude() + kernel
+        storage = "".join(files.shader_source(name) for name in self.storage)
+        body = files.shader_source(reduce) + storage + self.prelude() + kernel
+        return files.module(body, subgroups=self.subgroup_size > 0)
 
 
 def _written_out(source: str, marker: str, count: int) -> str:
@@ -230,34 +230,17 @@ def _prev_pow2(n: int) -> int:
     return 1 << (max(n, 1).bit_length() - 1)
 
 
-def compile_pipeline(g: Gpu, config: KernelConfig) -> tuple[wgpu.GPUComputePipeline, wgpu.GPUBindGroupLayout]:
-    """The compute pipeline for `config` and its bind group layout (x, weight, bias, out,
-    mean, rstd, params), compiled once per config and cached on `g`."""
-    known = g.pipelines.get((SHADER, config))
-    if known is not None:
-        return known
-    source = config.source(g)
+def compile_pipeline(g: Gpu, config: KernelConfig) -> Pipeline:
+    """The compute pipeline for `config` with its bind group layout (BINDINGS: an explicit
+    layout, since unused weight/bias bindings must stay in it), compiled once per config
+    and cached on `g`."""
+    key = (SHADER, config)
+    if key in g.pipelines:
+        return g.pipelines[key]
     try:
-        module = g.device.create_shader_module(code=source, label=SHADER)
-        # An explicit layout: unused weight/bias bindings must stay in it.
-        read_only = wgpu.BufferBindingType.read_only_storage
-        entries = [
-            {"binding": i, "visibility": wgpu.ShaderStage.COMPUTE, "buffer": {"type": t}}
-            for i, t in enumerate(
-                [read_only] * 3 + [wgpu.BufferBindingType.storage] * 3 + [wgpu.BufferBindingType.uniform]
-            )
-        ]
-        layout = g.device.create_bind_group_layout(entries=entries)
-        pipeline = g.device.create_compute_pipeline(
-            layout=g.device.create_pipeline_layout(bind_group_layouts=[layout]),
-            compute={"module": module, "entry_point": "main"},
-            label=f"{SHADER} {config}",
-        )
+        return g.pipeline(key, config.source(g.files), BINDINGS, f"{SHADER} {config}")
     except Exception as exc:
-        raise RuntimeError(f"compiling {SHADER} for {config} failed: {exc}") from exc
-    g.pipelines[(SHADER, config)] = (pipeline, layout)
-    g.stats.pipelines_compiled += 1
-    return pipeline, layout
+        raise RuntimeError(f"compiling {SHADER} for {config} on {g.impl.name} failed: {exc}") from exc
 
 
 def grid(rows: int, config: KernelConfig) -> tuple[int, int]:
@@ -426,7 +409,7 @@ def _run(g: Gpu, src, weight, bias, eps, out, mean, rstd, poison, dtype, affine_
 
 def _launch(g, config, src, affine, eps, poison, out, mean, rstd) -> None:
     rows, width = src.shape
-    pipeline, layout = compile_pipeline(g, config)
+    pipeline = compile_pipeline(g, config)
     x_words = _words(src)
     x_buf = g.buffer("x", x_words.nbytes, STORAGE)
     out_buf = g.buffer("out", x_words.nbytes, STORAGE)
@@ -448,24 +431,14 @@ def _launch(g, config, src, affine, eps, poison, out, mean, rstd) -> None:
         for buf in (mean_buf, rstd_buf):
             g.upload(buf, np.full(rows, poison, dtype=np.float32))
 
-    bind_group = g.device.create_bind_group(
-        layout=layout,
-        entries=[
-            {"binding": i, "resource": {"buffer": b}}
-            for i, b in enumerate([x_buf, *affine, out_buf, mean_buf, rstd_buf, params])
-        ],
-    )
-    encoder = g.device.create_command_encoder()
-    compute = encoder.begin_compute_pass()
-    compute.set_pipeline(pipeline)
-    compute.set_bind_group(0, bind_group)
-    compute.dispatch_workgroups(*grid(rows, config))
-    compute.end()
-    encoder.copy_buffer_to_buffer(out_buf, 0, staging, 0, x_words.nbytes)
+    bind_group = g.impl.bind_group(pipeline, [x_buf, *affine, out_buf, mean_buf, rstd_buf, params])
+    encoder = g.impl.encoder()
+    encoder.compute(pipeline, [(bind_group, grid(rows, config))])
+    encoder.copy(out_buf, 0, staging, 0, x_words.nbytes)
     if config.write_stats:
-        encoder.copy_buffer_to_buffer(mean_buf, 0, staging, mean_at, stat_bytes)
-        encoder.copy_buffer_to_buffer(rstd_buf, 0, staging, rstd_at, stat_bytes)
-    g.device.queue.submit([encoder.finish()])
+        encoder.copy(mean_buf, 0, staging, mean_at, stat_bytes)
+        encoder.copy(rstd_buf, 0, staging, rstd_at, stat_bytes)
+    g.impl.submit(encoder)
     g.stats.dispatches += 1
 
     data = g.read(staging, read_bytes)

@@ -1,0 +1,177 @@
+"""The kernel on Dawn (compiler Tint), the WebGPU that ExecuTorch's backend and Chromium run:
+every class of launch held against float64 and against wgpu's result of the same launch,
+the device probes, and a program's delegates, all in this process beside wgpu.
+
+On a machine without a GPU Dawn runs on SwiftShader (set-up installs it); under
+PIPELINE_REQUIRE_GPU=1 (CI) a missing Dawn adapter or one without subgroups fails rather
+than skips, as wgpu's does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import pipeline
+from pipeline import runtime
+from pipeline.runtime import device as runtime_device
+from tests.conftest import REQUIRE_GPU_ENV
+from tests.test_native_layer_norm import assert_close_to_reference
+
+kernel = importlib.import_module("pipeline.runtime.native_layer_norm")
+pytestmark = pytest.mark.usefixtures("gpu_info")
+
+DTYPE_PAIRS = [(torch.float32, None), (torch.float16, None), (torch.float16, torch.float32),
+               (torch.bfloat16, None), (torch.bfloat16, torch.float32)]
+# One width of each class: scalar, vec2 and vec4 loads; rows held by one thread, by a
+# subgroup, by several subgroups; rows streamed (wider than 8 values x 256 threads).
+WIDTHS = [7, 6, 384, 1023, 1024, 4097, 4098, 8192]
+AFFINE = [(False, False), (True, False), (False, True), (True, True)]
+REDUCTIONS = ["subgroup", "workgroup", "streamed"]
+
+
+def _use(monkeypatch, name: str) -> runtime_device.Gpu:
+    monkeypatch.setenv(runtime_device.IMPLEMENTATION_ENV, name)
+    return runtime_device.gpu()
+
+
+@pytest.fixture
+def dawn(monkeypatch) -> runtime_device.Gpu:
+    """Dawn's device for the test (the process's default stays wgpu)."""
+    try:
+        return _use(monkeypatch, "dawn")
+    except RuntimeError as exc:
+        if os.environ.get(REQUIRE_GPU_ENV) == "1":
+            raise
+        pytest.skip(f"no Dawn adapter: {exc}")
+
+
+def _reduction(monkeypatch, g: runtime_device.Gpu, path: str) -> None:
+    """Force `path` on `g` (and the kernel's rule): shuffles, workgroup memory, or streamed rows."""
+    if path == "subgroup" and not g.subgroup_size:
+        if os.environ.get(REQUIRE_GPU_ENV) == "1":
+            pytest.fail(f"{g.impl.name} adapter {g.impl.info['adapter']!r} has no subgroups")
+        pytest.skip("adapter has no subgroup operations")
+    if path == "workgroup":
+        monkeypatch.setattr(g, "subgroup_size", 0)
+    if path == "streamed":
+        chosen = kernel.choose_config
+        monkeypatch.setattr(kernel, "choose_config", lambda *a, **k: dataclasses.replace(
+            chosen(*a, **k), hold=0, unroll=kernel.STREAM_UNROLL))
+
+
+def _ulps(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Largest difference between a and b in units in the last place of their dtype at the
+    scale of b's row (its largest magnitude): two implementations of the same arithmetic
+    differ by that much, however small a value of the row is. NaNs must sit at the same
+    places (and count 0); a NaN against a number is infinitely far."""
+    nan_a, nan_b = torch.isnan(a), torch.isnan(b)
+    if not torch.equal(nan_a, nan_b):
+        return float("inf")
+    eps = torch.finfo(a.dtype).eps
+    a, b = a.double().masked_fill(nan_a, 0), b.double().masked_fill(nan_b, 0)
+    scale = b.abs().amax(dim=-1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)
+    ulp = eps * torch.exp2(torch.floor(torch.log2(scale)))
+    return float(((a - b).abs() / ulp).max()) if a.numel() else 0.0
+
+
+def test_device_info_names_dawn_and_tint(dawn):
+    info = runtime.device_info()
+    assert info["implementation"] == "dawn" and info["shader_compiler"] == "tint"
+    assert info["adapter"] and info["backend"] and "timestamp-query" in info["features"]
+
+
+def test_unknown_implementation_is_refused(monkeypatch):
+    monkeypatch.setenv(runtime_device.IMPLEMENTATION_ENV, "webgl")
+    with pytest.raises(RuntimeError, match="PIPELINE_WEBGPU='webgl'.*wgpu, dawn"):
+        runtime_device.gpu()
+
+
+def test_probes_run_on_dawn(dawn):
+    # The probes ran when the device was made; they run again here and agree.
+    assert runtime_device._probe_subgroup_size(dawn) == dawn.subgroup_size
+    assert dawn.subgroup_size & (dawn.subgroup_size - 1) == 0
+    assert runtime_device._probe_f16_pack(dawn) == dawn.native_f16_pack
+    if os.environ.get(REQUIRE_GPU_ENV) == "1":
+        assert dawn.subgroup_size > 0, "CI's Dawn adapter must have subgroups: both reduction paths run"
+
+
+@pytest.mark.parametrize("path", REDUCTIONS)
+@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("dtype, affine_dtype", DTYPE_PAIRS)
+def test_every_class_matches_float64_and_wgpu(monkeypatch, dawn, dtype, affine_dtype, width, path):
+    # Affine variants and stats on/off rotate over the widths, so each dtype and path meets all.
+    has_weight, has_bias = AFFINE[WIDTHS.index(width) % 4]
+    stats = WIDTHS.index(width) % 3 != 2
+    gen = torch.Generator().manual_seed(width)
+    x = (torch.randn(9, width, generator=gen) * 3 + 40).to(dtype)
+    weight = torch.randn(width, generator=gen).to(affine_dtype or dtype) if has_weight else None
+    bias = torch.randn(width, generator=gen).to(affine_dtype or dtype) if has_bias else None
+    results = {}
+    # The same reduction order on both: wgpu's shuffles over Dawn's subgroup size (lavapipe's
+    # subgroups of 8 hold whole runs of SwiftShader's 4), so that only the two compilers and
+    # drivers differ, not the order of the sums.
+    size = min(dawn.subgroup_size, _use(monkeypatch, "wgpu").subgroup_size)
+    for name in ("wgpu", "dawn"):
+        g = _use(monkeypatch, name)
+        with monkeypatch.context() as m:
+            m.setattr(g, "subgroup_size", size)
+            _reduction(m, g, path)
+            results[name] = kernel.native_layer_norm(x, [width], weight, bias, 1e-5, stats=stats,
+                                                     poison=float("nan"))
+    for i, (ours, theirs) in enumerate(zip(results["dawn"], results["wgpu"])):
+        if ours is None:
+            assert theirs is None and not stats
+            continue
+        assert ours.dtype == theirs.dtype and ours.shape == theirs.shape
+        ulps = _ulps(ours, theirs)
+        assert ulps <= 2, f"output {i}: Dawn and wgpu differ by {ulps:.2f} ulp (at the row's scale)"
+    truth = torch.ops.aten.native_layer_norm.default(
+        x.double(), [width], None if weight is None else weight.double(), None if bias is None else bias.double(), 1e-5)
+    eager = torch.ops.aten.native_layer_norm.default(x, [width], weight, bias, 1e-5)
+    err = (results["dawn"][0].double() - truth[0]).abs().max().item()
+    eager_err = (eager[0].double() - truth[0]).abs().max().item()
+    ulp = torch.finfo(dtype).eps * truth[0].abs().max().item()
+    assert err <= 2 * eager_err + 2 * ulp, f"Dawn's out: {err:.3g} from float64, eager {eager_err:.3g}"
+
+
+@pytest.mark.parametrize("path", REDUCTIONS)
+def test_hard_rows_on_dawn(monkeypatch, dawn, path):
+    # Large mean and small variance, a constant row, NaN and infinities, a width that is not
+    # a multiple of 4, against float64 with eager float32 as the yardstick.
+    _reduction(monkeypatch, dawn, path)
+    width = 1023
+    x = torch.randn(8, width, dtype=torch.float64)
+    x[0] = 1e4 + x[0] * 1e-3
+    x[1] = -1e4
+    x = x.float()
+    assert_close_to_reference(x, (width,), torch.randn(width), torch.randn(width))
+    x[2, 5], x[3, 0], x[4, -1] = float("nan"), float("inf"), float("-inf")
+    out, mean, rstd = pipeline.layer_norm(x, (width,))
+    assert torch.isnan(out[2:5]).all() and torch.isfinite(out[[0, 1, 5, 6, 7]]).all()
+    assert torch.equal(out[1], torch.zeros(width)) and rstd[1].item() == pytest.approx(1 / 1e-5**0.5, rel=1e-6)
+
+
+def test_more_rows_than_one_grid_dimension_on_dawn(dawn):
+    x = torch.randn(70_001, 7)
+    assert_close_to_reference(x, (7,), torch.randn(7), torch.randn(7))
+
+
+def test_program_runs_its_delegates_on_dawn(monkeypatch, dawn, tmp_path):
+    from tests.lowering import lower_and_compare
+
+    module = torch.nn.Sequential(torch.nn.Linear(12, 20), torch.nn.LayerNorm(20), torch.nn.GELU(),
+                                 torch.nn.Linear(20, 6), torch.nn.LayerNorm(6, bias=False))
+    prog = lower_and_compare(module, (torch.randn(3, 12),), [(torch.randn(3, 12),)], layer_norms=2)
+    prog.save(tmp_path / "m.pte")
+    before = runtime.stats()["dispatches"]
+    loaded = pipeline.load(tmp_path / "m.pte")
+    x = torch.randn(3, 12)
+    torch.testing.assert_close(loaded(x), prog(x), rtol=0, atol=0)
+    assert runtime.stats()["dispatches"] - before == 4  # two delegates, two calls: all on Dawn
+    assert runtime.device_info()["implementation"] == "dawn"
