@@ -48,11 +48,12 @@ def reference_buffer(spec, cpu_backend: str) -> bytes:
 
 
 def run_in_executorch(buffer: bytes, inputs: Sequence) -> list:
-    """`buffer` run once in ExecuTorch's runtime (our backend registered, though a
-    reference calls none of it)."""
-    from pipeline.native import load
+    """`buffer` (a program of ExecuTorch's own, such as the reference) loaded and run once
+    in ExecuTorch's runtime as it stands, our backend registered."""
+    from pipeline.native.trace import TracedProgram
 
-    return load(buffer)(*inputs)
+    with TracedProgram(buffer) as program:
+        return program(*inputs)
 
 
 def webgpu_call_order(pte) -> list[int]:
