@@ -1,0 +1,133 @@
+"""What the native backend records in ExecuTorch's runtime (ETDump events, captured delegate
+calls) and the verdict of a file run there (pipeline.evaluation.executorch_verdict)."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+from torch import nn
+
+import pipeline
+from pipeline.evaluation import executorch_verdict
+from pipeline.executor.lowering import lower_to_edge
+from pipeline.executor.pte import PteFile
+from pipeline.native import build as native_build
+
+
+class Block(nn.Module):
+    """A LayerNorm, a linear and a weight-less LayerNorm: two WebGPU delegates a forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(24)
+        self.linear = nn.Linear(24, 40)
+        self.plain = nn.LayerNorm(40, elementwise_affine=False)
+        with torch.no_grad():
+            self.norm.weight.normal_()
+            self.norm.bias.normal_()
+
+    def forward(self, x):
+        return self.plain(torch.relu(self.linear(self.norm(x))))
+
+
+@pytest.fixture(scope="module")
+def native_runtime(gpu_info):
+    try:
+        native_build.find_compiler()
+    except native_build.BuildError as exc:
+        pytest.skip(str(exc))
+    import pipeline.native
+
+    available, reason = pipeline.native.device()
+    assert available, f"the native backend finds no device although wgpu does: {reason}"
+    pipeline.native.register()
+    return pipeline.native
+
+
+@pytest.fixture(scope="module")
+def block_files(native_runtime, tmp_path_factory):
+    """The block as a portable file and as an XNNPACK file, with its spec and inputs."""
+    torch.manual_seed(0)
+    model = Block().eval()
+    inputs = (torch.randn(2, 7, 24) * 3 + 1,)
+    folder = tmp_path_factory.mktemp("trace")
+    portable = folder / "block.pte"
+    pipeline.lower(model, inputs).save(portable)
+    edge, coverage = lower_to_edge(model, inputs, None, "xnnpack")
+    assert coverage.complete
+    xnnpack = folder / "block-xnnpack.pte"
+    xnnpack.write_bytes(edge.to_executorch().buffer)
+    spec = types.SimpleNamespace(module=model, example_inputs=inputs, dynamic_shapes=None)
+    return spec, portable, xnnpack
+
+
+def test_etdump_lists_each_layer_norm_delegate_with_its_times(block_files, tmp_path):
+    from executorch.devtools import Inspector
+
+    from pipeline.native.trace import TracedProgram, parse_metadata
+
+    spec, portable, _ = block_files
+    with TracedProgram(portable, etdump=True) as program:
+        # The wheel's runtime records no events of its own: the backend opens the blocks.
+        assert not program.runtime_records
+        for _ in range(3):
+            program(*spec.example_inputs)
+        path = program.write_etdump(tmp_path / "block.etdp")
+    inspector = Inspector(etdump_path=str(path), delegate_metadata_parser=parse_metadata)
+    [block] = inspector.event_blocks
+    assert [e.name for e in block.events] == ["native_layer_norm #0", "native_layer_norm #1"]
+    for event, width in zip(block.events, (24, 40)):
+        assert event.is_delegated_op and len(event.perf_data.raw) == 3 and min(event.perf_data.raw) > 0
+        meta = event.delegate_debug_metadatas
+        assert meta["rows"] == [14] * 3 and meta["width"] == [width] * 3 and meta["timing"] == ["wall"] * 3
+
+
+def test_no_etdump_without_delegate_calls(block_files, tmp_path):
+    from pipeline.native.trace import TracedProgram
+
+    _, portable, _ = block_files
+    with TracedProgram(portable, etdump=True) as program, pytest.raises(RuntimeError, match="ETDump is empty"):
+        program.write_etdump(tmp_path / "none.etdp")
+    assert not (tmp_path / "none.etdp").exists()
+
+
+def test_captured_calls_are_the_python_runtimes_bit_for_bit(block_files):
+    from pipeline.native.trace import TracedProgram, captured_calls
+
+    spec, _, xnnpack = block_files
+    with TracedProgram(xnnpack, capture=True) as program:
+        program(*spec.example_inputs)
+        calls = program.captured_calls()
+    assert captured_calls() == []  # closing switched recording off and dropped the copies
+    assert [tuple(c[0].shape) for c in calls] == [(2, 7, 24), (2, 7, 40)]
+    rows = executorch_verdict.layer_norm_identity(PteFile.read(xnnpack), calls)
+    assert [r["identical"] for r in rows] == [True, True] and all(r["max_abs_difference"] == 0 for r in rows)
+    # One flipped bit in an output is seen.
+    out = calls[1][-1]
+    out.view(torch.int32).view(-1)[5] ^= 1
+    rows = executorch_verdict.layer_norm_identity(PteFile.read(xnnpack), calls)
+    assert [r["identical"] for r in rows] == [True, False] and rows[1]["max_abs_difference"] > 0
+
+
+def test_verdict_holds_the_file_against_its_no_delegate_reference(block_files):
+    spec, _, xnnpack = block_files
+    verdict = executorch_verdict.evaluate_in_executorch(xnnpack, {"cpu_backend": "xnnpack"}, spec)
+    assert verdict["passed"], verdict["why"]
+    assert verdict["layer_norms_identical"] and len(verdict["layer_norms"]) == 2
+    for key in ("file_vs_fp64", "reference_vs_fp64", "eager_vs_fp64"):
+        assert verdict[key]["rel_l2"] > 0 and verdict[key]["max_abs"] > 0
+    assert verdict["rel_l2_ratio"] == verdict["file_vs_fp64"]["rel_l2"] / verdict["reference_vs_fp64"]["rel_l2"]
+    assert any("eager float32" in line for line in executorch_verdict.verdict_lines(verdict))
+
+
+def test_verdict_fails_a_file_less_accurate_than_its_reference(block_files, monkeypatch):
+    """A reference as exact as float64 allows leaves the file far past 1.1x its error."""
+    spec, _, xnnpack = block_files
+    with torch.no_grad():
+        exact = pipeline.evaluation.run_eager(*pipeline.evaluation.to_float64(spec.module, spec.example_inputs),
+                                              keep_tensors=False).outputs
+    monkeypatch.setattr(executorch_verdict, "run_in_executorch", lambda buffer, inputs: [exact.float()])
+    verdict = executorch_verdict.evaluate_in_executorch(xnnpack, {"cpu_backend": "xnnpack"}, spec)
+    assert not verdict["passed"] and "relative L2 error" in verdict["why"] and "max abs error" in verdict["why"]
