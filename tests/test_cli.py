@@ -179,6 +179,36 @@ def test_bench_bad_usage_exits_2_before_benchmarking(argv, message, capsys, monk
     assert message in exits_2_before_work(bench.main, argv, capsys)
 
 
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["x.pte", "--etdump", "a.etdp"], "needs --runtime executorch"),
+        (["x.pte", "--runtime", "executorch", "--etdump", "{file}/a.etdp"], "is not a directory"),
+        (["x.pte", "--runtime", "executorch", "--etdump", "{dir}"], "is a directory"),
+    ],
+)
+def test_run_pte_etdump_bad_usage_exits_2_before_running(argv, message, capsys, monkeypatch, tmp_path):
+    import pipeline.artifact
+
+    run_pte = load_script("run_pte")
+    (tmp_path / "file").write_text("")
+    monkeypatch.setattr(pipeline.artifact, "run_artifact", lambda *a, **k: pytest.fail("ran despite bad usage"))
+    argv = [a.format(file=tmp_path / "file", dir=tmp_path) for a in argv]
+    assert message in exits_2_before_work(run_pte.main, argv, capsys)
+
+
+def test_accuracy_report_executorch_runtime_needs_a_file(capsys, monkeypatch):
+    from pipeline.evaluation import runner
+
+    monkeypatch.setattr(runner, "run_reports", lambda *a, **k: pytest.fail("ran despite bad usage"))
+    argv = ["whisper", "--runtime", "executorch"]
+    assert "executorch needs --pte FILE" in exits_2_before_work(lambda a: runner.report_main("accuracy", "doc", a),
+                                                                argv, capsys)
+    # The coverage audit runs no program: it takes no --runtime.
+    assert "unrecognized arguments" in exits_2_before_work(lambda a: runner.report_main("coverage", "doc", a),
+                                                           argv, capsys)
+
+
 def test_plot_output_path_is_checked_first(capsys, tmp_path):
     plot = load_script("plot_bench")
     (tmp_path / "file").write_text("")
