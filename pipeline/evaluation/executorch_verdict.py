@@ -3,9 +3,10 @@ there without our delegate, not against eager.
 
 ExecuTorch's CPU kernels sum a linear's K products in sequence (portable equals a
 sequential float32 sum; XNNPACK matches it), so their error against float64 grows about
-as sqrt(K) where eager's stays flat: on one nn.Linear 1.41x eager's at K=384, 1.97x at
-768, 2.75x at 1536, 3.8x at 3072; whisper tiny 1.9x and bart-base 2.6x whole, with or
-without our delegate. A fixed multiple of eager measures ExecuTorch's matmuls, not us.
+as sqrt(K) where eager's stays flat: one nn.Linear's relative L2 error is 1.41x eager's at
+K=384, 1.96x at 768, 2.76x at 1536, 3.8x at 3072 (portable and XNNPACK alike;
+benchmarks/linear_error_by_k.py), with or without our delegate in the program. A fixed
+multiple of eager measures ExecuTorch's matmuls, not us.
 
 The reference is the same model exported with the same CPU backend and the same graph
 passes, but no WebGPU delegate, run in ExecuTorch's runtime on the same inputs. The file
