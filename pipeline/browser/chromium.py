@@ -123,7 +123,7 @@ class Chromium:
         while data:
             data = data[os.write(self._write_fd, data):]
         wanted = self._next_id
-        reply = self.wait_for(lambda m: m.get("id") == wanted, timeout, f"the reply to {method}")
+        reply = self.wait_for(lambda m: m.get("id") == wanted, timeout, f"reply to {method}")
         if "error" in reply:
             raise BrowserError(f"{method}: {reply['error'].get('message')} {reply['error'].get('data', '')}".strip())
         return reply["result"]
@@ -133,9 +133,10 @@ class Chromium:
         for i, event in enumerate(self._events):
             if matches(event):
                 return self._events.pop(i)
-        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        seconds = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + seconds
         while True:
-            message = self._receive(deadline, what)
+            message = self._receive(deadline, seconds, what)
             if matches(message):
                 return message
             if "method" in message:
@@ -145,26 +146,28 @@ class Chromium:
         """Events of `method` received so far (and not yet waited for), oldest first."""
         return [e for e in self._events if e.get("method") == method]
 
-    def _receive(self, deadline: float, what: str) -> dict[str, Any]:
+    def _receive(self, deadline: float, seconds: float, what: str) -> dict[str, Any]:
         while b"\0" not in self._buffer:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise BrowserError(f"Chromium sent no {what} within {self.timeout:g} s{self._log_tail()}")
+                raise BrowserError(f"Chromium sent no {what} within {seconds:g} s{self._log_tail()}")
             ready, _, _ = select.select([self._read_fd], [], [], left)
             if not ready:
                 continue
             chunk = os.read(self._read_fd, 1 << 20)
             if not chunk:
-                raise BrowserError(f"Chromium closed its DevTools pipe while waiting for {what}{self._log_tail()}")
+                raise BrowserError(f"Chromium closed its DevTools pipe, no {what}{self._log_tail()}")
             self._buffer += chunk
         message, self._buffer = self._buffer.split(b"\0", 1)
         return json.loads(message)
 
     def _log_tail(self, lines: int = 15) -> str:
+        """The end of Chromium's output, without its complaints about the missing D-Bus."""
         try:
-            text = (self._folder / "chromium.log").read_text(errors="replace").strip().splitlines()
+            text = (self._folder / "chromium.log").read_text(errors="replace").splitlines()
         except OSError:
             return ""
+        text = [line for line in text if line.strip() and ":ERROR:dbus/" not in line]
         return ("; its log ends:\n" + "\n".join(text[-lines:])) if text else ""
 
     # Pages.
@@ -180,7 +183,7 @@ class Chromium:
         if navigated.get("errorText"):
             raise BrowserError(f"Chromium could not open {url}: {navigated['errorText']}")
         self.wait_for(lambda m: m.get("method") == "Page.loadEventFired" and m.get("sessionId") == session,
-                      None, f"load event of {url}")
+                      None, f"load event for {url}")
         return page
 
     # Ending.
