@@ -197,7 +197,7 @@ def test_a_refused_module_reports_the_compilers_message(browser):
     # The subgroup module without its `enable subgroups;` directive: Tint (Chromium's
     # compiler) refuses it, and the message comes back with the launch.
     launch = make_launch(("subgroup", torch.float32, None, 384, "random"))
-    request = browser._request(launch, browser.config(launch))
+    request = browser.request(launch)
     request["module"] = request["module"].replace("enable subgroups;\n", "")
     request["label"] = "without enable"
     answer = browser.page.evaluate(f"nativeLayerNorm.run([{json.dumps(request)}])")
@@ -208,7 +208,7 @@ def test_a_refused_module_reports_the_compilers_message(browser):
 def test_a_validation_error_reports_the_message(browser):
     # x bound as a uniform buffer where the module declares storage: the pipeline is refused.
     launch = make_launch(("workgroup", torch.float32, None, 7, "random"))
-    request = browser._request(launch, browser.config(launch))
+    request = browser.request(launch)
     request["bindings"] = ["uniform", *request["bindings"][1:]]
     request["label"] = "x as uniform"
     answer = browser.page.evaluate(f"nativeLayerNorm.run([{json.dumps(request)}])")

@@ -120,8 +120,11 @@ class Chromium:
         if session:
             message["sessionId"] = session
         data = json.dumps(message).encode() + b"\0"
-        while data:
-            data = data[os.write(self._write_fd, data):]
+        try:
+            while data:
+                data = data[os.write(self._write_fd, data):]
+        except BrokenPipeError:
+            raise BrowserError(f"Chromium has exited; it cannot take {method}{self._log_tail()}") from None
         wanted = self._next_id
         reply = self.wait_for(lambda m: m.get("id") == wanted, timeout, f"reply to {method}")
         if "error" in reply:
@@ -196,11 +199,14 @@ class Chromium:
                     self.send("Browser.close", timeout=5)
             except (BrowserError, OSError, ValueError):
                 pass
-            if not self._exited(within=5):
-                self._kill_group()
-                self._exited(within=5)
-            # Helpers (crashpad, zygotes) that outlived the browser go with its group.
+            # The browser is reaped only after its group is signalled: until then its pid,
+            # and so the group's id, cannot be another process's.
+            self._exited(within=5)
             self._kill_group()
+            try:
+                os.waitpid(self._pid, 0)
+            except ChildProcessError:
+                pass
             self._pid = None
         for fd in (self._write_fd, self._read_fd):
             if fd >= 0:
@@ -209,19 +215,20 @@ class Chromium:
         shutil.rmtree(self._folder, ignore_errors=True)
 
     def _exited(self, within: float) -> bool:
+        """Whether the browser exited within `within` seconds (it is left unreaped)."""
         deadline = time.monotonic() + within
         while True:
             try:
-                pid, _ = os.waitpid(self._pid, os.WNOHANG)
+                if os.waitid(os.P_PID, self._pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+                    return True
             except ChildProcessError:
-                return True
-            if pid:
                 return True
             if time.monotonic() >= deadline:
                 return False
             time.sleep(0.02)
 
     def _kill_group(self) -> None:
+        """SIGKILL to every process left in the browser's group (its helpers, or all of it)."""
         try:
             os.killpg(self._pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):

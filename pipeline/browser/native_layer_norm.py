@@ -23,7 +23,7 @@ import torch
 from pipeline.browser.chromium import BrowserError, Chromium, Page, find_chromium
 from pipeline.runtime.device import ShaderFiles, f16_pack_cases, pack_matches_aten
 from pipeline.runtime.native_layer_norm import (
-    BINDINGS, DTYPES, PARAMS_BYTES, KernelConfig, _STORED, _stored, _words, choose_config, grid, pack_params,
+    BINDINGS, DTYPES, KernelConfig, _STORED, _stored, _words, choose_config, grid, pack_params,
 )
 
 PAGE = "native_layer_norm.html"
@@ -122,7 +122,9 @@ class BrowserKernel:
                              _dtype_name(affine), self.native_f16_pack, rows=x.shape[0],
                              write_stats=launch.write_stats)
 
-    def _request(self, launch: Launch, config: KernelConfig) -> dict:
+    def request(self, launch: Launch) -> dict:
+        """What the page's run() takes for `launch` (JSON): the module, buffers' bytes, grid."""
+        config = self.config(launch)
         x = launch.x
         if x.dim() != 2:
             raise ValueError(f"x must be (rows, width), got shape {list(x.shape)}")
@@ -140,7 +142,7 @@ class BrowserKernel:
             "x": _base64(_words(_stored(x.detach()))),
             "weight": None if launch.weight is None else _base64(_words(_stored(launch.weight.detach()))),
             "bias": None if launch.bias is None else _base64(_words(_stored(launch.bias.detach()))),
-            "params": _base64(pack_params(rows, launch.eps)[: PARAMS_BYTES // 4]),
+            "params": _base64(pack_params(rows, launch.eps)),
             "expected": {name: _base64(t.reshape(-1).numpy()) for name, t in
                          (("out", out), ("mean", mean), ("rstd", rstd))},
         }
@@ -150,7 +152,7 @@ class BrowserKernel:
         refuses (a compiler or validation error) has its message in `Outcome.error`; an
         error outside any launch (an uncaptured WebGPU error, a lost device) raises."""
         configs = [self.config(launch) for launch in launches]
-        requests = [self._request(launch, config) for launch, config in zip(launches, configs)]
+        requests = [self.request(launch) for launch in launches]
         answer = self.page.evaluate(f"nativeLayerNorm.run({json.dumps(requests)})", timeout=timeout)
         if answer["uncaptured"]:
             raise BrowserError("WebGPU errors outside any launch: " + "; ".join(answer["uncaptured"]))
