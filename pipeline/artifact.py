@@ -140,6 +140,9 @@ def run_artifact(
         raise ValueError(f"repeats must be at least 1, got {repeats}")
     if etdump is not None and runtime != "executorch":
         raise ValueError("etdump needs runtime='executorch'")
+    if not Path(pte_path).is_file():  # before its coverage file is looked for
+        raise FileNotFoundError(f"{pte_path} not found" if not Path(pte_path).exists()
+                                else f"{pte_path} is not a regular file")
     summary = None
     if inputs_path is None or coverage_path_of(pte_path).exists():
         summary = read_artifact(pte_path)

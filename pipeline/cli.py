@@ -33,6 +33,19 @@ def positive_int(text: str) -> int:
     return value
 
 
+# What a benchmark shape may be: the kernel counts rows in a u32 and a row's bytes in a u32.
+U32_MAX = 2**32 - 1
+
+
+def check_bench_shapes(shapes: list[tuple[int, int]]) -> None:
+    """ValueError (one line) for a ROWSxWIDTH the kernel cannot launch: rows beyond a u32,
+    or a row of more than 2^32 - 1 bytes of float32."""
+    for rows, width in shapes:
+        if rows > U32_MAX or width * 4 > U32_MAX:
+            raise ValueError(f"shape {rows}x{width}: rows must be at most {U32_MAX} and width at most "
+                             f"{U32_MAX // 4} (the kernel counts in u32)")
+
+
 def _int(text: str) -> int:
     try:
         return int(text)
@@ -108,3 +121,4 @@ def terminate_as_interrupt() -> None:
         raise KeyboardInterrupt(f"signal {signum}")
 
     signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, signal.default_int_handler)

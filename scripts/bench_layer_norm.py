@@ -34,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         shapes = parse_shapes(args.shapes)
+        cli.check_bench_shapes(shapes)
     except ValueError as exc:
         parser.error(str(exc))
     if args.json:

@@ -13,11 +13,23 @@ Exit status: 0 done, 1 failed (one line on stderr), 2 bad usage.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 
-from pipeline import cli
-from pipeline.export import export_model
-from pipeline.ioutil import check_output_dir
+
+def _interrupted_while_starting(signum, frame):
+    print("export_model: interrupted", file=sys.stderr, flush=True)
+    raise SystemExit(130)
+
+
+# Importing pipeline (torch, ExecuTorch) takes seconds: SIGTERM or Ctrl-C then ends the
+# script with one line, until main() hands both to cli.terminate_as_interrupt.
+signal.signal(signal.SIGTERM, _interrupted_while_starting)
+signal.signal(signal.SIGINT, _interrupted_while_starting)
+
+from pipeline import cli  # noqa: E402
+from pipeline.export import export_model  # noqa: E402
+from pipeline.ioutil import check_output_dir  # noqa: E402
 
 MODELS = ("bart", "florence2", "whisper")
 
@@ -73,5 +85,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # while main() imports the model zoo, before the export's own handling
+        print("export_model: interrupted; no file was written", file=sys.stderr)
+        sys.exit(130)
 

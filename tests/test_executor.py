@@ -343,3 +343,28 @@ def test_layer_norms_in_control_flow_are_counted_and_reported_not_delegated():
         assert_same_outputs(prog(inputs), module(inputs))
     audit = audit_coverage(module, (x,), prog)
     assert not audit.complete and audit.graph_ops == 2 and audit.delegated == 0 and audit.eager_calls == 1
+
+
+class GroupNormInUntakenBranch(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.gn = nn.GroupNorm(2, 4)
+
+    def forward(self, x):
+        return torch.cond(x.sum() > 0, lambda x: x * 2, lambda x: self.gn(x), (x,))
+
+
+def test_group_norm_in_control_flow_is_counted_and_reported_not_delegated(tmp_path):
+    from pipeline.evaluation import audit_coverage
+
+    module = GroupNormInUntakenBranch().eval()
+    x = randn(2, 4, 5).abs()  # eager takes the branch without the GroupNorm
+    prog = pipeline.lower(module, (x,))
+    cov = prog.coverage
+    assert (cov.total, cov.delegated, cov.complete) == (1, 0, False)
+    assert "control flow" in cov.not_delegated[0][1]
+    prog.save(tmp_path / "branch.pte")
+    in_file = pipeline.load(tmp_path / "branch.pte").coverage
+    assert (in_file.total, in_file.delegated) == (cov.total, cov.delegated)
+    assert_same_outputs(prog(-x), module(-x))
+    assert not audit_coverage(module, (x,), prog).complete

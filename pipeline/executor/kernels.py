@@ -103,13 +103,20 @@ _SPECIAL: dict[str, Kernel] = {
 }
 
 
-def _overload(name: str, overload: str):
+def find_overload(name: str, overload: str):
+    """The `torch.ops` overload of operator `name.overload`, None when torch has none."""
     namespace, _, op = name.partition("::")
     try:
         packet = getattr(getattr(torch.ops, namespace), op)
         return getattr(packet, overload or "default")
     except (AttributeError, RuntimeError):
         return None
+
+
+def convert(argument, value):
+    """A plan value as the schema `argument` takes it (dtype codes to torch dtypes, ...)."""
+    convert_ = _converter(str(argument.type))
+    return value if convert_ is None else convert_(value)
 
 
 def _converter(type_name: str) -> Callable | None:
@@ -160,5 +167,5 @@ def resolve(name: str, overload: str, dynamic: bool = False) -> Kernel | None:
     special = _SPECIAL.get(f"{name}.{overload}")
     if special is not None:
         return special
-    op = _overload(name, overload)
+    op = find_overload(name, overload)
     return None if op is None else _generic(op, dynamic)

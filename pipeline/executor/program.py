@@ -22,13 +22,15 @@ import torch
 import torch.utils._pytree as pytree
 from executorch.exir import schema
 
-from pipeline.executor import kernels
+from pipeline.executor import inputs as _inputs
+from pipeline.executor import kernels, verify
 from pipeline.executor.pte import PteError, PteFile
 from pipeline.ioutil import write_bytes_atomic
 from pipeline.runtime.delegate import LayerNormDelegate
 
 BACKEND_ID = "WebGPUBackend"
 MAX_INSTRUCTIONS = 10_000_000  # ExecuTorch's cap on one run
+MAX_CHECKED_SHAPES = 1024  # input shapes of a dynamic program remembered as checked
 # Operators that are a LayerNorm left outside the delegate (what coverage counts as missed).
 _LAYER_NORM_OPS = ("aten::native_layer_norm", "aten::layer_norm", "aten::native_group_norm", "aten::group_norm")
 
@@ -83,8 +85,18 @@ class Program:
             raise ValueError(f"{len(names)} delegate names for {len(self._delegates)} delegates")
         self.delegate_names = names
         self._steps, self.layer_norm_sites = self._init_chain()
+        try:
+            verify.check_shapes(plan, self._shape_rules())
+        except verify.CheckError as exc:
+            raise self._fail(str(exc)) from None
         self.coverage = coverage if coverage is not None else self._file_coverage()
-        self._in_spec, self._out_spec = _specs(plan.container_meta_type)
+        try:
+            self._in_spec, self._out_spec = _inputs.specs(plan)
+        except _inputs.SignatureError as exc:
+            raise self._fail(str(exc)) from None
+        # A dynamic program's input shapes are checked by shape propagation once each.
+        self._checked_shapes: set[tuple] = set()
+        self._ranges: dict[int, dict[int, tuple[int, int]]] | None = None
         # One set of values and planned memory: calls from several threads take turns.
         self._lock = threading.Lock()
 
@@ -119,7 +131,7 @@ class Program:
     def _initial_values(self) -> list:
         values: list = []
         with warnings.catch_warnings():
-            # Constants of in-memory programs view immutable bytes; kernels never write them.
+            # Constants view the program's immutable bytes; kernels never write them.
             warnings.filterwarnings("ignore", message="The given buffer is not writable")
             for i, ev in enumerate(self._plan.values):
                 values.append(self._value(i, ev.val, values))
@@ -285,6 +297,9 @@ class Program:
                 hook(name, tuple(inputs), tuple(results))
         return step
 
+    def _shape_rules(self) -> verify.Delegates:
+        return verify.Delegates({i: d.params for i, d in enumerate(self._delegates)})
+
     def _file_coverage(self) -> Coverage:
         delegated = sum(1 for s in self.layer_norm_sites if s.delegated)
         left = [(s.name, f"{s.operator} runs on the CPU, outside the WebGPU delegate")
@@ -293,53 +308,71 @@ class Program:
 
     # -- running -------------------------------------------------------------------------
 
-    def __call__(self, *inputs, on_delegate: Callable[[str, tuple, tuple], None] | None = None):
+    def __call__(self, *args, on_delegate: Callable[[str, tuple, tuple], None] | None = None):
         """Run the program; returns outputs structured like `module(*inputs)`.
 
         `on_delegate(name, inputs, outputs)` is called after each delegate ran, `name`
         being one of `delegate_names` (the evaluator compares each delegated LayerNorm's
         output with eager's through it).
         """
-        flat, spec = pytree.tree_flatten((inputs, {}))
-        if self._in_spec is not None and spec != self._in_spec:
-            raise TypeError(f"inputs do not match the program's signature: got {spec}, expected {self._in_spec}")
         plan = self._plan
-        if len(flat) != len(plan.inputs):
-            raise TypeError(f"the program takes {len(plan.inputs)} inputs, got {len(flat)}")
+        flat = _inputs.flatten(args, self._in_spec, len(plan.inputs))
+        for k, (j, given) in enumerate(zip(plan.inputs, flat)):
+            declared = plan.values[j].val
+            if isinstance(declared, schema.Tensor):
+                _inputs.check_tensor(k, declared, given)
+            elif given != self._values[j]:
+                raise ValueError(f"input {k}: the program was exported for the value {self._values[j]!r}, "
+                                 f"got {given!r}")
         values = self._values
         with self._lock, torch.no_grad():
-            for k, (j, given) in enumerate(zip(plan.inputs, flat)):
-                self._set_input(k, j, given, values)
+            if self._dynamic:
+                self._check_dynamic_shapes(flat)
+            for j, given in zip(plan.inputs, flat):
+                self._set_input(j, given, values)
             self._run(values, on_delegate)
             outputs = [_output(values[j]) for j in plan.outputs]
         if self._out_spec is None:
             return outputs[0] if len(outputs) == 1 else tuple(outputs)
         return pytree.tree_unflatten(outputs, self._out_spec)
 
-    def _set_input(self, k: int, j: int, given, values: list) -> None:
+    def _set_input(self, j: int, given, values: list) -> None:
         declared = self._plan.values[j].val
         if not isinstance(declared, schema.Tensor):
-            expected = values[j]
-            if given != expected:
-                raise ValueError(f"input {k}: the program was exported for the value {expected!r}, got {given!r}")
             return
-        if not isinstance(given, torch.Tensor):
-            raise TypeError(f"input {k} must be a torch.Tensor, got {type(given).__name__}")
-        dtype = kernels.DTYPES[int(declared.scalar_type)]
-        if given.dtype != dtype:
-            raise TypeError(f"input {k} must be {dtype}, got {given.dtype}")
-        bound = list(declared.sizes)
-        shape = list(given.shape)
-        static = declared.shape_dynamism == schema.TensorShapeDynamism.STATIC
-        if len(shape) != len(bound) or any(s > b or (static and s != b) for s, b in zip(shape, bound)):
-            what = "the shape" if static else "shapes within"
-            raise ValueError(f"input {k} has shape {shape}, outside what the program was exported for "
-                             f"({what} {bound})")
         slot = values[j]
         if slot is None or declared.allocation_info is None:
             values[j] = given.detach()
         else:
             kernels.resized(slot, given.shape).copy_(given)
+
+    def _check_dynamic_shapes(self, flat: list) -> None:
+        """A shape the program has not run at yet: within the sizes it was exported for
+        (known when lowered in this process), and one it can run at, by shape propagation
+        (a size the export's range excludes can fail deep inside, or run wrongly)."""
+        shapes = tuple(tuple(t.shape) if isinstance(t, torch.Tensor) else None for t in flat)
+        if shapes in self._checked_shapes:
+            return
+        for k, shape in enumerate(shapes):
+            for dim, (least, most) in self._dynamic_ranges().get(k, {}).items():
+                if shape is not None and not least <= shape[dim] <= most:
+                    raise ValueError(f"input {k} has size {shape[dim]} in dim {dim}; the program was exported for "
+                                     f"sizes {least} to {most} there")
+        try:
+            verify.check_shapes(self._plan, self._shape_rules(), [None if s is None else list(s) for s in shapes])
+        except verify.CheckError as exc:
+            raise ValueError(f"inputs of shapes {[list(s) for s in shapes if s is not None]}: the program cannot "
+                             f"run at these sizes ({exc})") from None
+        if len(self._checked_shapes) >= MAX_CHECKED_SHAPES:
+            self._checked_shapes.clear()
+        self._checked_shapes.add(shapes)
+
+    def _dynamic_ranges(self) -> dict[int, dict[int, tuple[int, int]]]:
+        """input -> dim -> (least, most) size of each dynamic dim, from the exported program
+        (only a program lowered in this process has it: a file records upper bounds alone)."""
+        if self._ranges is None:
+            self._ranges = {} if self.edge is None else _export_ranges(self.edge.exported_program())
+        return self._ranges
 
     def _run(self, values: list, hook) -> None:
         steps = self._steps
@@ -381,12 +414,22 @@ def _strided(flat: torch.Tensor, sizes: list[int], dim_order: list[int]) -> torc
     return flat.as_strided(sizes, strides)
 
 
-def _specs(meta: schema.ContainerMetadata):
-    loads = lambda text: pytree.treespec_loads(text) if text else None  # noqa: E731
-    try:
-        return loads(meta.encoded_inp_str), loads(meta.encoded_out_str)
-    except Exception as exc:
-        raise PteError(f"input/output structure of the program is corrupt: {exc}") from None
+def _export_ranges(exported) -> dict[int, dict[int, tuple[int, int]]]:
+    """input -> dim -> (least, most) for each dim of a user input that is a symbol with a
+    range in the exported program."""
+    ranges = exported.range_constraints
+    user = set(exported.graph_signature.user_inputs)
+    found: dict[int, dict[int, tuple[int, int]]] = {}
+    placeholders = [n for n in exported.graph.nodes if n.op == "placeholder" and n.name in user]
+    for k, node in enumerate(placeholders):
+        val = node.meta.get("val")
+        for dim, size in enumerate(getattr(val, "shape", ())):
+            expr = getattr(getattr(size, "node", None), "expr", None)
+            if expr is not None and expr in ranges:
+                bounds = ranges[expr]
+                upper = int(bounds.upper) if bounds.upper.is_finite else 2**63 - 1
+                found.setdefault(k, {})[dim] = (int(bounds.lower), upper)
+    return found
 
 
 def _output(value):

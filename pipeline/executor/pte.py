@@ -1,5 +1,10 @@
-"""Read a `.pte` file: check its framing, parse the program flatbuffer, and address its
-segments in place — constants are views of the file's bytes (a memory map), never copies.
+"""Read a `.pte` file: check its framing, parse the program flatbuffer, check it
+(`pipeline.executor.verify`), and address its segments in place — constants are views of
+the program's bytes, never copies.
+
+A file is read once into private memory: truncating or overwriting it afterwards cannot
+reach a loaded program (a mapping of the file would fault on truncation and follow an
+overwrite). Only regular files are read; a FIFO or a device is refused without blocking.
 
 Layout (ExecuTorch's): a flatbuffer whose identifier `ET12` sits at offset 4, an extended
 header `eh00` at offset 8 (flatbuffer size, where the segments start and their size), then
@@ -12,13 +17,17 @@ The flatbuffer is parsed with ExecuTorch's own (private) reader; executorch is p
 
 from __future__ import annotations
 
-import mmap
+import errno
+import io
 import os
+import stat
 import struct
 from dataclasses import dataclass
 
 from executorch.exir import schema
 from executorch.exir._serialize._flatbuffer_program import _flatbuffer_to_program
+
+from pipeline.executor import verify
 
 IDENTIFIER = b"ET12"
 EXTENDED_MAGIC = b"eh00"
@@ -42,8 +51,8 @@ class Segment:
 class PteFile:
     """A parsed `.pte`: `program` (ExecuTorch's schema dataclasses) and its bytes.
 
-    `data` is a buffer over the whole file (a private copy-on-write memory map for files,
-    so tensors built on it are writable without touching the file).
+    `data` is the whole file's bytes (read once: nothing done to the file afterwards
+    reaches a program built on them).
     """
 
     def __init__(self, data, source: str) -> None:
@@ -53,14 +62,10 @@ class PteFile:
 
     @classmethod
     def read(cls, path: str | os.PathLike) -> PteFile:
-        """Map the file at `path`; raises FileNotFoundError/PermissionError/IsADirectoryError
-        as the OS does, PteError when its contents are not a program."""
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size == 0:
-                raise PteError(f"{path}: empty file, not an ExecuTorch program (.pte)")
-            data = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY)
-        return cls(data, str(path))
+        """Read the file at `path` into private memory; raises FileNotFoundError,
+        PermissionError or IsADirectoryError as the OS does, PteError when it is not a
+        regular file or its contents are not a program."""
+        return cls(read_private(path), str(path))
 
     @property
     def plan(self) -> schema.ExecutionPlan:
@@ -102,6 +107,36 @@ class PteFile:
         return self.segments[index]
 
 
+def read_private(path: str | os.PathLike) -> bytes:
+    """The bytes of the regular file at `path`, read into this process's memory.
+
+    Opened without blocking (a FIFO would otherwise wait for a writer) and refused unless
+    it is a regular file; a file that changes while it is read is refused too.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with io.FileIO(fd, "rb") as f:
+        before = os.fstat(fd)
+        if stat.S_ISDIR(before.st_mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), os.fspath(path))
+        if not stat.S_ISREG(before.st_mode):
+            raise PteError(f"{path}: not a regular file ({_file_kind(before.st_mode)}); a .pte must be one")
+        if before.st_size == 0:
+            raise PteError(f"{path}: empty file, not an ExecuTorch program (.pte)")
+        data = f.readall()
+        after = os.fstat(fd)
+    if len(data) != before.st_size or after.st_size != before.st_size or after.st_mtime_ns != before.st_mtime_ns:
+        raise PteError(f"{path}: the file changed while it was read ({before.st_size} bytes, then {after.st_size})")
+    return data
+
+
+def _file_kind(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "a named pipe"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
 def _parse(data, source: str) -> tuple[schema.Program, list[Segment]]:
     size = len(data)
     if size < 8 or bytes(data[4:8]) != IDENTIFIER:
@@ -124,6 +159,10 @@ def _parse(data, source: str) -> tuple[schema.Program, list[Segment]]:
         program = _flatbuffer_to_program(bytes(data[:program_size]))
     except Exception as exc:  # the flatbuffer reader raises whatever a bad offset leads to
         raise PteError(f"{source}: program flatbuffer corrupt: {type(exc).__name__}: {exc}") from None
+    try:
+        verify.check_structure(program)
+    except verify.CheckError as exc:
+        raise PteError(f"{source}: program flatbuffer corrupt: {exc}") from None
     if len(program.execution_plan) != 1:
         raise PteError(f"{source}: {len(program.execution_plan)} methods; only single-method programs run here")
     available = (segments_size if segments_size is not None else size - base) if base else 0
@@ -132,4 +171,15 @@ def _parse(data, source: str) -> tuple[schema.Program, list[Segment]]:
         if seg.offset + seg.size > available:
             raise PteError(f"{source}: truncated: segment {i} ends at {seg.offset + seg.size} of {available} bytes")
         segments.append(Segment(base + seg.offset, seg.size))
+    constants = program.constant_segment
+    constant_size = None
+    if not program.constant_buffer and constants.offsets:
+        if not 0 <= constants.segment_index < len(segments):
+            raise PteError(f"{source}: constant segment {constants.segment_index} of {len(segments)} does not exist")
+        constant_size = segments[constants.segment_index].size
+    try:
+        verify.check_plan(program.execution_plan[0])
+        verify.check_constants(program, constant_size)
+    except verify.CheckError as exc:
+        raise PteError(f"{source}: {exc}") from None
     return program, segments

@@ -131,10 +131,13 @@ class NativeProgram:
     decoded); ExecuTorch's runtime then loads those same bytes, never the file, so
     truncating or overwriting the file later cannot reach it. Raises PteError (a
     ValueError) for what the checks refuse, OSError as the OS reports, RuntimeError for
-    what ExecuTorch's runtime refuses.
+    what ExecuTorch's runtime refuses (its error code in the message). Inputs are checked
+    as the Python runtime checks them (structure, dtype, shape, dense CPU tensors) before
+    ExecuTorch's runtime sees them.
     """
 
     def __init__(self, path: str | os.PathLike | bytes, method: str = "forward") -> None:
+        from pipeline.executor import inputs
         from pipeline.executor.pte import PteError, PteFile
         from pipeline.executor.verify import CheckError, check_program
 
@@ -146,18 +149,35 @@ class NativeProgram:
             pte = PteFile.read(self.path)
         try:
             check_program(pte, BACKEND_NAME)
-        except CheckError as exc:
+            self._in_spec, _ = inputs.specs(pte.plan)
+        except (CheckError, inputs.SignatureError) as exc:
             raise PteError(f"{pte.source}: {exc}") from None
+        if pte.plan.name != method:
+            raise PteError(f"{pte.source}: the program has no method {method!r} (its one method is "
+                           f"{pte.plan.name!r})")
+        self._plan = pte.plan
         register()
         from executorch.runtime import Runtime
 
-        self.program = Runtime.get().load_program(pte.data)
-        self.method = self.program.load_method(method)
+        try:
+            self.program = Runtime.get().load_program(pte.data)
+            self.method = self.program.load_method(method)
+        except RuntimeError as exc:
+            raise PteError(f"{pte.source}: ExecuTorch's runtime refused the program: {exc}") from None
 
     def __call__(self, *inputs) -> list:
         """The method's outputs, a list as ExecuTorch's runtime returns it (tensors copied
         out, so a later call does not overwrite them)."""
-        outputs = self.method.execute(list(inputs))
+        from executorch.exir import schema
+
+        from pipeline.executor import inputs as checks
+
+        plan = self._plan
+        flat = checks.flatten(inputs, self._in_spec, len(plan.inputs))
+        for k, (j, given) in enumerate(zip(plan.inputs, flat)):
+            if isinstance(plan.values[j].val, schema.Tensor):
+                checks.check_tensor(k, plan.values[j].val, given)
+        outputs = self.method.execute(flat)
         return [o.clone() if hasattr(o, "clone") else o for o in outputs]
 
 
