@@ -116,6 +116,14 @@ class BrowserKernel:
     def config(self, launch: Launch) -> KernelConfig:
         """The runtime's configuration for `launch` on this browser's adapter."""
         x = launch.x
+        if x.dim() != 2:
+            raise ValueError(f"x must be (rows, width), got shape {list(x.shape)}")
+        for name, t in (("weight", launch.weight), ("bias", launch.bias)):
+            if t is not None and (tuple(t.shape) != (x.shape[1],) or t.dtype not in (x.dtype, torch.float32)):
+                raise ValueError(f"{name} must have shape [{x.shape[1]}] and x's dtype or float32, "
+                                 f"got {list(t.shape)} {t.dtype}")
+        if x.numel() * x.element_size() > self.adapter["limits"]["maxStorageBufferBindingSize"]:
+            raise ValueError(f"x of {list(x.shape)} exceeds the browser's storage binding limit")
         affine = next((t.dtype for t in (launch.weight, launch.bias) if t is not None), x.dtype)
         return choose_config(x.shape[-1], launch.weight is not None, launch.bias is not None,
                              self.subgroup_size if launch.subgroups else 0, _dtype_name(x.dtype),
@@ -126,8 +134,6 @@ class BrowserKernel:
         """What the page's run() takes for `launch` (JSON): the module, buffers' bytes, grid."""
         config = self.config(launch)
         x = launch.x
-        if x.dim() != 2:
-            raise ValueError(f"x must be (rows, width), got shape {list(x.shape)}")
         rows, width = x.shape
         out, mean, rstd = float64_reference(launch)
         return {
