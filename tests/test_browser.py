@@ -79,6 +79,7 @@ def make_launch(case) -> Launch:
 
 
 def unavailable(reason: str):
+    """Skip for `reason`; under PIPELINE_REQUIRE_GPU=1 (CI) fail instead."""
     if os.environ.get(REQUIRE_GPU_ENV) == "1":
         pytest.fail(f"{REQUIRE_GPU_ENV}=1 but {reason}")
     pytest.skip(reason)
@@ -135,7 +136,8 @@ def check_against_float64(outcome: Outcome) -> dict[str, float]:
         if o is None:
             assert name != "out" and not launch.write_stats
             continue
-        assert o.dtype == e.dtype and o.shape == e.shape, f"{name}: {o.dtype} {list(o.shape)}, aten's {e.dtype} {list(e.shape)}"
+        assert o.dtype == e.dtype and o.shape == e.shape, (
+            f"{name}: {o.dtype} {list(o.shape)}, aten's {e.dtype} {list(e.shape)}")
         # A row with an infinity has a mean of +-inf or NaN depending on where it sits (in
         # aten too): the kernel must agree on which statistics are finite and which outputs NaN.
         same = torch.isnan if name == "out" else torch.isfinite
