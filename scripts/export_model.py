@@ -22,10 +22,11 @@ def _interrupted_while_starting(signum, frame):
     raise SystemExit(130)
 
 
-# Importing pipeline (torch, ExecuTorch) takes seconds: SIGTERM or Ctrl-C then ends the
-# script with one line, until main() hands both to cli.terminate_as_interrupt.
-signal.signal(signal.SIGTERM, _interrupted_while_starting)
-signal.signal(signal.SIGINT, _interrupted_while_starting)
+if __name__ == "__main__":
+    # Importing pipeline (torch, ExecuTorch) takes seconds: SIGTERM or Ctrl-C then end the
+    # script with one line, until main() hands both to cli.terminate_as_interrupt.
+    signal.signal(signal.SIGTERM, _interrupted_while_starting)
+    signal.signal(signal.SIGINT, _interrupted_while_starting)
 
 from pipeline import cli  # noqa: E402
 from pipeline.export import export_model  # noqa: E402

@@ -167,6 +167,8 @@ def test_report_bad_usage_exits_2_before_work(kind, argv, message, capsys, monke
     [
         (["--repeats", "0"], "must be at least 1, got 0"),
         (["--repeats", "-3"], "must be at least 1, got -3"),
+        (["--shapes", "99999999999999999999x8"], "rows must be at most 4294967295"),
+        (["--shapes", "8x1073741824"], "width at most 1073741823"),
         (["--json", "{file}/b.json"], "is not a directory"),
         (["--json", "{dir}"], "is a directory"),
     ],
@@ -249,3 +251,24 @@ def test_scripts_quiet_mesas_runtime_dir_line(tmp_path):
                              "--repeats", "2"], capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 0, result.stderr
     assert "XDG_RUNTIME_DIR" not in result.stderr
+
+
+def test_run_pte_names_a_missing_pte_first(tmp_path, capsys):
+    run_pte = load_script("run_pte")
+    assert run_pte.main([str(tmp_path / "missing.pte")]) == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1] == f"run_pte: FileNotFoundError: {tmp_path}/missing.pte not found"
+
+
+def test_sigterm_while_export_imports_ends_with_one_line(tmp_path):
+    import signal
+    import time
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), "whisper", "--variant", "tiny", "--output-dir",
+                             str(tmp_path)], stderr=subprocess.PIPE, text=True, env=env)
+    time.sleep(2)  # importing torch and ExecuTorch
+    proc.send_signal(signal.SIGTERM)
+    err = proc.stderr.read()
+    assert proc.wait(timeout=60) == 130, err
+    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("export_model: interrupted"), err
+    assert list(tmp_path.iterdir()) == []
