@@ -136,7 +136,8 @@ class NativeProgram:
     ExecuTorch's runtime sees them.
     """
 
-    def __init__(self, path: str | os.PathLike | bytes, method: str = "forward") -> None:
+    def __init__(self, path: str | os.PathLike | bytes, method: str = "forward", *,
+                 enable_etdump: bool = False) -> None:
         from pipeline.executor import inputs
         from pipeline.executor.pte import PteError, PteFile
         from pipeline.executor.verify import CheckError, check_program
@@ -160,7 +161,7 @@ class NativeProgram:
         from executorch.runtime import Runtime
 
         try:
-            self.program = Runtime.get().load_program(pte.data)
+            self.program = Runtime.get().load_program(pte.data, enable_etdump=enable_etdump)
             self.method = self.program.load_method(method)
         except RuntimeError as exc:
             raise PteError(f"{pte.source}: ExecuTorch's runtime refused the program: {exc}") from None

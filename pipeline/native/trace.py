@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from pipeline.native import NativeProgram, library, register
+from pipeline.native import NativeProgram, library
 
 # ExecuTorch ScalarType codes (runtime/core/portable_type/scalar_type.h) of the dtypes a
 # LayerNorm delegate sees.
@@ -140,13 +140,7 @@ class _ProgramWithEtdump(NativeProgram):
     """NativeProgram, loaded with ExecuTorch's ETDump generator on or off."""
 
     def __init__(self, path: str | os.PathLike | bytes, method: str, enable_etdump: bool) -> None:
-        register()
-        from executorch.runtime import Runtime
-
-        self.path = None if isinstance(path, bytes) else Path(path)
-        self.program = Runtime.get().load_program(path if isinstance(path, bytes) else self.path,
-                                                  enable_etdump=enable_etdump)
-        self.method = self.program.load_method(method)
+        super().__init__(path, method, enable_etdump=enable_etdump)
 
 
 class TracedProgram:
