@@ -18,8 +18,8 @@ operator or delegate-call events, no "Execute" block, no chain or instruction id
 its ETDump generator works and reaches the backends. So on that runtime the file holds the
 backend's events only, one block per forward that the backend opens itself (an event
 outside a block aborts ETDumpGen); `runtime_records_events` finds out which kind of
-runtime this is, on the program being loaded. Other delegates (XNNPACK) record nothing
-there either: the wheel's XNNPACK is built without its profiler.
+runtime this is, on the program being loaded. XNNPACK's delegates record nothing there
+either (none of their events appear in the dump).
 
 Tracing switches are process-wide: one TracedProgram at a time.
 """
