@@ -31,26 +31,6 @@ PY
 state=$(adapter_state || true)
 if [ "${state##*$'\n'}" != ok ]; then
     [ -n "$state" ] && echo "${state%$'\n'*}" >&2
-
-# Dawn (PIPELINE_WEBGPU=dawn) needs a Vulkan driver it accepts, which Mesa 22.3's lavapipe is
-# not: without a GPU it runs on SwiftShader, from Debian's chromium-common, which the browser
-# check (Debian's chromium) needs anyway. The runtime finds the driver itself.
-dawn_state() {
-    PIPELINE_WEBGPU=dawn env -u PIPELINE_WGPU_SUBGROUPS .venv/bin/python - <<'PY' 2>/dev/null
-import pipeline.runtime as r
-info = r.device_info()
-print(f"setup: Dawn adapter: {info['adapter']} ({info['backend']}, subgroup size {info['subgroup_size']})")
-PY
-}
-if ! command -v chromium >/dev/null || ! dawn=$(dawn_state); then
-    echo "setup: installing Debian's chromium (the browser check; SwiftShader's Vulkan driver for Dawn)" >&2
-    sudo=""
-    [ "$(id -u)" -eq 0 ] || sudo="sudo"
-    $sudo apt-get update -q >/dev/null
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends chromium >/dev/null
-    dawn=$(dawn_state) || { echo "setup: Dawn still finds no adapter after installing SwiftShader" >&2; exit 1; }
-fi
-echo "$dawn" >&2
     echo "setup: no Vulkan adapter with subgroups; installing Mesa lavapipe (mesa-vulkan-drivers)" >&2
     sudo=""
     [ "$(id -u)" -eq 0 ] || sudo="sudo"

@@ -23,7 +23,7 @@ DTYPE_PAIRS = [("float32", "float32"), ("float16", "float16"), ("float16", "floa
 # Scalar, vec2 and vec4 loads; rows held by one thread, one subgroup or several; rows
 # streamed; 768 and 1024 split into 4 vec4 loads a thread, which a large launch doubles.
 WIDTHS = [1, 7, 6, 384, 768, 1023, 1024, 4097, 4098, 100_000]
-SUBGROUP_SIZES = [0, 4, 8, 32, 128]  # 0: the workgroup-memory path; the smallest, a common and the largest size
+SUBGROUP_SIZES = [0, 4, 8, 32, 128]  # 0: the workgroup-memory path; the smallest, two common, the largest size
 PROBES = [("subgroup_size.wgsl", True), ("f16_pack_probe.wgsl", False), ("bench_copy.wgsl", False)]
 
 
@@ -63,7 +63,7 @@ def kernel_modules(compiler: str) -> dict[str, str]:
 @pytest.mark.parametrize("compiler", list(COMPILERS))
 def test_every_kernel_module_compiles_cleanly(compilers, compiler):
     modules = kernel_modules(compiler)
-    assert len(modules) > 1500
+    assert len(modules) > 1000
     failures = {}
     for description, source in modules.items():
         messages = compilers[compiler].impl.compile_messages(source)
@@ -84,8 +84,10 @@ def test_the_enable_directive_is_written_for_tint_only():
     config = choose_config(768, True, True, 32)
     assert ShaderFiles("tint").module("", True) == "enable subgroups;\n"
     assert config.source(ShaderFiles("tint")).startswith("enable subgroups;\n")
-    assert "enable" not in config.source(ShaderFiles("naga"))
-    assert "enable" not in choose_config(768, True, True, 0).source(ShaderFiles("tint"))
+    directives = lambda source: [line for line in source.splitlines() if line.startswith("enable")]  # noqa: E731
+    assert directives(config.source(ShaderFiles("tint"))) == ["enable subgroups;"]
+    assert directives(config.source(ShaderFiles("naga"))) == []
+    assert directives(choose_config(768, True, True, 0).source(ShaderFiles("tint"))) == []
 
 
 # The checks above can fail: each compiler reports what it refuses.

@@ -8,6 +8,7 @@ checked through their compilation info, warnings included.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 from pathlib import Path
@@ -24,18 +25,26 @@ COMPILER = "tint"
 SWIFTSHADER_ICD = Path("/usr/lib/chromium/vk_swiftshader_icd.json")
 
 
-def _add_swiftshader() -> None:
-    """Offer SwiftShader to the Vulkan loader beside the system's drivers (a GPU's among
-    them, which Dawn prefers), unless the driver list was chosen explicitly."""
-    if not SWIFTSHADER_ICD.is_file() or os.environ.get("VK_ICD_FILENAMES") or os.environ.get("VK_DRIVER_FILES"):
-        return
-    extra = [p for p in os.environ.get("VK_ADD_DRIVER_FILES", "").split(os.pathsep) if p]
-    if str(SWIFTSHADER_ICD) not in extra:
+@contextlib.contextmanager
+def _with_swiftshader():
+    """While Dawn makes its Vulkan instance: SwiftShader offered to the Vulkan loader beside
+    the system's drivers (a GPU's among them, which Dawn prefers), unless the driver list
+    was chosen explicitly. Only then: the process's other Vulkan users (wgpu, the native
+    backend) keep the drivers they would find without Dawn."""
+    before = os.environ.get("VK_ADD_DRIVER_FILES")
+    if SWIFTSHADER_ICD.is_file() and not (os.environ.get("VK_ICD_FILENAMES") or os.environ.get("VK_DRIVER_FILES")):
+        extra = [p for p in (before or "").split(os.pathsep) if p]
         os.environ["VK_ADD_DRIVER_FILES"] = os.pathsep.join([*extra, str(SWIFTSHADER_ICD)])
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("VK_ADD_DRIVER_FILES", None)
+        else:
+            os.environ["VK_ADD_DRIVER_FILES"] = before
 
 
-_add_swiftshader()
-from pydawn import webgpu as w  # noqa: E402  (loads Dawn: after the driver list is set)
+from pydawn import webgpu as w  # noqa: E402
 
 WHOLE_SIZE = 0xFFFFFFFFFFFFFFFF
 _FEATURES = {"subgroups": w.WGPUFeatureName_Subgroups, "timestamp-query": w.WGPUFeatureName_TimestampQuery}
@@ -103,8 +112,9 @@ class Device:
         self._keep: list = []  # callbacks and strings Dawn may still call or read
         desc = w.WGPUInstanceDescriptor()
         desc.features.timedWaitAnyEnable = True
-        self.instance = w.wgpuCreateInstance(desc)
-        self.adapter = self._request_adapter()
+        with _with_swiftshader():
+            self.instance = w.wgpuCreateInstance(desc)
+            self.adapter = self._request_adapter()
         info = w.WGPUAdapterInfo()
         w.wgpuAdapterGetInfo(self.adapter, info)
         self.info = {

@@ -108,7 +108,6 @@ class KernelConfig:
             f"const HAS_WEIGHT: bool = {str(self.has_weight).lower()};\n"
             f"const HAS_BIAS: bool = {str(self.has_bias).lower()};\n"
             f"const ROW_IN_SUBGROUP: bool = {str(self.row_in_subgroup).lower()};\n"
-            f"const SUBGROUP_SIZE: u32 = {self.subgroup_size}u;\n"
             f"const WIDTH: u32 = {self.width}u;\n"
             f"const ROW_VECS: u32 = {self.row_vecs}u;\n"
             f"const HOLD: u32 = {self.hold}u;\n"

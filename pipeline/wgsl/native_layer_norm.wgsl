@@ -84,17 +84,19 @@ fn merge(a: vec3<f32>, b: vec3<f32>) -> vec3<f32> {
     return vec3<f32>(n, a.y + delta * share, a.z + b.z + delta * delta * a.x * share);
 }
 
-// The entry point `main` and `row_sum(value, tid, lane, step)` (the sum of `value` over
-// the row's threads, the same bits given to each of them; called by every thread of the
+// The entry point `main` and `row_sum(value, tid, lane, step, lanes)` (the sum of `value`
+// over the row's threads, the same bits given to each of them; called by every thread of the
 // workgroup once per step, 0 then 1, it may hold barriers) come from reduce_subgroup.wgsl or
-// reduce_workgroup.wgsl.
-fn normalize_rows(tid: u32, group: vec3<u32>, groups: vec3<u32>) {
+// reduce_workgroup.wgsl. `lanes`, the subgroup size from the entry point's builtin (0 on the
+// workgroup-memory path), is passed down as a parameter so that Tint can prove the shuffles'
+// control flow uniform.
+fn normalize_rows(tid: u32, group: vec3<u32>, groups: vec3<u32>, lanes: u32) {
     // Rows past 65,535 workgroups come through the y dimension of the grid.
     let row = (group.x + group.y * groups.x) * ROWS_PER_WORKGROUP + tid / THREADS_PER_ROW;
     if (HOLD > 0u) {
-        normalize_held(tid, row);
+        normalize_held(tid, row, lanes);
     } else {
-        normalize_streamed(tid, row);
+        normalize_streamed(tid, row, lanes);
     }
 }
 
@@ -108,9 +110,9 @@ fn value_stats(v: V) -> vec3<f32> {
 // The row's mean from each of its threads' (count, mean) of its share. Called by every
 // thread of the workgroup (row_sum may hold barriers), as the second sum is; threads past
 // the last row take part with the last row's values.
-fn row_mean(count: f32, share_mean: f32, tid: u32, lane: u32) -> f32 {
+fn row_mean(count: f32, share_mean: f32, tid: u32, lane: u32, lanes: u32) -> f32 {
     let share = select(count * INV_WIDTH, EVEN_SHARE, EVEN_SPLIT);
-    return row_sum(vec2<f32>(share_mean * share, 0.0), tid, lane, 0u).x;
+    return row_sum(vec2<f32>(share_mean * share, 0.0), tid, lane, 0u, lanes).x;
 }
 
 // M2 from the row sums of (d, d^2) about a center near the mean, corrected by the center's
@@ -192,7 +194,7 @@ fn row_base(row: u32) -> u32 {
     return min(row, params.rows - 1u) * ROW_VECS;
 }
 
-fn normalize_held(tid: u32, row: u32) {
+fn normalize_held(tid: u32, row: u32, lanes: u32) {
     let lane = tid % THREADS_PER_ROW;
     let base = row_base(row);
     let i_K = lane + K * THREADS_PER_ROW;  // each held value
@@ -208,11 +210,11 @@ fn normalize_held(tid: u32, row: u32) {
     // The share's mean: the first, corrected by the sum of the deviations from it.
     var shift = 0.0;
     shift += deviation_at(v_K, in_K, first_mean).x;  // each held value
-    let mean_row = row_mean(count, first_mean + select(0.0, shift / count, count > 0.0), tid, lane);
+    let mean_row = row_mean(count, first_mean + select(0.0, shift / count, count > 0.0), tid, lane, lanes);
     // The whole row's deviations from its mean.
     var dev = vec2<f32>(0.0);
     dev += deviation_at(v_K, in_K, mean_row);  // each held value
-    let stats = vec2<f32>(mean_row, corrected_m2(row_sum(dev, tid, lane, 1u)));
+    let stats = vec2<f32>(mean_row, corrected_m2(row_sum(dev, tid, lane, 1u, lanes)));
     if (row >= params.rows) {
         return;
     }
@@ -220,7 +222,7 @@ fn normalize_held(tid: u32, row: u32) {
     store_out(base, i_K, in_K, v_K, mean_rstd, w_K, b_K);  // each held value
 }
 
-fn normalize_streamed(tid: u32, row: u32) {
+fn normalize_streamed(tid: u32, row: u32, lanes: u32) {
     let lane = tid % THREADS_PER_ROW;
     let base = row_base(row);
     var local = vec3<f32>(0.0, 0.0, 0.0);
@@ -230,9 +232,9 @@ fn normalize_streamed(tid: u32, row: u32) {
         let v_K = load_x(base, i_K, in_K);  // each step value
         local = merge(local, stats_at(v_K, in_K));  // each step value
     }
-    let mean_row = row_mean(local.x, local.y, tid, lane);
+    let mean_row = row_mean(local.x, local.y, tid, lane, lanes);
     let gap = local.y - mean_row;
-    let stats = vec2<f32>(mean_row, row_sum(vec2<f32>(local.z + local.x * gap * gap, 0.0), tid, lane, 1u).x);
+    let stats = vec2<f32>(mean_row, row_sum(vec2<f32>(local.z + local.x * gap * gap, 0.0), tid, lane, 1u, lanes).x);
     if (row >= params.rows) {
         return;
     }

@@ -1,18 +1,22 @@
-// Row sums with subgroup shuffles. With ROW_IN_SUBGROUP (THREADS_PER_ROW <= SUBGROUP_SIZE)
-// a row's threads sit in one subgroup and a butterfly of additions sums them without
-// barriers. Otherwise each subgroup sums its part, and the parts meet in workgroup memory
-// behind one barrier, where each subgroup sums them with another butterfly.
+// Row sums with subgroup shuffles; the entry point lives here because it needs the
+// subgroup builtins (naga takes them once the device has the `subgroup` feature; Tint once
+// the module says `enable subgroups;`, which the runtime writes for it).
+// With ROW_IN_SUBGROUP (THREADS_PER_ROW <= the probe's subgroup size) a row's threads sit
+// in one subgroup and a butterfly of additions sums them without barriers. Otherwise each
+// subgroup sums its part, and the parts meet in workgroup memory behind one barrier, where
+// each subgroup sums them with another butterfly.
 //
-// SUBGROUP_SIZE (prelude) is the smallest subgroup size the device probe saw, a constant:
-// every shuffle below sits in control flow that depends on constants only, which Tint's
-// uniformity analysis can prove (a size read from the subgroup_size builtin into a private
-// variable it cannot), and the unused butterfly levels fold away. Like the row layout, it
-// takes subgroups to be runs of SUBGROUP_SIZE consecutive invocations (a larger subgroup
-// holds whole runs): lane = tid % SUBGROUP_SIZE.
+// Every shuffle must sit in control flow that Tint's uniformity analysis proves uniform.
+// The subgroup size comes down from the entry point's subgroup_size builtin as a parameter
+// (`lanes`), which it proves uniform; a private variable holding it, it cannot. A constant
+// (the probe's size) would do for Tint too, but on the H200 it made rows of several
+// subgroups 1-6% slower than the builtin (benchmarks/NOTES.md, "Dawn and Tint").
 
 // One slot of parts per step, so that a row's second sum never writes over parts its
 // first is still reading.
 var<workgroup> partial: array<vec2<f32>, 2 * WORKGROUP>;
+// The invocation's lane in its subgroup: it only indexes `partial`, never decides a shuffle.
+var<private> subgroup_lane: u32;
 
 // The sum over each `span` lanes (a power of two, at most 128, the largest subgroup), in
 // every one of them: addition commutes, so both lanes of a pair get the same bits. The
@@ -30,37 +34,37 @@ fn butterfly(value: vec2<f32>, span: u32) -> vec2<f32> {
     return sum;
 }
 
-fn row_sum(value: vec2<f32>, tid: u32, lane: u32, step: u32) -> vec2<f32> {
+fn row_sum(value: vec2<f32>, tid: u32, lane: u32, step: u32, lanes: u32) -> vec2<f32> {
     if (ROW_IN_SUBGROUP) {
         return butterfly(value, THREADS_PER_ROW);
     }
     let slot = step * WORKGROUP;
-    let sum = butterfly(value, SUBGROUP_SIZE);
-    let subgroup_lane = tid % SUBGROUP_SIZE;
+    let sum = butterfly(value, lanes);
     if (subgroup_lane == 0u) {
-        partial[slot + tid / SUBGROUP_SIZE] = sum;
+        partial[slot + tid / lanes] = sum;
     }
     workgroupBarrier();
     // Every subgroup of the row sums the row's parts itself, in the same order in every
     // subgroup, so all of the row's threads get the same sum: lane j takes the parts j,
     // j + span, j + 2 span, ... and a butterfly over `span` lanes adds them up.
-    let first = slot + (tid / THREADS_PER_ROW) * SUBGROUP_PARTS;
-    var total = partial[first + subgroup_lane % PARTS_SPAN];
-    for (var k = PARTS_SPAN; k < SUBGROUP_PARTS; k += PARTS_SPAN) {
-        total += partial[first + subgroup_lane % PARTS_SPAN + k];
+    let parts = THREADS_PER_ROW / lanes;
+    let first = slot + (tid / THREADS_PER_ROW) * parts;
+    let span = min(parts, lanes);
+    var total = partial[first + subgroup_lane % span];
+    for (var k = span; k < parts; k += span) {
+        total += partial[first + subgroup_lane % span + k];
     }
-    return butterfly(total, PARTS_SPAN);
+    return butterfly(total, span);
 }
-
-// A row's subgroups (where it spans several) and the lanes that sum their parts.
-const SUBGROUP_PARTS: u32 = max(THREADS_PER_ROW / SUBGROUP_SIZE, 1u);
-const PARTS_SPAN: u32 = min(SUBGROUP_PARTS, SUBGROUP_SIZE);
 
 @compute @workgroup_size(WORKGROUP)
 fn main(
     @builtin(local_invocation_index) tid: u32,
     @builtin(workgroup_id) group: vec3<u32>,
     @builtin(num_workgroups) groups: vec3<u32>,
+    @builtin(subgroup_size) lanes: u32,
+    @builtin(subgroup_invocation_id) lane_in_subgroup: u32,
 ) {
-    normalize_rows(tid, group, groups);
+    subgroup_lane = lane_in_subgroup;
+    normalize_rows(tid, group, groups, lanes);
 }
