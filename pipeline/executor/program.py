@@ -102,7 +102,7 @@ class Program:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Program:
-        """Map and check the `.pte` at `path`; raises PteError for anything it cannot run."""
+        """Read and check the `.pte` at `path`; raises PteError for anything it cannot run."""
         return cls(PteFile.read(path))
 
     @property
@@ -151,24 +151,17 @@ class Program:
         if isinstance(val, (schema.DoubleList, schema.BoolList)):
             return list(val.items)
         if isinstance(val, (schema.IntList, schema.TensorList, schema.OptionalTensorList)):
-            for j in val.items:
-                if not (-1 <= j < i) or (j == -1 and not isinstance(val, schema.OptionalTensorList)):
-                    raise self._fail(f"value {i}: list item {j} is not an earlier value")
-            return _gather(val, values)
+            return _gather(val, values)  # items are earlier values (verify.check_plan)
         if isinstance(val, schema.Tensor):
             return self._tensor(i, val)
         raise self._fail(f"value {i}: unsupported value type {type(val).__name__}")
 
     def _tensor(self, i: int, t: schema.Tensor) -> torch.Tensor | None:
-        dtype = kernels.DTYPES.get(int(t.scalar_type))
-        if dtype is None:
-            raise self._fail(f"value {i}: tensor dtype {t.scalar_type!r} is not supported")
+        # dtype, dim order and place in planned memory are checked (verify.check_plan).
+        dtype = kernels.DTYPES[int(t.scalar_type)]
         sizes = list(t.sizes)
-        if sorted(t.dim_order) != list(range(len(sizes))):
-            raise self._fail(f"value {i}: dim_order {list(t.dim_order)} does not fit sizes {sizes}")
-        itemsize = dtype.itemsize
         numel = math.prod(sizes)
-        nbytes = numel * itemsize
+        nbytes = numel * dtype.itemsize
         info = t.extra_tensor_info
         if info is not None and info.location == schema.TensorDataLocation.EXTERNAL:
             raise self._fail(f"value {i}: tensor data in an external file (.ptd) is not supported")
@@ -177,11 +170,6 @@ class Program:
                 raise self._fail(f"value {i}: mutable tensors with initial data are not supported")
             a = t.allocation_info
             offset = a.memory_offset_low | (a.memory_offset_high << 32)
-            if not 0 < a.memory_id < len(self._arenas) or offset + nbytes > self._arenas[a.memory_id].numel():
-                raise self._fail(f"value {i}: {nbytes} bytes at {offset} of arena {a.memory_id} lie outside "
-                                 f"the planned memory {list(self._plan.non_const_buffer_sizes)}")
-            if offset % itemsize:
-                raise self._fail(f"value {i}: offset {offset} is not aligned to {dtype}")
             flat = self._arenas[a.memory_id][offset : offset + nbytes].view(dtype)
         elif t.data_buffer_idx > 0:
             buffer, offset = self._pte.constant(t.data_buffer_idx, nbytes)
@@ -206,10 +194,8 @@ class Program:
         return delegates
 
     def _init_chain(self) -> tuple[list[Callable], list[LayerNormSite]]:
+        # Indices (values, operators, delegates, jumps) are checked (verify.check_plan).
         plan = self._plan
-        if len(plan.chains) != 1:
-            raise self._fail(f"{len(plan.chains)} chains; one is supported")
-        n_values = len(plan.values)
         steps: list[Callable] = []
         sites: list[LayerNormSite] = []
         missing = set()
@@ -217,9 +203,7 @@ class Program:
         for pc, instruction in enumerate(instructions):
             a = instruction.instr_args
             if isinstance(a, schema.KernelCall):
-                ids = self._ids(pc, a.args, n_values)
-                if not 0 <= a.op_index < len(plan.operators):
-                    raise self._fail(f"instruction {pc}: operator {a.op_index} does not exist")
+                ids = list(a.args)
                 op = plan.operators[a.op_index]
                 name = f"{op.name}.{op.overload}" if op.overload else op.name
                 kernel = kernels.resolve(op.name, op.overload, self._dynamic)
@@ -230,9 +214,7 @@ class Program:
                     sites.append(LayerNormSite(f"instruction {pc}", False, operator=op.name))
                 steps.append(self._kernel_step(kernel, ids))
             elif isinstance(a, schema.DelegateCall):
-                ids = self._ids(pc, a.args, n_values)
-                if not 0 <= a.delegate_index < len(self._delegates):
-                    raise self._fail(f"instruction {pc}: delegate {a.delegate_index} does not exist")
+                ids = list(a.args)
                 delegate = self._delegates[a.delegate_index]
                 n_in, n_out = delegate.params.arguments, len(delegate.params.outputs)
                 if len(ids) != n_in + n_out:
@@ -241,27 +223,14 @@ class Program:
                 sites.append(LayerNormSite(self.delegate_names[a.delegate_index], True, delegate))
                 steps.append(self._delegate_step(a.delegate_index, ids[:n_in], ids[n_in:]))
             elif isinstance(a, schema.MoveCall):
-                src, dst = self._ids(pc, [a.move_from, a.move_to], n_values)
-                steps.append(_move_step(src, dst))
+                steps.append(_move_step(a.move_from, a.move_to))
             elif isinstance(a, schema.JumpFalseCall):
-                (cond,) = self._ids(pc, [a.cond_value_index], n_values)
-                if not 0 <= a.destination_instruction <= len(instructions):
-                    raise self._fail(f"instruction {pc}: jump to {a.destination_instruction} lies outside the chain")
-                steps.append(_jump_step(cond, a.destination_instruction))
-            elif isinstance(a, schema.FreeCall):
-                (value,) = self._ids(pc, [a.value_index], n_values)
-                steps.append(_free_step(value))
-            else:
-                raise self._fail(f"instruction {pc}: unsupported instruction {type(a).__name__}")
+                steps.append(_jump_step(a.cond_value_index, a.destination_instruction))
+            else:  # FreeCall: the schema's instructions are these five (verify.check_structure)
+                steps.append(_free_step(a.value_index))
         if missing:
             raise self._fail(f"operators with no kernel here: {', '.join(sorted(missing))}")
         return steps, sites
-
-    def _ids(self, pc: int, ids, n_values: int) -> list[int]:
-        for j in ids:
-            if not 0 <= j < n_values:
-                raise self._fail(f"instruction {pc}: value {j} of {n_values} does not exist")
-        return list(ids)
 
     def _kernel_step(self, kernel, ids: list[int]) -> Callable:
         # Lists whose items are values that can change (sizes, rebound tensors) are

@@ -427,17 +427,17 @@ class _Written:
 
     def __init__(self, placed: dict[int, tuple[int, int, int]]) -> None:
         self.placed = placed
-        self.starts: set[tuple[int, int]] = set()
+        self.spans: set[tuple[int, int, int]] = set()
         self.values: set[int] = set()
 
     def update(self, ids) -> None:
         for j in ids:
             self.values.add(j)
             if j in self.placed:
-                self.starts.add(self.placed[j][:2])
+                self.spans.add(self.placed[j])
 
     def __contains__(self, j: int) -> bool:
-        return j in self.values or (j in self.placed and self.placed[j][:2] in self.starts)
+        return j in self.values or self.placed.get(j) in self.spans
 
 
 def _check_written(plan: schema.ExecutionPlan, a, written: _Written, delegates: Delegates) -> None:
@@ -545,6 +545,11 @@ def _check_kernel(plan: schema.ExecutionPlan, a: schema.KernelCall, values: list
         expected = len(overload._schema.arguments) + (1 if overload._schema.returns else 0)
         if len(ids) != expected:
             raise CheckError(f"{len(ids)} arguments, the operator takes {expected} (its return included)")
+        written = [ids[i] for i, arg in enumerate(overload._schema.arguments)
+                   if arg.alias_info is not None and arg.alias_info.is_write]
+        for j in _items(plan, written):
+            if isinstance(plan.values[j].val, schema.Tensor) and values[j] is None:
+                raise CheckError(f"writes value {j}, a tensor with no memory (neither planned nor constant)")
     if functional is not None:
         fn, keep, outs = functional
         args = overload._schema.arguments
@@ -580,6 +585,7 @@ def _check_kernel(plan: schema.ExecutionPlan, a: schema.KernelCall, values: list
 # Transformer layers repeat the same operators on the same shapes: results by signature.
 _RESULTS: dict[tuple, list[tuple] | None] = {}
 _RESULTS_LIMIT = 65536
+_UNKNOWN = object()
 
 
 def _meta_call(fn, positional: list, named: dict) -> list[torch.Tensor] | None:
@@ -588,8 +594,8 @@ def _meta_call(fn, positional: list, named: dict) -> list[torch.Tensor] | None:
         key = (fn, _signature(positional), _signature(list(named.items())))
     except TypeError:  # an argument that cannot be a key: call without the cache
         key = None
-    if key is not None and key in _RESULTS:
-        cached = _RESULTS[key]
+    cached = _RESULTS.get(key, _UNKNOWN) if key is not None else _UNKNOWN
+    if cached is not _UNKNOWN:
         return None if cached is None else [
             torch.empty_strided(shape, stride, dtype=dtype, device="meta") for shape, stride, dtype in cached]
     try:
