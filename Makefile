@@ -32,5 +32,6 @@ reports:
 	$(PY) scripts/run_pte.py $(REPORTS)/artifacts/whisper-tiny.pte
 	$(PY) scripts/coverage_audit.py --pte $(REPORTS)/artifacts/whisper-tiny.pte --output-dir $(REPORTS)
 	$(PY) scripts/accuracy_report.py --pte $(REPORTS)/artifacts/whisper-tiny.pte --output-dir $(REPORTS)
+	PIPELINE_WEBGPU=dawn $(PY) scripts/accuracy_report.py whisper --variant tiny --output-dir $(REPORTS)/dawn
 	$(PY) scripts/export_model.py whisper --variant tiny --cpu-backend xnnpack --output-dir $(REPORTS)/artifacts
 	$(PY) scripts/run_pte.py $(REPORTS)/artifacts/whisper-tiny-xnnpack.pte --runtime executorch --etdump $(REPORTS)/whisper-tiny-xnnpack.etdp
