@@ -110,6 +110,7 @@ class Device:
 
     def __init__(self) -> None:
         self._keep: list = []  # callbacks and strings Dawn may still call or read
+        self._errors: list[str] = []  # reported outside any error scope, raised at the next submit
         desc = w.WGPUInstanceDescriptor()
         desc.features.timedWaitAnyEnable = True
         with _with_swiftshader():
@@ -144,21 +145,26 @@ class Device:
         if status != w.WGPUWaitStatus_Success:
             raise RuntimeError(f"waiting on Dawn failed: {w.WGPUWaitStatus__enumvalues.get(status, status)}")
 
+    def _await(self, info_type, start, convert):
+        """Start an asynchronous Dawn call whose callback info is `info_type` (`start` takes
+        the info and returns the future), wait for it, and return `convert` of the callback's
+        arguments, applied inside the callback (strings and structs it gets live no longer)."""
+        got = []
+        info = info_type()
+        info.mode = w.WGPUCallbackMode_WaitAnyOnly
+        info.callback = type(info.callback)(lambda *args: got.append(convert(*args)))
+        self._wait(start(info))
+        return got[0]
+
     def _request_adapter(self):
-        result = {}
-
-        def done(status, adapter, message, _):
-            result.update(status=status, adapter=adapter, message=_text(message))
-
-        callback = w.WGPURequestAdapterCallbackInfo()
-        callback.mode = w.WGPUCallbackMode_WaitAnyOnly
-        callback.callback = w.WGPURequestAdapterCallback(done)
         options = w.WGPURequestAdapterOptions()
         options.powerPreference = w.WGPUPowerPreference_HighPerformance
-        self._wait(w.wgpuInstanceRequestAdapterF(self.instance, options, callback))
-        if result.get("status") != w.WGPURequestAdapterStatus_Success or not result.get("adapter"):
-            raise RuntimeError(f"{no_adapter_help(NAME)} ({result.get('message', '')})")
-        return result["adapter"]
+        status, adapter, message = self._await(
+            w.WGPURequestAdapterCallbackInfo, lambda info: w.wgpuInstanceRequestAdapterF(self.instance, options, info),
+            lambda status, adapter, message, *_: (status, adapter, _text(message)))
+        if status != w.WGPURequestAdapterStatus_Success or not adapter:
+            raise RuntimeError(f"{no_adapter_help(NAME)} ({message})")
+        return adapter
 
     def _request_device(self):
         keep = self._keep
@@ -188,22 +194,16 @@ class Device:
         desc.deviceLostCallbackInfo2 = lost
         desc.uncapturedErrorCallbackInfo2 = errors
         keep += [features, required, lost.callback, errors.callback]
-        result = {}
-
-        def done(status, device, message, _):
-            result.update(status=status, device=device, message=_text(message))
-
-        callback = w.WGPURequestDeviceCallbackInfo()
-        callback.mode = w.WGPUCallbackMode_WaitAnyOnly
-        callback.callback = w.WGPURequestDeviceCallback(done)
-        self._wait(w.wgpuAdapterRequestDeviceF(self.adapter, desc, callback))
-        if result.get("status") != w.WGPURequestDeviceStatus_Success:
-            raise RuntimeError(f"Dawn refused a device on {self.info['adapter']}: {result.get('message', '')}")
-        return result["device"]
+        status, device, message = self._await(
+            w.WGPURequestDeviceCallbackInfo, lambda info: w.wgpuAdapterRequestDeviceF(self.adapter, desc, info),
+            lambda status, device, message, *_: (status, device, _text(message)))
+        if status != w.WGPURequestDeviceStatus_Success:
+            raise RuntimeError(f"Dawn refused a device on {self.info['adapter']}: {message}")
+        return device
 
     def _uncaptured(self, _device, kind, message, _a, _b) -> None:
         # Only reachable for work outside an error scope (submissions): kept for the next check.
-        self._keep.append(("uncaptured", kind, _text(message)))
+        self._errors.append(_text(message))
 
     def _scoped(self, what: str, make):
         """`make()` inside validation, out-of-memory and internal error scopes: the object,
@@ -219,17 +219,10 @@ class Device:
         return made
 
     def _pop_error(self) -> list[str]:
-        result = []
-
-        def done(status, kind, message, _):
-            if status == w.WGPUPopErrorScopeStatus_Success and kind != w.WGPUErrorType_NoError:
-                result.append(_text(message).strip())
-
-        callback = w.WGPUPopErrorScopeCallbackInfo()
-        callback.mode = w.WGPUCallbackMode_WaitAnyOnly
-        callback.callback = w.WGPUPopErrorScopeCallback(done)
-        self._wait(w.wgpuDevicePopErrorScopeF(self.device, callback))
-        return result
+        status, kind, message = self._await(
+            w.WGPUPopErrorScopeCallbackInfo, lambda info: w.wgpuDevicePopErrorScopeF(self.device, info),
+            lambda status, kind, message, *_: (status, kind, _text(message).strip()))
+        return [message] if status == w.WGPUPopErrorScopeStatus_Success and kind != w.WGPUErrorType_NoError else []
 
     # -- buffers
     def buffer(self, size: int, usage: int, label: str = "") -> Buffer:
@@ -250,17 +243,11 @@ class Device:
 
     def read(self, buffer: Buffer, size: int) -> bytes:
         """The first `size` bytes of a MAP_READ buffer, once the GPU is done with it."""
-        result = {}
-
-        def done(status, message, _a, _b):
-            result.update(status=status, message=_text(message))
-
-        callback = w.WGPUBufferMapCallbackInfo2()
-        callback.mode = w.WGPUCallbackMode_WaitAnyOnly
-        callback.callback = type(callback.callback)(done)
-        self._wait(w.wgpuBufferMapAsync2(buffer.ptr, w.WGPUMapMode_Read, 0, size, callback))
-        if result.get("status") != w.WGPUMapAsyncStatus_Success:
-            raise RuntimeError(f"Dawn: mapping a buffer for reading failed: {result.get('message', '')}")
+        status, message = self._await(
+            w.WGPUBufferMapCallbackInfo2, lambda info: w.wgpuBufferMapAsync2(buffer.ptr, w.WGPUMapMode_Read, 0, size, info),
+            lambda status, message, *_: (status, _text(message)))
+        if status != w.WGPUMapAsyncStatus_Success:
+            raise RuntimeError(f"Dawn: mapping a buffer for reading failed: {message}")
         try:
             return ctypes.string_at(w.wgpuBufferGetConstMappedRange(buffer.ptr, 0, size), size)
         finally:
@@ -279,18 +266,16 @@ class Device:
         w.wgpuDevicePushErrorScope(self.device, w.WGPUErrorFilter_Validation)
         module = _Handle(w.wgpuDeviceCreateShaderModule(self.device, desc), w.wgpuShaderModuleRelease)
         scope = self._pop_error()
-        messages = []
 
-        def done(status, info, _a, _b):
-            if status == w.WGPUCompilationInfoRequestStatus_Success and info:
-                for m in info.contents.messages[: info.contents.messageCount]:
-                    kind = w.WGPUCompilationMessageType__enumvalues.get(m.type, "").rsplit("_", 1)[-1].lower()
-                    messages.append(f"{kind} at {m.lineNum}:{m.linePos}: {_text(m.message)}")
+        def messages_of(status, info, *_) -> list[str]:
+            if status != w.WGPUCompilationInfoRequestStatus_Success or not info:
+                return []
+            kinds = w.WGPUCompilationMessageType__enumvalues
+            return [f"{kinds.get(m.type, '').rsplit('_', 1)[-1].lower()} at {m.lineNum}:{m.linePos}: {_text(m.message)}"
+                    for m in info.contents.messages[: info.contents.messageCount]]
 
-        callback = w.WGPUCompilationInfoCallbackInfo2()
-        callback.mode = w.WGPUCallbackMode_WaitAnyOnly
-        callback.callback = type(callback.callback)(done)
-        self._wait(w.wgpuShaderModuleGetCompilationInfo2(module.ptr, callback))
+        messages = self._await(w.WGPUCompilationInfoCallbackInfo2,
+                               lambda info: w.wgpuShaderModuleGetCompilationInfo2(module.ptr, info), messages_of)
         return module, messages or [f"error: {m}" for m in scope]
 
     def compile_messages(self, code: str) -> list[str]:
@@ -361,10 +346,9 @@ class Device:
         commands = _Handle(w.wgpuCommandEncoderFinish(encoder.encoder.ptr, w.WGPUCommandBufferDescriptor()),
                            w.wgpuCommandBufferRelease)
         w.wgpuQueueSubmit(self.queue, 1, (w.WGPUCommandBuffer * 1)(commands.ptr))
-        failed = [entry for entry in self._keep if isinstance(entry, tuple) and entry[0] == "uncaptured"]
-        if failed:
-            self._keep = [entry for entry in self._keep if entry not in failed]
-            raise RuntimeError(f"Dawn: submission failed: {' / '.join(entry[2] for entry in failed)}")
+        if self._errors:
+            failed, self._errors = self._errors, []
+            raise RuntimeError(f"Dawn: submission failed: {' / '.join(failed)}")
 
     def query_set(self, count: int) -> _Handle:
         desc = w.WGPUQuerySetDescriptor()
