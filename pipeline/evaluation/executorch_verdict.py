@@ -49,8 +49,8 @@ def reference_buffer(spec, cpu_backend: str) -> bytes:
 
 
 def run_in_executorch(buffer: bytes, inputs: Sequence) -> list:
-    """`buffer` (a program of ExecuTorch's own, such as the reference) loaded and run once
-    in ExecuTorch's runtime as it stands, our backend registered."""
+    """`buffer` (such as the reference) loaded in ExecuTorch's runtime as
+    `pipeline.native.load` loads a file, and run once."""
     from pipeline.native.trace import TracedProgram
 
     with TracedProgram(buffer) as program:

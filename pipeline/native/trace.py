@@ -136,21 +136,15 @@ class _stderr_silenced:
         os.close(self._saved)
 
 
-class _ProgramWithEtdump(NativeProgram):
-    """NativeProgram, loaded with ExecuTorch's ETDump generator on or off."""
-
-    def __init__(self, path: str | os.PathLike | bytes, method: str, enable_etdump: bool) -> None:
-        super().__init__(path, method, enable_etdump=enable_etdump)
-
-
 class TracedProgram:
-    """A `.pte` in ExecuTorch's runtime with the backend's recording on: an ETDump event per
-    delegate call (`etdump`), each call's tensors copied (`capture`). Use as a context
-    manager, or call `close()`: recording is switched off there."""
+    """A `.pte` loaded as `pipeline.native.load` loads it (checked first), with the
+    backend's recording on: an ETDump event per delegate call (`etdump`), each call's
+    tensors copied (`capture`). Use as a context manager, or call `close()`: recording is
+    switched off there."""
 
     def __init__(self, path: str | os.PathLike | bytes, etdump: bool = False, capture: bool = False,
                  method: str = "forward") -> None:
-        self.native = _ProgramWithEtdump(path, method, etdump)
+        self.native = NativeProgram(path, method, enable_etdump=etdump)
         self.etdump = etdump
         self.runtime_records = runtime_records_events(self.native.program) if etdump else False
         configure(capture=capture, etdump=etdump, open_blocks=etdump and not self.runtime_records)
