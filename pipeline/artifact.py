@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +22,12 @@ class ArtifactError(ValueError):
 
 
 def sha256_of(path: str | os.PathLike) -> str:
+    """The sha256 of the regular file at `path` (a FIFO or device is refused, not waited on)."""
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with open(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ArtifactError(f"{path} is not a regular file")
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
@@ -140,9 +145,10 @@ def run_artifact(
         raise ValueError(f"repeats must be at least 1, got {repeats}")
     if etdump is not None and runtime != "executorch":
         raise ValueError("etdump needs runtime='executorch'")
-    if not Path(pte_path).is_file():  # before its coverage file is looked for
-        raise FileNotFoundError(f"{pte_path} not found" if not Path(pte_path).exists()
-                                else f"{pte_path} is not a regular file")
+    if not Path(pte_path).exists():  # before its coverage file is looked for
+        raise FileNotFoundError(f"{pte_path} not found")
+    if not Path(pte_path).is_file():
+        raise ArtifactError(f"{pte_path} is not a regular file")
     summary = None
     if inputs_path is None or coverage_path_of(pte_path).exists():
         summary = read_artifact(pte_path)

@@ -298,3 +298,18 @@ def test_damaged_file_sweep_never_crashes_or_silently_changes(small, outcomes, r
                     f"{runtime}, {case}: {changed}"
         kinds[outcome.split(" ")[0]] = kinds.get(outcome.split(" ")[0], 0) + 1
     assert kinds.get("refused-load", 0) > len(cases) // 2, kinds
+
+
+def test_run_pte_and_reports_refuse_a_named_pipe(tmp_path):
+    import json
+    import os
+
+    from pipeline.artifact import ArtifactError, read_artifact, run_artifact
+
+    fifo = tmp_path / "model.pte"
+    os.mkfifo(fifo)
+    (tmp_path / "model.coverage.json").write_text(json.dumps({"pte_sha256": "0" * 64}))
+    with pytest.raises(ArtifactError, match="not a regular file"):
+        run_artifact(fifo)
+    with pytest.raises(ArtifactError, match="not a regular file"):
+        read_artifact(fifo)  # what the --pte reports read first
