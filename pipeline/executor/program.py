@@ -151,7 +151,7 @@ class Program:
         if isinstance(val, (schema.DoubleList, schema.BoolList)):
             return list(val.items)
         if isinstance(val, (schema.IntList, schema.TensorList, schema.OptionalTensorList)):
-            return _gather(val, values)  # items are earlier values (verify.check_plan)
+            return verify.gather(val, values)  # items are earlier values (verify.check_plan)
         if isinstance(val, schema.Tensor):
             return self._tensor(i, val)
         raise self._fail(f"value {i}: unsupported value type {type(val).__name__}")
@@ -245,7 +245,7 @@ class Program:
         else:
             def step(values, hook):
                 for j, val in lists:
-                    values[j] = _gather(val, values)
+                    values[j] = verify.gather(val, values)
                 kernel(values, ids)
         return step
 
@@ -358,17 +358,13 @@ class Program:
 def load(path: str | os.PathLike) -> Program:
     """Load the `.pte` at `path` for running: `program(*inputs)`, `program.coverage`.
 
-    Raises PteError (a ValueError) naming the problem for a file that is not a program,
-    is truncated or corrupt, holds a delegate of another backend or an operator without
-    a kernel here; OSError as the OS reports a missing or unreadable file.
+    Raises PteError (a ValueError) naming the problem for a file that is not a regular
+    file or not a program, is truncated or corrupt, contradicts itself (shapes, dtypes,
+    planned memory: `pipeline.executor.verify`), holds a delegate of another backend or an
+    operator without a kernel here; OSError as the OS reports a missing or unreadable file.
+    The file is read once: changing it afterwards does not reach the program.
     """
     return Program.load(path)
-
-
-def _gather(val, values: list) -> list:
-    if isinstance(val, schema.OptionalTensorList):
-        return [None if j == -1 else values[j] for j in val.items]
-    return [values[j] for j in val.items]
 
 
 def _strided(flat: torch.Tensor, sizes: list[int], dim_order: list[int]) -> torch.Tensor:

@@ -512,7 +512,7 @@ def _meta_value(val, values: list, data: bool = False):
     if isinstance(val, (schema.DoubleList, schema.BoolList)):
         return list(val.items)
     if isinstance(val, (schema.IntList, schema.TensorList, schema.OptionalTensorList)):
-        return _gather(val, values)
+        return gather(val, values)
     return None
 
 
@@ -525,7 +525,8 @@ def _meta_tensor(sizes: list[int], dim_order: list[int], dtype: torch.dtype) -> 
     return torch.empty_strided(sizes, strides, dtype=dtype, device="meta")
 
 
-def _gather(val, values: list) -> list:
+def gather(val, values: list) -> list:
+    """The items of a list value (IntList, TensorList, OptionalTensorList) from `values`."""
     if isinstance(val, schema.OptionalTensorList):
         return [None if j == -1 else values[j] for j in val.items]
     return [values[j] for j in val.items]
@@ -537,7 +538,7 @@ def _check_kernel(plan: schema.ExecutionPlan, a: schema.KernelCall, values: list
     for j in ids:  # lists of values that instructions change (sizes) are gathered again
         val = plan.values[j].val
         if isinstance(val, (schema.IntList, schema.TensorList, schema.OptionalTensorList)):
-            values[j] = _gather(val, values)
+            values[j] = gather(val, values)
     overload = kernels.find_overload(op.name, op.overload)
     functional = _functional(overload) if overload is not None else None
     if overload is not None:
