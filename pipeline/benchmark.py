@@ -42,6 +42,7 @@ from pipeline.runtime.native_layer_norm import (
     compile_pipeline,
     device_config,
     grid,
+    native_layer_norm,
     pack_params,
 )
 
@@ -286,6 +287,48 @@ def time_torch(rows: int, width: int, affine: bool = True, warmup: int = 10, rep
     return statistics.median(times), "cpu-wall-clock"
 
 
+def _wall_us(call, budget_s: float = 0.5, least: int = 5, most: int = 100) -> float:
+    """Median wall microseconds of `call()` after two warm-up calls, over as many calls as
+    fit in about `budget_s` (at least `least`, at most `most`)."""
+    call()
+    start = time.perf_counter()
+    call()
+    first = time.perf_counter() - start
+    times = []
+    for _ in range(max(least, min(most, int(budget_s / max(first, 1e-6))))):
+        start = time.perf_counter()
+        call()
+        times.append((time.perf_counter() - start) * 1e6)
+    return statistics.median(times)
+
+
+def time_host_path(rows: int, width: int, dtype: str = "float32") -> dict[str, float | None]:
+    """Wall microseconds from host tensors to host tensors, as a delegate is called:
+    - call_us: the runtime's call (native_layer_norm with resident weight and bias, no
+      mean/rstd: what a LayerNorm delegate of the three models makes)
+    - layer_norm_us: pipeline.layer_norm (weight and bias uploaded, mean and rstd returned)
+    - cuda_roundtrip_us: F.layer_norm(x.cuda()).cpu() with weight and bias already on the GPU,
+      from pageable memory (None without CUDA)
+    - torch_cpu_us: F.layer_norm on the CPU tensors"""
+    kind = DTYPES[dtype]
+    x = torch.randn(rows, width).to(kind)
+    w, b = torch.randn(width).to(kind), torch.randn(width).to(kind)
+    result: dict[str, float | None] = {
+        "call_us": _wall_us(lambda: native_layer_norm(x, (width,), w, b, stats=False, resident=True)),
+        "layer_norm_us": _wall_us(lambda: native_layer_norm(x, (width,), w, b)),
+        "cuda_roundtrip_us": None,
+        "torch_cpu_us": _wall_us(lambda: torch.nn.functional.layer_norm(x, (width,), w, b)),
+    }
+    if torch.cuda.is_available():
+        wc, bc = w.cuda(), b.cuda()
+
+        def roundtrip() -> torch.Tensor:
+            return torch.nn.functional.layer_norm(x.cuda(), (width,), wc, bc).cpu()
+
+        result["cuda_roundtrip_us"] = _wall_us(roundtrip)
+    return {k: None if v is None else round(v, 1) for k, v in result.items()}
+
+
 def time_torch_copy(rows: int, width: int, warmup: int = 10, repeats: int = 100, dtype: str = "float32",
                     outputs: str = "rotating") -> float | None:
     """torch's device-to-device copy of the same bytes (CUDA graph + events); None without CUDA."""
@@ -405,11 +448,14 @@ def parse_shapes(spec: str) -> list[tuple[int, int]]:
 
 
 def run_benchmark(shapes: list[tuple[int, int]], repeats: int = 100, sweep: bool = False, progress=print,
-                  dtype: str = "float32", outputs: str = "rotating", stats: bool = False) -> dict:
+                  dtype: str = "float32", outputs: str = "rotating", stats: bool = False,
+                  host_path: bool = False) -> dict:
     """Time kernel and torch (eager, and compiled on CUDA) on each shape at `dtype`; the
     JSON-ready result of bench_layer_norm.py.
 
-    With `sweep`, also time the candidate configs of each shape (under "sweep").
+    With `sweep`, also time the candidate configs of each shape (under "sweep"). With
+    `host_path`, also the wall time from host tensors to host tensors (`time_host_path`:
+    call_us, cuda_roundtrip_us, torch_cpu_us).
     """
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
@@ -442,6 +488,8 @@ def run_benchmark(shapes: list[tuple[int, int]], repeats: int = 100, sweep: bool
             "wgsl_copy_us": None if copy_us is None else round(copy_us, 2),
             "torch_copy_us": None if torch_copy_us is None else round(torch_copy_us, 2),
         }
+        if host_path:
+            result.update(time_host_path(rows, width, dtype))
         if sweep:
             result["config"] = asdict(configs[0])
             result["sweep"] = sorted(
@@ -451,6 +499,10 @@ def run_benchmark(shapes: list[tuple[int, int]], repeats: int = 100, sweep: bool
                 key=lambda r: r["us"])
         results.append(result)
         best = f" | best of sweep {min(t[0] for t in times):9.2f} us" if sweep else ""
+        if host_path:
+            cuda = result["cuda_roundtrip_us"]
+            best += (f" | call {result['call_us']:9.1f} us, torch cpu {result['torch_cpu_us']:9.1f} us"
+                     + ("" if cuda is None else f", cuda round trip {cuda:9.1f} us"))
         compiled = "" if compiled_us is None else f" | compiled {compiled_us:9.2f} us {result['compiled_gbps']:8.1f} GB/s"
         progress(f"{rows:>6}x{width:<5} {info['implementation']} {wgpu_us:9.2f} us {result['wgpu_gbps']:8.1f} GB/s | "
                  f"torch {torch_us:9.2f} us {result['torch_gbps']:8.1f} GB/s{compiled}{best}")

@@ -30,6 +30,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stats", action="store_true",
                         help="time the kernel storing mean and rstd too (default: the output alone, as a delegate "
                         "of the three models launches it, and as torch.compile's F.layer_norm computes it)")
+    parser.add_argument("--host-path", action="store_true",
+                        help="also time the call from host tensors to host tensors, as a delegate makes it (call_us), "
+                        "the CUDA round trip on CUDA hosts (cuda_roundtrip_us) and torch on the CPU (torch_cpu_us)")
     cli.add_verbose(parser)
     args = parser.parse_args(argv)
     try:
@@ -46,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = run_benchmark(shapes, repeats=args.repeats, sweep=args.sweep,
                                progress=lambda line: print(line, flush=True), dtype=args.dtype,
-                               outputs=args.outputs, stats=args.stats)
+                               outputs=args.outputs, stats=args.stats, host_path=args.host_path)
     except Exception as exc:  # one line for the user, status 1
         print(f"bench_layer_norm: {exc}", file=sys.stderr)
         return 1

@@ -275,6 +275,38 @@ def test_pipelines_and_buffers_are_reused():
     assert after["buffers_allocated"] == before["buffers_allocated"]
 
 
+def test_bind_groups_are_reused_and_dropped_with_their_buffers():
+    g = runtime_device.gpu()
+    x = torch.randn(33, 200)
+    pipeline.layer_norm(x, [200])
+    known = dict(g.bind_groups)
+    pipeline.layer_norm(x + 1, [200])
+    assert g.bind_groups == known  # the same buffers: no new bind group
+    pipeline.layer_norm(torch.randn(5000, 200), [200])  # larger: the pool replaces x's buffer
+    assert not any(key in g.bind_groups for key in known), "a bind group outlived its buffer"
+
+
+def test_resident_weights_are_uploaded_once_and_freed_with_their_tensor():
+    import gc
+
+    g = runtime_device.gpu()
+    x, w, b = torch.randn(8, 96), torch.randn(96), torch.randn(96)
+    truth = pipeline.layer_norm(x, [96], w, b)[0]
+    out = runtime.native_layer_norm(x, [96], w, b, stats=False, resident=True)[0]
+    before = runtime.stats()
+    again = runtime.native_layer_norm(x, [96], w, b, stats=False, resident=True)[0]
+    after = runtime.stats()
+    assert torch.equal(out, truth) and torch.equal(again, truth)
+    # Only x and the 16-byte params travel: weight and bias stay on the device.
+    assert after["bytes_uploaded"] - before["bytes_uploaded"] == x.numel() * 4 + kernel.PARAMS_BYTES
+    assert id(w) in g.residents and id(b) in g.residents
+    held = len(g.residents)
+    del w, b
+    gc.collect()
+    runtime.native_layer_norm(x, [96], None, None, stats=False)  # the next launch frees them
+    assert len(g.residents) == held - 2
+
+
 @pytest.mark.parametrize(
     "args,match",
     [

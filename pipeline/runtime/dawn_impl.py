@@ -241,15 +241,22 @@ class Device:
         data = np.ascontiguousarray(data)
         w.wgpuQueueWriteBuffer(self.queue, buffer.ptr, offset, ctypes.c_void_p(data.ctypes.data), data.nbytes)
 
-    def read(self, buffer: Buffer, size: int) -> bytes:
-        """The first `size` bytes of a MAP_READ buffer, once the GPU is done with it."""
+    def read(self, buffer: Buffer, size: int, into=()) -> bytes | None:
+        """The first `size` bytes of a MAP_READ buffer, once the GPU is done with it; with
+        `into`, (offset, uint8 array) pairs, each array filled straight from the mapping
+        instead (one copy, none in between)."""
         status, message = self._await(
             w.WGPUBufferMapCallbackInfo2, lambda info: w.wgpuBufferMapAsync2(buffer.ptr, w.WGPUMapMode_Read, 0, size, info),
             lambda status, message, *_: (status, _text(message)))
         if status != w.WGPUMapAsyncStatus_Success:
             raise RuntimeError(f"Dawn: mapping a buffer for reading failed: {message}")
         try:
-            return ctypes.string_at(w.wgpuBufferGetConstMappedRange(buffer.ptr, 0, size), size)
+            mapped = w.wgpuBufferGetConstMappedRange(buffer.ptr, 0, size)
+            if not into:
+                return ctypes.string_at(mapped, size)
+            for offset, dest in into:
+                ctypes.memmove(dest.ctypes.data, mapped + offset, dest.nbytes)
+            return None
         finally:
             w.wgpuBufferUnmap(buffer.ptr)
 

@@ -37,9 +37,11 @@ class LayerNormDelegate:
             raise ValueError(f"delegate expects {p.arguments} inputs, got {len(args)}")
         x = args[p.input_index]
         # mean and rstd are computed on the GPU either way; stored and read back only if returned.
+        # Weight and bias from the blob are the delegate's own constants: kept on the device.
+        resident = all(getattr(p, role).source != blob_format.INPUT for role in ("weight", "bias"))
         results = native_layer_norm(
             x, p.resolve(tuple(x.shape)), self._operand("weight", args), self._operand("bias", args), p.eps,
-            stats=any(i != 0 for i in p.outputs),
+            stats=any(i != 0 for i in p.outputs), resident=resident,
         )
         return tuple(results[i] for i in p.outputs)
 

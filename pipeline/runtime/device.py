@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
@@ -108,6 +109,13 @@ class Gpu:
     stats: Stats = field(default_factory=Stats)
     pipelines: dict[tuple, Pipeline] = field(default_factory=dict)
     buffers: dict[tuple[str, int], Any] = field(default_factory=dict)
+    # Bind groups by pipeline and buffers: a launch whose buffers are those of an earlier one
+    # binds them again without a new bind group. Dropped with any buffer they hold.
+    bind_groups: dict[tuple, Any] = field(default_factory=dict)
+    # Constants kept on the device for as long as their tensor lives (`resident`), and the
+    # buffers of tensors gone since the last launch, destroyed by the next.
+    residents: dict[int, Any] = field(default_factory=dict)
+    retired: list = field(default_factory=list)
     subgroup_size: int = 0  # smallest subgroup size seen; 0 when subgroups are not used
     native_f16_pack: bool = False  # pack2x16float rounds as aten does (f16_pack_probe.wgsl)
     # Held for a whole launch (uploads, dispatch, read-back): the buffer pool and the
@@ -134,19 +142,59 @@ class Gpu:
         if buf is None:
             # Keep one buffer per role: a new size replaces the old one.
             for old in [k for k in self.buffers if k[0] == role]:
-                self.impl.destroy(self.buffers.pop(old))
+                self._drop(self.buffers.pop(old))
             buf = self.impl.buffer(size, usage, role)
             self.buffers[key] = buf
             self.stats.buffers_allocated += 1
         return buf
 
+    def _drop(self, buf: Any) -> None:
+        """Destroy `buf` and forget the bind groups that hold it."""
+        for key in [k for k in self.bind_groups if any(b is buf for b in k[1])]:
+            del self.bind_groups[key]
+        self.impl.destroy(buf)
+
+    def resident(self, t: Any, data) -> Any:
+        """A storage buffer holding `data()`, the bytes of the constant tensor `t`, uploaded
+        the first time and kept until `t` is garbage collected (the caller promises that
+        `t` never changes: a delegate's weight and bias). Call with the lock held."""
+        self.release_retired()
+        known = self.residents.get(id(t))
+        if known is not None:
+            return known
+        data = data()
+        buf = self.impl.buffer(max(16, (data.nbytes + 15) // 16 * 16), STORAGE, "resident")
+        self.upload(buf, data)
+        self.stats.buffers_allocated += 1
+        self.residents[id(t)] = buf
+        # Runs wherever the tensor dies (perhaps inside a launch): it only queues the buffer.
+        weakref.finalize(t, self.retired.append, id(t))
+        return buf
+
+    def release_retired(self) -> None:
+        """Destroy the resident buffers of tensors garbage collected since the last launch
+        (with the lock held)."""
+        while self.retired:
+            buf = self.residents.pop(self.retired.pop(), None)
+            if buf is not None:
+                self._drop(buf)
+
+    def bind_group(self, pipeline: Pipeline, buffers: list[Any]) -> Any:
+        """The bind group of `buffers` for `pipeline`, made once for each set of buffers."""
+        key = (id(pipeline), tuple(buffers))
+        group = self.bind_groups.get(key)
+        if group is None:
+            group = self.bind_groups[key] = self.impl.bind_group(pipeline, buffers)
+        return group
+
     def upload(self, buf: Any, data: np.ndarray, offset: int = 0) -> None:
         self.impl.write(buf, data, offset)
         self.stats.bytes_uploaded += data.nbytes
 
-    def read(self, staging: Any, size: int) -> bytes:
-        """Map `staging` (MAP_READ) and copy out its first `size` bytes; waits for the GPU."""
-        data = self.impl.read(staging, size)
+    def read(self, staging: Any, size: int, into=()) -> bytes | None:
+        """Map `staging` (MAP_READ) and copy out its first `size` bytes, or straight into the
+        (offset, uint8 array) pairs of `into`; waits for the GPU."""
+        data = self.impl.read(staging, size, into)
         self.stats.bytes_read_back += size
         return data
 

@@ -7,6 +7,7 @@ half input): the trailing `normalized_shape` dims are flattened into one row.
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 import operator
@@ -168,6 +169,7 @@ def _written_out(source: str, marker: str, count: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+@functools.lru_cache(maxsize=4096)  # a pure rule, asked once per launch
 def choose_config(width: int, has_weight: bool, has_bias: bool, subgroup_size: int = 0,
                   dtype: str = "float32", affine_dtype: str | None = None,
                   native_f16_pack: bool = False, *, rows: int = 0, write_stats: bool = True) -> KernelConfig:
@@ -319,6 +321,7 @@ def native_layer_norm(
     *,
     poison: float | None = None,
     stats: bool = True,
+    resident: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """LayerNorm over the trailing `normalized_shape` dims of `x`, on the GPU.
 
@@ -329,11 +332,15 @@ def native_layer_norm(
     normalized dims set to 1, in the dtype of weight and bias (x's when both are None).
     `poison` fills the output buffers with that value before each launch (to check that
     the kernel writes every element). `stats` False: the kernel stores no mean and rstd, and
-    they come back as None (a caller that uses only the output).
+    they come back as None (a caller that uses only the output). `resident` True: weight and
+    bias are constants that never change while these tensor objects live (a delegate's),
+    uploaded once and kept on the device until they are garbage collected.
     """
     shape, eps = _check(x, normalized_shape, weight, bias, eps)
     if not isinstance(stats, bool):
         raise TypeError(f"stats must be a bool, got {_short(stats)}")
+    if not isinstance(resident, bool):
+        raise TypeError(f"resident must be a bool, got {_short(resident)}")
     width = math.prod(shape)
     lead = tuple(x.shape[: x.dim() - len(shape)])
     rows = math.prod(lead)
@@ -346,7 +353,7 @@ def native_layer_norm(
         src = _stored(x.detach().reshape(rows, width))
         g = gpu()
         with g.lock:
-            _run(g, src, weight, bias, eps, out, mean if stats else None, rstd if stats else None, poison,
+            _run(g, src, weight, bias, eps, out, mean if stats else None, rstd if stats else None, poison, resident,
                  _name(x.dtype), _name(affine))
     out_tensor = torch.from_numpy(out).view(x.dtype).reshape(x.shape)
     if not stats:
@@ -379,7 +386,7 @@ def _words(data: np.ndarray) -> np.ndarray:
     return raw if raw.size % 4 == 0 else np.concatenate([raw, np.zeros(4 - raw.size % 4, np.uint8)])
 
 
-def _run(g: Gpu, src, weight, bias, eps, out, mean, rstd, poison, dtype, affine_dtype) -> None:
+def _run(g: Gpu, src, weight, bias, eps, out, mean, rstd, poison, resident, dtype, affine_dtype) -> None:
     """Normalizes `src` into `out`, and into `mean` and `rstd` unless they are None."""
     rows, width = src.shape
     row_bytes = width * src.itemsize
@@ -387,9 +394,13 @@ def _run(g: Gpu, src, weight, bias, eps, out, mean, rstd, poison, dtype, affine_
     if row_bytes > limit:
         raise ValueError(f"a row of {width} values exceeds the adapter's binding limit of {limit} bytes")
 
+    g.release_retired()
     # Absent weight/bias bind a small placeholder that the specialised kernel never reads.
     affine = []
     for role, t in (("weight", weight), ("bias", bias)):
+        if t is not None and resident:
+            affine.append(g.resident(t, lambda t=t: _words(_stored(t.detach().reshape(-1)))))
+            continue
         data = None if t is None else _words(_stored(t.detach().reshape(-1)))
         buf = g.buffer(role, data.nbytes if data is not None else 16, STORAGE)
         if data is not None:
@@ -430,7 +441,7 @@ def _launch(g, config, src, affine, eps, poison, out, mean, rstd) -> None:
         for buf in (mean_buf, rstd_buf):
             g.upload(buf, np.full(rows, poison, dtype=np.float32))
 
-    bind_group = g.impl.bind_group(pipeline, [x_buf, *affine, out_buf, mean_buf, rstd_buf, params])
+    bind_group = g.bind_group(pipeline, [x_buf, *affine, out_buf, mean_buf, rstd_buf, params])
     encoder = g.impl.encoder()
     encoder.compute(pipeline, [(bind_group, grid(rows, config))])
     encoder.copy(out_buf, 0, staging, 0, x_words.nbytes)
@@ -440,13 +451,11 @@ def _launch(g, config, src, affine, eps, poison, out, mean, rstd) -> None:
     g.impl.submit(encoder)
     g.stats.dispatches += 1
 
-    data = g.read(staging, read_bytes)
-    out[...] = np.frombuffer(data, dtype=src.dtype, count=src.size).reshape(rows, width)
-    if not config.write_stats:
-        return
-    stats = np.frombuffer(data, dtype=np.float32)
-    mean[...] = stats[mean_at // 4 : mean_at // 4 + rows]
-    rstd[...] = stats[rstd_at // 4 : rstd_at // 4 + rows]
+    # Straight from the mapped staging buffer into the arrays the caller gets back.
+    into = [(0, out.reshape(-1).view(np.uint8))]
+    if config.write_stats:
+        into += [(mean_at, mean.view(np.uint8)), (rstd_at, rstd.view(np.uint8))]
+    g.read(staging, read_bytes, into)
 
 
 def _align16(n: int) -> int:

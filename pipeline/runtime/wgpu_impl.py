@@ -59,11 +59,18 @@ class Device:
     def write(self, buffer: wgpu.GPUBuffer, data: np.ndarray, offset: int = 0) -> None:
         self.device.queue.write_buffer(buffer, offset, data)
 
-    def read(self, buffer: wgpu.GPUBuffer, size: int) -> memoryview:
-        """The first `size` bytes of a MAP_READ buffer, once the GPU is done with it."""
+    def read(self, buffer: wgpu.GPUBuffer, size: int, into=()) -> memoryview | None:
+        """The first `size` bytes of a MAP_READ buffer, once the GPU is done with it; with
+        `into`, (offset, uint8 array) pairs, each array filled straight from the mapping
+        instead (one copy, none in between)."""
         buffer.map_sync(wgpu.MapMode.READ, 0, size)
         try:
-            return buffer.read_mapped(0, size, copy=True)
+            if not into:
+                return buffer.read_mapped(0, size, copy=True)
+            mapped = np.frombuffer(buffer.read_mapped(0, size, copy=False), dtype=np.uint8)
+            for offset, dest in into:
+                dest[...] = mapped[offset: offset + dest.size]
+            return None
         finally:
             buffer.unmap()
 
