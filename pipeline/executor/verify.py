@@ -419,6 +419,11 @@ def check_shapes(plan: schema.ExecutionPlan, delegates: Delegates,
             except (RuntimeError, ValueError, TypeError, IndexError, KeyError, AttributeError) as exc:
                 raise CheckError(f"instruction {pc} {_what(plan, a)} cannot run on the tensors the program "
                                  f"declares: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}") from None
+    if not loops:
+        for j in plan.outputs:
+            t = plan.values[j].val
+            if isinstance(t, schema.Tensor) and t.allocation_info is not None and j not in written:
+                raise CheckError(f"program output {j} is never written")
 
 
 class _Written:
