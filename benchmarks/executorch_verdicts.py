@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+from pipeline import models
 from pipeline.artifact import ArtifactError, read_artifact, run_artifact
 from pipeline.export import export_model
 from pipeline.ioutil import write_json_atomic
@@ -29,7 +30,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", default=DEFAULT_RUNS)
     parser.add_argument("--out-dir", default="out/verdicts")
     parser.add_argument("--json", default=None)
-
     args = parser.parse_args(argv)
 
     def say(line: str) -> None:
@@ -40,8 +40,6 @@ def main(argv: list[str] | None = None) -> int:
     failed = 0
     for run in args.runs.split(","):
         name, cpu_backend = run.split(":")
-        from pipeline import models
-
         stem = f"{name}-{models.default_variant(name)}" + ("-xnnpack" if cpu_backend == "xnnpack" else "")
         pte = Path(args.out_dir) / f"{stem}.pte"
         started = time.perf_counter()
