@@ -131,3 +131,24 @@ def test_verdict_fails_a_file_less_accurate_than_its_reference(block_files, monk
     monkeypatch.setattr(executorch_verdict, "run_in_executorch", lambda buffer, inputs: [exact.float()])
     verdict = executorch_verdict.evaluate_in_executorch(xnnpack, {"cpu_backend": "xnnpack"}, spec)
     assert not verdict["passed"] and "relative L2 error" in verdict["why"] and "max abs error" in verdict["why"]
+
+
+def test_accuracy_report_in_executorch_runtime_writes_the_verdict(block_files, monkeypatch, tmp_path, capsys):
+    import json
+
+    import pipeline.artifact
+    from pipeline.evaluation import runner
+
+    spec, _, xnnpack = block_files
+    summary = {"pte_sha256": "0" * 64, "seed": 0, "cpu_backend": "xnnpack"}
+    monkeypatch.setattr(pipeline.artifact, "read_artifact", lambda pte: summary)
+    monkeypatch.setattr(pipeline.artifact, "build_for_artifact",
+                        lambda s: types.SimpleNamespace(**vars(spec), name="block", variant="small"))
+    assert runner.run_reports("accuracy", None, output_dir=tmp_path, pte=xnnpack, runtime="executorch") == 0
+    data = json.loads((tmp_path / "block-xnnpack.pte.executorch.accuracy.json").read_text())
+    assert data["verdict"] == "pass" and data["runtime"] == "executorch"
+    assert data["accuracy"]["layer_norms_identical"] and data["accuracy"]["cpu_backend"] == "xnnpack"
+    markdown = (tmp_path / "block-xnnpack.pte.executorch.accuracy.md").read_text()
+    assert "reference (xnnpack, no WebGPU delegate)" in markdown and "eager float32" in markdown
+    assert (tmp_path / "block-xnnpack.pte.executorch.accuracy.html").read_text().startswith("<!DOCTYPE html>")
+    assert "rel L2" in capsys.readouterr().out
