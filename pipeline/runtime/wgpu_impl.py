@@ -63,12 +63,10 @@ class Device:
         """The first `size` bytes of a MAP_READ buffer, once the GPU is done with it; with
         `into`, (offset, uint8 array) pairs, each array filled straight from the mapping
         instead (one copy, none in between)."""
-        mapped = buffer.map_async(wgpu.MapMode.READ, 0, size)
-        # Wait for the GPU on this thread (a blocking device poll runs the map's callback
-        # here): waiting on the promise alone hands the wait to wgpu's poll thread and back,
-        # which measured ~0.5 ms a call on the H200 host.
-        self.device._poll_wait()
-        mapped.sync_wait()
+        # wgpu's own poll thread waits for the GPU. Polling here as well (a blocking device
+        # poll on this thread) took 1-2 ms off small calls but added ~10 ms to calls of 10 MB
+        # and more on the H200 host (benchmarks/results/h200-variants/host-path-poll-here*.json).
+        buffer.map_sync(wgpu.MapMode.READ, 0, size)
         try:
             if not into:
                 return buffer.read_mapped(0, size, copy=True)
