@@ -218,6 +218,22 @@ def test_plot_output_path_is_checked_first(capsys, tmp_path):
     assert "is not a directory" in exits_2_before_work(plot.main, argv, capsys)
 
 
+def test_plot_host_path_needs_the_host_path_columns(capsys, tmp_path):
+    import json
+
+    plot = load_script("plot_bench")
+    row = {"rows": 64, "width": 768, "wgpu_us": 3.0, "wgpu_gbps": 1.0, "torch_gbps": 1.0}
+    plain = tmp_path / "plain.json"
+    plain.write_text(json.dumps({"results": [row]}))
+    assert plot.main(["--host-path", str(plain), str(tmp_path / "a.png")]) == 1
+    assert "no host-path columns" in capsys.readouterr().err and not (tmp_path / "a.png").exists()
+    host = tmp_path / "host.json"
+    host.write_text(json.dumps({"results": [{**row, "call_us": 700.0, "layer_norm_us": 750.0,
+                                             "cuda_roundtrip_us": None, "torch_cpu_us": 6.0}]}))
+    assert plot.main(["--host-path", str(host), str(tmp_path / "b.png")]) == 0
+    assert (tmp_path / "b.png").read_bytes()[:4] == b"\x89PNG"
+
+
 def test_scripts_show_only_their_own_lines_unless_verbose():
     quiet = run_cli("whisper", "--variant", "huge")
     lines = [line for line in quiet.stderr.splitlines() if "XDG_RUNTIME_DIR" not in line]

@@ -64,7 +64,7 @@ class Device:
         `into`, (offset, uint8 array) pairs, each array filled straight from the mapping
         instead (one copy, none in between)."""
         # wgpu's own poll thread waits for the GPU. Polling here as well (a blocking device
-        # poll on this thread) took 1-2 ms off small calls but added ~10 ms to calls of 10 MB
+        # poll on this thread) took ~0.2 ms off 1 MB calls but added ~10 ms to calls of 10 MB
         # and more on the H200 host (benchmarks/results/h200-variants/host-path-poll-here*.json).
         buffer.map_sync(wgpu.MapMode.READ, 0, size)
         try:
