@@ -84,7 +84,8 @@ class Device:
             module = self.device.create_shader_module(code=code)
         except Exception as exc:
             return [f"error: {exc}"]
-        return [f"{m.get('type', 'message')}: {m.get('message', m)}" for m in module.get_compilation_info_sync()]
+        # wgpu 0.32 reports no compilation messages beyond errors (an empty list): kept for when it does.
+        return [f"message: {m}" for m in module.get_compilation_info_sync()]
 
     def pipeline(self, code: str, bindings: list[str] | None, label: str) -> Pipeline:
         """A compute pipeline of `code`'s `main`: with an explicit layout of `bindings`
