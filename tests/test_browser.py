@@ -165,9 +165,9 @@ def check_against_float64(outcome: Outcome) -> dict[str, float]:
 # of 256 per-thread terms, and each lane adds 256 / 4 / 4 = 16 subgroup parts one after
 # another: with 8 lanes (4 parts each) the mean is 0.8 ulp off, as the tree's; forced to 2
 # lanes 2.3, to 1 lane (256 parts in sequence) 30 (wgpu on lavapipe, same rows).
-KNOWN_MISSES = {
-    ("subgroup-float32-4097-hard", 4): "streamed row mean summed over 16 subgroup parts in sequence: ~2 ulp off at 1e4",
-}
+# (case, subgroup size): why a case is expected to fail; none since a row's subgroup parts
+# are summed as a tree (on 4 lanes the streamed float32 4097-wide row at 1e4 was ~2 ulp off).
+KNOWN_MISSES: dict[tuple[str, int], str] = {}
 
 
 @pytest.mark.parametrize("case", CASES, ids=case_id)

@@ -275,6 +275,17 @@ def test_pipelines_and_buffers_are_reused():
     assert after["buffers_allocated"] == before["buffers_allocated"]
 
 
+def test_an_eps_past_float32_gives_rstd_0_without_a_warning():
+    import warnings
+
+    x = torch.randn(3, 16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out, mean, rstd = pipeline.layer_norm(x, [16], eps=1e300)
+    eager = ATEN(x, [16], None, None, 1e300)
+    assert torch.equal(rstd, eager[2]) and torch.equal(rstd, torch.zeros_like(rstd))
+
+
 def test_bind_groups_are_reused_and_dropped_with_their_buffers():
     g = runtime_device.gpu()
     x = torch.randn(33, 200)
