@@ -4,8 +4,8 @@ WebGPUBackend, the rest on portable kernels or XNNPACK) against eager PyTorch.
     python benchmarks/executorch_runtime.py [--models bart,florence2,whisper]
         [--cpu-backends portable,xnnpack] [--repeats N] [--json FILE]
 
-Each file is lowered as `pipeline.lower` does (portable) or with XNNPACK's partitioner
-after ours, saved, loaded with `pipeline.native.load`, run once to warm up (shader
+Each file is lowered as `pipeline.lower` does (portable) or as `export_model.py
+--cpu-backend xnnpack` does, saved, loaded with `pipeline.native.load`, run once to warm up (shader
 compilation, XNNPACK set-up) and then timed `--repeats` times; eager is timed the same way
 under torch.no_grad. Prints one line per run and writes the JSON (median seconds).
 """
@@ -36,14 +36,10 @@ def lower_to_file(name: str, cpu_backend: str, path: Path) -> float:
     if cpu_backend == "portable":
         pipeline.lower(model, spec.example_inputs).save(path)
     else:
-        from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-        from executorch.exir import to_edge_transform_and_lower
+        from pipeline.executor.lowering import lower_to_edge
 
-        from pipeline.partitioner import LayerNormPartitioner
-        from pipeline.passes import reframe_group_norm
-
-        exported = reframe_group_norm(torch.export.export(model, spec.example_inputs))
-        edge = to_edge_transform_and_lower(exported, partitioner=[LayerNormPartitioner(), XnnpackPartitioner()])
+        # As export_model --cpu-backend xnnpack lowers (the linear rewrite included).
+        edge, _ = lower_to_edge(model, spec.example_inputs, None, "xnnpack")
         path.write_bytes(edge.to_executorch().buffer)
     return time.perf_counter() - started
 
