@@ -138,20 +138,9 @@ class Program:
         return values
 
     def _value(self, i: int, val, values: list):
-        if isinstance(val, schema.Int):
-            return val.int_val
-        if isinstance(val, schema.Bool):
-            return val.bool_val
-        if isinstance(val, schema.Double):
-            return float(val.double_val)
-        if isinstance(val, schema.String):
-            return val.string_val
-        if isinstance(val, schema.Null):
-            return None
-        if isinstance(val, (schema.DoubleList, schema.BoolList)):
-            return list(val.items)
-        if isinstance(val, (schema.IntList, schema.TensorList, schema.OptionalTensorList)):
-            return verify.gather(val, values)  # items are earlier values (verify.check_plan)
+        plain = verify.plain_value(val, values)  # list items are earlier values (verify.check_plan)
+        if plain is not NotImplemented:
+            return plain
         if isinstance(val, schema.Tensor):
             return self._tensor(i, val)
         raise self._fail(f"value {i}: unsupported value type {type(val).__name__}")

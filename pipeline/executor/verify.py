@@ -506,6 +506,14 @@ def _meta_value(val, values: list, data: bool = False):
             return None  # no memory of its own until an instruction (or the caller) sets it
         dtype = kernels.DTYPES[int(val.scalar_type)]
         return _meta_tensor(list(val.sizes), list(val.dim_order), dtype)
+    plain = plain_value(val, values)
+    return None if plain is NotImplemented else plain
+
+
+def plain_value(val, values: list):
+    """A value that is not a tensor, as Python: an int, bool, double, string or None, a list
+    of those, or a list of earlier values (gathered from `values`); NotImplemented for a
+    tensor or anything else."""
     if isinstance(val, schema.Int):
         return val.int_val
     if isinstance(val, schema.Bool):
@@ -514,11 +522,13 @@ def _meta_value(val, values: list, data: bool = False):
         return float(val.double_val)
     if isinstance(val, schema.String):
         return val.string_val
+    if isinstance(val, schema.Null):
+        return None
     if isinstance(val, (schema.DoubleList, schema.BoolList)):
         return list(val.items)
     if isinstance(val, (schema.IntList, schema.TensorList, schema.OptionalTensorList)):
         return gather(val, values)
-    return None
+    return NotImplemented
 
 
 def _meta_tensor(sizes: list[int], dim_order: list[int], dtype: torch.dtype) -> torch.Tensor:
