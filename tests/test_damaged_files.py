@@ -15,40 +15,22 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch import nn
 
 import pipeline
 from damage import damage, sweep
 from pipeline.executor.pte import PteFile
+from tests.test_pte import Block, randn  # a linear, an affine LayerNorm, a GroupNorm
 
 pytestmark = pytest.mark.usefixtures("gpu_info")
 
 RUNTIMES = ("python", "executorch")
 
 
-def randn(*shape, seed=0):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
-
-
-class Small(nn.Module):
-    """Linear, an affine LayerNorm, a GroupNorm (a weight-less LayerNorm), elementwise ops."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.proj = nn.Linear(12, 12)
-        self.ln = nn.LayerNorm(12)
-        self.gn = nn.GroupNorm(3, 6)
-
-    def forward(self, x, y):
-        return self.ln(self.proj(x)).relu(), self.gn(y) * 2.0
-
-
 @pytest.fixture(scope="module")
 def small(tmp_path_factory):
     folder = tmp_path_factory.mktemp("small")
     inputs = (randn(2, 5, 12), randn(2, 6, 7, seed=1))
-    program = pipeline.lower(Small().eval(), inputs)
+    program = pipeline.lower(Block().eval(), inputs)
     program.save(folder / "small.pte")
     torch.save(inputs, folder / "inputs.pt")
     return folder / "small.pte", folder / "inputs.pt", program, inputs
@@ -116,40 +98,6 @@ class _Fields:
 TENSOR_SCALAR_TYPE, TENSOR_SIZES, TENSOR_ALLOCATION = 4, 8, 16
 ALLOCATION_OFFSET_LOW = 6
 KERNEL_CALL_ARGS = 6
-
-
-def _inconsistent_files(data: bytes) -> dict[str, bytes]:
-    from executorch.exir import schema
-
-    plan = PteFile(data, "x").plan
-    fields = _Fields(data)
-    tensors = {j: v.val for j, v in enumerate(plan.values) if isinstance(v.val, schema.Tensor)}
-    planned = [j for j, t in tensors.items() if t.allocation_info is not None and t.sizes]
-    constant = next(j for j, t in tensors.items() if t.data_buffer_idx > 0)
-    relu = next(pc for pc, i in enumerate(plan.chains[0].instructions) if isinstance(i.instr_args, schema.KernelCall)
-                and plan.operators[i.instr_args.op_index].name == "aten::relu")
-    relu_input = plan.chains[0].instructions[relu].instr_args.args[0]
-    other = next(j for j in planned if tensors[j].sizes != tensors[relu_input].sizes)
-    cases = {}
-
-    def edit(name: str, at: int, fmt: str, value) -> None:
-        out = bytearray(data)
-        struct.pack_into(fmt, out, at, value)
-        cases[name] = bytes(out)
-
-    # A tensor's size changed (6 -> 134 in the report): what its operator makes disagrees.
-    j = planned[-1]
-    edit("a size", fields.item(fields.value(j), TENSOR_SIZES, 0, 8), "<q", tensors[j].sizes[0] + 128)
-    # An operator's input re-pointed at a tensor of another shape.
-    edit("an argument", fields.item(fields.instruction(relu), KERNEL_CALL_ARGS, 0, 4), "<i", other)
-    # A constant's dtype changed: it no longer fills its slot in the constant segment.
-    edit("a dtype", fields.scalar(fields.value(constant), TENSOR_SCALAR_TYPE), "<b", 7)
-    # A tensor moved over another that is live at the same time.
-    j = relu_input
-    allocation = fields.table(fields.value(j), TENSOR_ALLOCATION)
-    low = tensors[j].allocation_info.memory_offset_low
-    edit("an offset", fields.scalar(allocation, ALLOCATION_OFFSET_LOW), "<I", low + 16)
-    return cases
 
 
 def _inconsistent_cases(data: bytes) -> dict[str, str]:

@@ -6,28 +6,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
 from torch.export import Dim
 
 import pipeline
+from tests.test_native import DynamicModel as Norms  # a LayerNorm over rows, a GroupNorm over a length
+from tests.test_pte import randn
 
 pytestmark = pytest.mark.usefixtures("gpu_info")
-
-
-def randn(*shape, seed=0):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
-
-
-class Norms(nn.Module):
-    """A LayerNorm over rows, a GroupNorm over a length (its row width is that length)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.norm = nn.LayerNorm(16)
-        self.group_norm = nn.GroupNorm(2, 4, affine=False)
-
-    def forward(self, x, y):
-        return self.norm(x), self.group_norm(y)
 
 
 @pytest.fixture(scope="module")
