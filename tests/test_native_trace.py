@@ -3,6 +3,7 @@ calls) and the verdict of a file run there (pipeline.evaluation.executorch_verdi
 
 from __future__ import annotations
 
+import time
 import types
 
 import pytest
@@ -68,20 +69,29 @@ def test_etdump_lists_each_layer_norm_delegate_with_its_times(block_files, tmp_p
 
     from pipeline.native.trace import TracedProgram, parse_metadata
 
+    from pipeline import runtime
+
     spec, portable, _ = block_files
+    walls = []
     with TracedProgram(portable, etdump=True) as program:
         # The wheel's runtime records no events of its own: the backend opens the blocks.
         assert not program.runtime_records
         for _ in range(3):
+            start = time.perf_counter()
             program(*spec.example_inputs)
+            walls.append((time.perf_counter() - start) * 1e3)
         path = program.write_etdump(tmp_path / "block.etdp")
+    # Where the adapter has timestamp queries an event spans its launches' GPU time, which
+    # lies within the forward's wall time; elsewhere the call's wall time, host to host.
+    timing = "gpu" if "timestamp-query" in runtime.device_info()["features"] else "wall"
     inspector = Inspector(etdump_path=str(path), delegate_metadata_parser=parse_metadata)
     [block] = inspector.event_blocks
     assert [e.name for e in block.events] == ["native_layer_norm #0", "native_layer_norm #1"]
     for event, width in zip(block.events, (24, 40)):
         assert event.is_delegated_op and len(event.perf_data.raw) == 3 and min(event.perf_data.raw) > 0
         meta = event.delegate_debug_metadatas
-        assert meta["rows"] == [14] * 3 and meta["width"] == [width] * 3 and meta["timing"] == ["wall"] * 3
+        assert meta["rows"] == [14] * 3 and meta["width"] == [width] * 3 and meta["timing"] == [timing] * 3
+        assert all(ms < wall for ms, wall in zip(event.perf_data.raw, walls)), (event.perf_data.raw, walls)
 
 
 def test_no_etdump_without_delegate_calls(block_files, tmp_path):

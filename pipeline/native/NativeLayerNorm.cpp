@@ -1,5 +1,7 @@
 #include "NativeLayerNorm.h"
 
+#include "WebGPUDelegateTrace.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -44,8 +46,8 @@ void NativeLayerNorm::write_words(WGPUBuffer buffer, const void* data, uint64_t 
 }
 
 NativeLayerNorm::~NativeLayerNorm() {
-  for (Buffer* b : {&out_read_, &mean_read_, &rstd_read_, &params_, &rstd_, &mean_, &out_, &x_,
-                    &bias_, &weight_}) {
+  for (Buffer* b : {&stamps_read_, &stamps_, &out_read_, &mean_read_, &rstd_read_, &params_, &rstd_, &mean_,
+                    &out_, &x_, &bias_, &weight_}) {
     if (b->buffer != nullptr) {
       wgpuBufferDestroy(b->buffer);
       wgpuBufferRelease(b->buffer);
@@ -53,6 +55,9 @@ NativeLayerNorm::~NativeLayerNorm() {
   }
   for (auto& entry : pipelines_) {
     wgpuComputePipelineRelease(entry.second);
+  }
+  if (queries_ != nullptr) {
+    wgpuQuerySetRelease(queries_);  // wgpu-native's destroy drops it too: release alone, once
   }
   if (pipeline_layout_ != nullptr) wgpuPipelineLayoutRelease(pipeline_layout_);
   if (bind_layout_ != nullptr) wgpuBindGroupLayoutRelease(bind_layout_);
@@ -262,9 +267,28 @@ bool NativeLayerNorm::launch(WGPUComputePipeline pipeline, const KernelConfig& c
   group_desc.entries = entries;
   WGPUBindGroup group = wgpuDeviceCreateBindGroup(device_->device(), &group_desc);
 
+  // The pass's GPU time for the call's ETDump event, where the device has timestamps.
+  const bool timed = device_->has_timestamps() && gpu_time_wanted();
+  if (timed && queries_ == nullptr) {
+    WGPUQuerySetDescriptor query_desc = WGPU_QUERY_SET_DESCRIPTOR_INIT;
+    query_desc.type = WGPUQueryType_Timestamp;
+    query_desc.count = 2;
+    queries_ = wgpuDeviceCreateQuerySet(device_->device(), &query_desc);
+  }
+  if (timed && (!ensure(&stamps_, 16, WGPUBufferUsage_QueryResolve | WGPUBufferUsage_CopySrc, reason) ||
+                !ensure(&stamps_read_, 16, kReadBack, reason))) {
+    return false;
+  }
+  WGPUPassTimestampWrites writes = WGPU_PASS_TIMESTAMP_WRITES_INIT;
+  writes.querySet = queries_;
+  writes.beginningOfPassWriteIndex = 0;
+  writes.endOfPassWriteIndex = 1;
+  WGPUComputePassDescriptor pass_desc = WGPU_COMPUTE_PASS_DESCRIPTOR_INIT;
+  pass_desc.timestampWrites = timed ? &writes : nullptr;
+
   // Dispatch, then copy the results into the read-back buffers.
   WGPUCommandEncoder encoder = wgpuDeviceCreateCommandEncoder(device_->device(), nullptr);
-  WGPUComputePassEncoder pass = wgpuCommandEncoderBeginComputePass(encoder, nullptr);
+  WGPUComputePassEncoder pass = wgpuCommandEncoderBeginComputePass(encoder, &pass_desc);
   wgpuComputePassEncoderSetPipeline(pass, pipeline);
   wgpuComputePassEncoderSetBindGroup(pass, 0, group, 0, nullptr);
   wgpuComputePassEncoderDispatchWorkgroups(pass, static_cast<uint32_t>(grid_x),
@@ -275,6 +299,10 @@ bool NativeLayerNorm::launch(WGPUComputePipeline pipeline, const KernelConfig& c
   if (config.write_stats) {
     wgpuCommandEncoderCopyBufferToBuffer(encoder, mean_.buffer, 0, mean_read_.buffer, 0, stat_bytes);
     wgpuCommandEncoderCopyBufferToBuffer(encoder, rstd_.buffer, 0, rstd_read_.buffer, 0, stat_bytes);
+  }
+  if (timed) {
+    wgpuCommandEncoderResolveQuerySet(encoder, queries_, 0, 2, stamps_.buffer, 0);
+    wgpuCommandEncoderCopyBufferToBuffer(encoder, stamps_.buffer, 0, stamps_read_.buffer, 0, 16);
   }
   WGPUCommandBuffer commands = wgpuCommandEncoderFinish(encoder, nullptr);
   wgpuCommandEncoderRelease(encoder);
@@ -297,9 +325,18 @@ bool NativeLayerNorm::launch(WGPUComputePipeline pipeline, const KernelConfig& c
              !device_->read_buffer(out_read_.buffer, data_bytes, outputs.out, reason)) {
     return false;
   }
-  return (outputs.mean == nullptr || device_->read_buffer(mean_read_.buffer, stat_bytes, outputs.mean, reason)) &&
-         (outputs.rstd == nullptr || device_->read_buffer(rstd_read_.buffer, stat_bytes, outputs.rstd, reason)) &&
-         device_->finish(reason);
+  if (!((outputs.mean == nullptr || device_->read_buffer(mean_read_.buffer, stat_bytes, outputs.mean, reason)) &&
+        (outputs.rstd == nullptr || device_->read_buffer(rstd_read_.buffer, stat_bytes, outputs.rstd, reason)))) {
+    return false;
+  }
+  if (timed) {
+    uint64_t stamps[2] = {0, 0};  // nanoseconds
+    if (!device_->read_buffer(stamps_read_.buffer, sizeof stamps, stamps, reason)) {
+      return false;
+    }
+    add_gpu_time(stamps[1] > stamps[0] ? stamps[1] - stamps[0] : 0);
+  }
+  return device_->finish(reason);
 }
 
 }  // namespace webgpu

@@ -42,8 +42,22 @@ TraceState& state() {
 
 }  // namespace
 
+// The scope of the delegate call running on this thread, if any.
+thread_local DelegateTraceScope* current_scope = nullptr;
+
 bool tracing_enabled() {
   return state().enabled.load(std::memory_order_relaxed);
+}
+
+bool gpu_time_wanted() {
+  return current_scope != nullptr && current_scope->tracer_ != nullptr;
+}
+
+void add_gpu_time(uint64_t ns) {
+  if (gpu_time_wanted()) {
+    current_scope->gpu_timed_ = true;
+    current_scope->gpu_ns_ += ns;
+  }
 }
 
 DelegateTraceScope::DelegateTraceScope(EventTracer* tracer, uint64_t rows, uint64_t width, const char* dtype) {
@@ -59,18 +73,31 @@ DelegateTraceScope::DelegateTraceScope(EventTracer* tracer, uint64_t rows, uint6
     s.block_run = s.run;
     s.block_tracer = tracer;
   }
-  const std::string name = "native_layer_norm #" + std::to_string(call);
-  metadata_ = "rows=" + std::to_string(rows) + " width=" + std::to_string(width) + " dtype=" + dtype +
-              " timing=wall";
+  name_ = "native_layer_norm #" + std::to_string(call);
+  metadata_ = "rows=" + std::to_string(rows) + " width=" + std::to_string(width) + " dtype=" + dtype;
   // The tracer copies the name into its string table; it need not outlive the call.
-  entry_ = tracer->start_profiling_delegate(name.c_str(), kUnsetDelegateDebugIntId);
+  entry_ = tracer->start_profiling_delegate(name_.c_str(), kUnsetDelegateDebugIntId);
   tracer_ = tracer;
+  outer_ = current_scope;
+  current_scope = this;
 }
 
 DelegateTraceScope::~DelegateTraceScope() {
-  if (tracer_ != nullptr) {
-    tracer_->end_profiling_delegate(entry_, metadata_.data(), metadata_.size());
+  if (tracer_ == nullptr) {
+    return;
   }
+  current_scope = outer_;
+  if (!gpu_timed_) {
+    metadata_ += " timing=wall";
+    tracer_->end_profiling_delegate(entry_, metadata_.data(), metadata_.size());
+    return;
+  }
+  // The event spans the GPU time of the call's launches from the call's start: the runtime's
+  // ticks are nanoseconds on Linux's default platform layer (steady_clock), as the GPU's are.
+  metadata_ += " timing=gpu";
+  tracer_->log_profiling_delegate(name_.c_str(), kUnsetDelegateDebugIntId, entry_.start_time,
+                                  entry_.start_time + static_cast<et_timestamp_t>(gpu_ns_), metadata_.data(),
+                                  metadata_.size());
 }
 
 void DelegateTraceScope::capture(Span<EValue*> args) {

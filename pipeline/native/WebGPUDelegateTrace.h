@@ -30,8 +30,9 @@ struct TracedCall {
 
 // An event's name is "native_layer_norm #K" (K: the call's index within its run, so the
 // Inspector lists each delegate of a forward apart) and its metadata the text
-// "rows=R width=W dtype=D timing=wall": wall time, host to host (upload, launch,
-// read-back), which is the delegate's cost to the program.
+// "rows=R width=W dtype=D timing=T". T is gpu where the device has timestamp queries: the
+// event spans the GPU time of the call's compute passes, from the call's start. Otherwise
+// T is wall: wall time, host to host (upload, launch, read-back).
 
 // Wraps one delegate call in execute(): opens its ETDump event (when switched on and the
 // runtime passed a tracer) and closes it on destruction.
@@ -48,12 +49,25 @@ class DelegateTraceScope {
  private:
   executorch::runtime::EventTracer* tracer_ = nullptr;  // non-null while an event is open
   executorch::runtime::EventTracerEntry entry_{};
+  std::string name_;
   std::string metadata_;
   bool capturing_ = false;
+  bool gpu_timed_ = false;  // the call's launches added their GPU time
+  uint64_t gpu_ns_ = 0;
+  DelegateTraceScope* outer_ = nullptr;
+
+  friend bool gpu_time_wanted();
+  friend void add_gpu_time(uint64_t ns);
 };
 
 // True when any tracing is switched on (cheap check for the hot path).
 bool tracing_enabled();
+
+// Whether the delegate call running on this thread records an ETDump event that wants the
+// GPU time of its launches (timestamp queries around each compute pass).
+bool gpu_time_wanted();
+// Adds one launch's GPU time, in nanoseconds, to that event.
+void add_gpu_time(uint64_t ns);
 
 }  // namespace webgpu
 }  // namespace backends

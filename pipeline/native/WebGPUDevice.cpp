@@ -209,10 +209,14 @@ bool WebGPUDevice::open(std::string* reason) {
   adapter_limits.nextInChain = nullptr;
   const auto subgroup_feature = static_cast<WGPUFeatureName>(WGPUNativeFeature_Subgroup);
   has_subgroups_ = wgpuAdapterHasFeature(adapter_, subgroup_feature);
+  has_timestamps_ = wgpuAdapterHasFeature(adapter_, WGPUFeatureName_TimestampQuery);
+  std::vector<WGPUFeatureName> features;
+  if (has_subgroups_) features.push_back(subgroup_feature);
+  if (has_timestamps_) features.push_back(WGPUFeatureName_TimestampQuery);
   WGPUDeviceDescriptor descriptor = WGPU_DEVICE_DESCRIPTOR_INIT;
   descriptor.label = view("pipeline native");
-  descriptor.requiredFeatureCount = has_subgroups_ ? 1 : 0;
-  descriptor.requiredFeatures = has_subgroups_ ? &subgroup_feature : nullptr;
+  descriptor.requiredFeatureCount = features.size();
+  descriptor.requiredFeatures = features.empty() ? nullptr : features.data();
   descriptor.requiredLimits = &adapter_limits;
   descriptor.deviceLostCallbackInfo.mode = WGPUCallbackMode_AllowSpontaneous;
   descriptor.deviceLostCallbackInfo.callback = on_device_lost;

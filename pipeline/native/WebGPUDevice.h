@@ -30,6 +30,8 @@ class WebGPUDevice {
   // Whether pack2x16float rounds as aten does here (f16_pack_probe.wgsl): float16 stores use it.
   bool native_f16_pack() const { return native_f16_pack_; }
   const std::string& adapter_name() const { return adapter_name_; }
+  // Whether the device has timestamp queries (a delegate call's GPU time for ETDump).
+  bool has_timestamps() const { return has_timestamps_; }
 
   // All GPU work of the backend runs under this lock (the queue and the pools are shared).
   std::mutex& mutex() { return mutex_; }
@@ -69,6 +71,7 @@ class WebGPUDevice {
   uint32_t subgroup_size_ = 0;
   bool native_f16_pack_ = false;
   bool has_subgroups_ = false;
+  bool has_timestamps_ = false;
   std::string adapter_name_;
   std::string uncaptured_error_;  // the first error nobody captured, reported by finish()
   std::mutex mutex_;

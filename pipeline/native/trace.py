@@ -9,8 +9,9 @@
 ETDump: the program is loaded with ExecuTorch's ETDump generator (`enable_etdump`), which
 the runtime hands to every delegate call; the backend adds one profiling event per call,
 named "native_layer_norm #K" (K: the call's index within its forward) with the metadata
-"rows=R width=W dtype=D timing=wall" (`parse_metadata`). The time is wall time, host to
-host: upload, launch and read-back, the delegate's cost to the program.
+"rows=R width=W dtype=D timing=T" (`parse_metadata`). T is gpu where the adapter has
+timestamp queries: the event spans the GPU time of the call's compute passes. Otherwise T
+is wall: wall time, host to host (upload, launch and read-back, the delegate's cost).
 
 The executorch 1.4.1 wheel's runtime (`_portable_lib`) is built without event tracing
 (EXECUTORCH_ENABLE_EVENT_TRACER off): its Method records no events of its own (no
