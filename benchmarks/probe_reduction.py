@@ -25,7 +25,6 @@ import importlib
 import json
 import os
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from unittest import mock
 
@@ -34,28 +33,10 @@ import torch
 import pipeline
 from pipeline.benchmark import parse_shapes, time_copy, time_kernel, time_torch, time_torch_compiled
 from pipeline.runtime.device import device_info, gpu
-from probe_waves import LateAffine, StagedAffine  # benchmarks/, the script's own directory
+from probe_implementations import FromDirectory  # benchmarks/, the script's own directory
+from probe_waves import LateAffine, StagedAffine
 
 kernel = importlib.import_module("pipeline.runtime.native_layer_norm")  # the module, not the function
-
-
-class _FilesFrom:
-    """What KernelConfig.source reads of a Gpu, the kernel files, from another directory."""
-
-    def __init__(self, directory: Path):
-        self.directory = directory
-
-    def shader_source(self, name: str) -> str:
-        return (self.directory / name).read_text()
-
-
-@dataclass(frozen=True)
-class Previous(kernel.KernelConfig):
-    """The same configuration, its module built from the kernel files in `PREVIOUS_DIR` with
-    today's constants prelude and written-out lines (unchanged since the merge)."""
-
-    def source(self, g) -> str:
-        return super().source(_FilesFrom(PREVIOUS_DIR))
 
 
 PREVIOUS_DIR = Path()
@@ -104,7 +85,8 @@ def main() -> int:
         for rows, width in parse_shapes(args.shapes):
             product = kernel.device_config(g, width, True, True, dtype)
             fields = {k: getattr(product, k) for k in product.__dataclass_fields__}
-            configs = {"product": product, "merge_reduction": Previous(**fields)}
+            # The same configuration, its module built from the kernel files of an earlier commit.
+            configs = {"product": product, "merge_reduction": FromDirectory(**fields, directory=PREVIOUS_DIR)}
             if product.hold:
                 configs["late_affine"] = LateAffine(**fields)
                 staged = StagedAffine(**{**fields, "workgroup": max(256, product.threads_per_row)})

@@ -48,7 +48,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import wgpu
 
 from pipeline.benchmark import (
     parse_shapes,
@@ -325,15 +324,15 @@ class Checker:
         self.floors = [8 * np.finfo(np.float32).eps * max(float(np.abs(t).max()), 1.0) for t in self.truth]
         self.floors[0] += float(mean_ulp.max()) * max(1.0, float(np.abs(w).max()))
 
-        dev = self.g.device
+        impl = self.g.impl
         n = rows * width * 4
-        self.bufs = [dev.create_buffer(size=max(16, s), usage=u) for s, u in (
+        self.bufs = [impl.buffer(max(16, s), u) for s, u in (
             (n, STORAGE), (width * 4, STORAGE), (width * 4, STORAGE),
             (n, STORAGE), (rows * 4, STORAGE), (rows * 4, STORAGE), (PARAMS_BYTES, UNIFORM))]
         for buf, data in zip(self.bufs, (x, w, b)):
-            dev.queue.write_buffer(buf, 0, data)
-        dev.queue.write_buffer(self.bufs[6], 0, pack_params(rows, EPS))
-        self.staging = dev.create_buffer(size=n + 8 * rows, usage=STAGING)
+            impl.write(buf, data)
+        impl.write(self.bufs[6], pack_params(rows, EPS))
+        self.staging = impl.buffer(n + 8 * rows, STAGING)
         self.product_out: np.ndarray | None = None
 
     @staticmethod
@@ -341,26 +340,18 @@ class Checker:
         return float(np.abs(got.astype(np.float64) - truth).max())
 
     def run(self, config: KernelConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        dev, (rows, width) = self.g.device, (self.rows, self.width)
-        pipeline, layout = compile_pipeline(self.g, config)
+        impl, (rows, width) = self.g.impl, (self.rows, self.width)
+        pipeline = compile_pipeline(self.g, config)
         for buf, count in ((self.bufs[3], rows * width), (self.bufs[4], rows), (self.bufs[5], rows)):
-            dev.queue.write_buffer(buf, 0, np.full(count, np.nan, dtype=np.float32))
-        bind_group = dev.create_bind_group(layout=layout, entries=[
-            {"binding": i, "resource": {"buffer": b}} for i, b in enumerate(self.bufs)])
-        encoder = dev.create_command_encoder()
-        compute = encoder.begin_compute_pass()
-        compute.set_pipeline(pipeline)
-        compute.set_bind_group(0, bind_group)
-        compute.dispatch_workgroups(*grid(rows, config))
-        compute.end()
+            impl.write(buf, np.full(count, np.nan, dtype=np.float32))
+        encoder = impl.encoder()
+        encoder.compute(pipeline, [(impl.bind_group(pipeline, self.bufs), grid(rows, config))])
         n = rows * width * 4
-        encoder.copy_buffer_to_buffer(self.bufs[3], 0, self.staging, 0, n)
-        encoder.copy_buffer_to_buffer(self.bufs[4], 0, self.staging, n, rows * 4)
-        encoder.copy_buffer_to_buffer(self.bufs[5], 0, self.staging, n + rows * 4, rows * 4)
-        dev.queue.submit([encoder.finish()])
-        self.staging.map_sync(wgpu.MapMode.READ)
-        data = np.frombuffer(self.staging.read_mapped(copy=True), dtype=np.float32)
-        self.staging.unmap()
+        encoder.copy(self.bufs[3], 0, self.staging, 0, n)
+        encoder.copy(self.bufs[4], 0, self.staging, n, rows * 4)
+        encoder.copy(self.bufs[5], 0, self.staging, n + rows * 4, rows * 4)
+        impl.submit(encoder)
+        data = np.frombuffer(impl.read(self.staging, n + 8 * rows), dtype=np.float32)
         return data[: rows * width].reshape(rows, width), data[rows * width: rows * width + rows], data[rows * width + rows:]
 
     def check(self, config: KernelConfig, is_product: bool = False) -> dict:

@@ -13,7 +13,6 @@ import dataclasses
 import importlib
 import os
 
-import numpy as np
 import pytest
 import torch
 

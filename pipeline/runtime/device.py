@@ -9,6 +9,7 @@ the chosen compiler takes them, pipeline and buffer caches, the device probes, c
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import weakref
@@ -31,7 +32,6 @@ MAP_READ, COPY_SRC, COPY_DST, UNIFORM, STORAGE_USAGE, QUERY_RESOLVE = 0x1, 0x4, 
 STORAGE = STORAGE_USAGE | COPY_DST | COPY_SRC
 UNIFORM_BUFFER = UNIFORM | COPY_DST
 STAGING = MAP_READ | COPY_DST
-BINDING_TYPES = ("read-only-storage", "storage", "uniform")
 
 # The shader compilers that need an `enable` directive before a module may use subgroup
 # operations: Tint does (WGSL's rule); naga in wgpu 0.32 refuses the directive. The one
@@ -80,13 +80,14 @@ class ShaderFiles:
         return ("enable subgroups;\n" if subgroups and NEEDS_ENABLE_SUBGROUPS[self.compiler] else "") + body
 
 
-_files: dict[str, str] = {}
-
-
+@functools.cache
 def _wgsl_file(name: str) -> str:
-    if name not in _files:
-        _files[name] = resources.files("pipeline.wgsl").joinpath(name).read_text()
-    return _files[name]
+    return resources.files("pipeline.wgsl").joinpath(name).read_text()
+
+
+def _padded(size: int) -> int:
+    """Bytes of a buffer for `size`: bindings and copies want 4-byte multiples, at least 16."""
+    return max(16, (size + 15) // 16 * 16)
 
 
 @dataclass
@@ -136,7 +137,7 @@ class Gpu:
 
     def buffer(self, role: str, size: int, usage: int) -> Any:
         """A buffer of at least `size` bytes for `role`, reused across calls of that size."""
-        size = max(16, (size + 15) // 16 * 16)  # bindings and copies want 4-byte multiples
+        size = _padded(size)
         key = (role, size)
         buf = self.buffers.get(key)
         if buf is None:
@@ -163,7 +164,7 @@ class Gpu:
         if known is not None:
             return known
         data = data()
-        buf = self.impl.buffer(max(16, (data.nbytes + 15) // 16 * 16), STORAGE, "resident")
+        buf = self.impl.buffer(_padded(data.nbytes), STORAGE, "resident")
         self.upload(buf, data)
         self.stats.buffers_allocated += 1
         self.residents[id(t)] = buf

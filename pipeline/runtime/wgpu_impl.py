@@ -89,7 +89,7 @@ class Device:
 
     def pipeline(self, code: str, bindings: list[str] | None, label: str) -> Pipeline:
         """A compute pipeline of `code`'s `main`: with an explicit layout of `bindings`
-        (BINDING_TYPES names, binding i the i-th) or, with None, the module's own."""
+        ("read-only-storage", "storage" or "uniform", binding i the i-th) or, with None, the module's own."""
         module = self.device.create_shader_module(code=code, label=label)
         if bindings is None:
             pipeline = self.device.create_compute_pipeline(
