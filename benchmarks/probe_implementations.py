@@ -6,7 +6,7 @@ Per model shape, at one dtype, interleaved (each measured twice, A B C C B A, th
 - wgpu_before  wgpu, the module built with the subgroup reduction file of an earlier commit
                (`--previous DIR`: its pipeline/wgsl/reduce_subgroup.wgsl; the subgroup size read
                from the builtin into a private variable, which Tint refuses)
-- wgpu         wgpu, the product (shuffles over the constant SUBGROUP_SIZE)
+- wgpu         wgpu, the product (the subgroup size passed down from the builtin)
 - dawn         Dawn, the product (with `enable subgroups;`)
 - wgpu_copy, dawn_copy   bench_copy.wgsl on each implementation
 - compiled, eager        torch.compile and eager F.layer_norm at that dtype (CUDA graphs)

@@ -186,6 +186,7 @@ std::string kernel_source(const KernelConfig& config, ShaderCompiler compiler) {
   prelude += std::string("const HAS_BIAS: bool = ") + boolean(config.has_bias) + ";\n";
   prelude += std::string("const ROW_IN_SUBGROUP: bool = ") +
              boolean(config.subgroup_size > 0 && config.row_in_subgroup()) + ";\n";
+  prelude += std::string("const PARTS_TREE: bool = ") + boolean(config.parts_tree()) + ";\n";
   prelude += "const WIDTH: u32 = " + std::to_string(config.width) + "u;\n";
   prelude += "const ROW_VECS: u32 = " + std::to_string(config.row_vecs()) + "u;\n";
   prelude += "const HOLD: u32 = " + std::to_string(config.hold) + "u;\n";

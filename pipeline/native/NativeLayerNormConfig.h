@@ -41,6 +41,10 @@ struct KernelConfig {
   uint32_t vec() const { return width % 4 == 0 ? 4 : width % 2 == 0 ? 2 : 1; }
   uint64_t row_vecs() const { return width / vec(); }
   bool row_in_subgroup() const { return threads_per_row <= subgroup_size; }
+  // A row has more subgroup parts than a subgroup has lanes (KernelConfig.parts_tree).
+  bool parts_tree() const {
+    return subgroup_size > 0 && uint64_t{threads_per_row} > uint64_t{subgroup_size} * subgroup_size;
+  }
   uint32_t rows_per_workgroup() const { return workgroup / threads_per_row; }
 };
 

@@ -94,6 +94,12 @@ class KernelConfig:
         return 0 < self.threads_per_row <= self.subgroup_size
 
     @property
+    def parts_tree(self) -> bool:
+        """A row has more subgroup parts than a subgroup has lanes: the parts halve in a
+        tree in workgroup memory before the last butterfly (reduce_subgroup.wgsl)."""
+        return 0 < self.subgroup_size and self.threads_per_row > self.subgroup_size ** 2
+
+    @property
     def rows_per_workgroup(self) -> int:
         return self.workgroup // self.threads_per_row
 
@@ -109,6 +115,7 @@ class KernelConfig:
             f"const HAS_WEIGHT: bool = {str(self.has_weight).lower()};\n"
             f"const HAS_BIAS: bool = {str(self.has_bias).lower()};\n"
             f"const ROW_IN_SUBGROUP: bool = {str(self.row_in_subgroup).lower()};\n"
+            f"const PARTS_TREE: bool = {str(self.parts_tree).lower()};\n"
             f"const WIDTH: u32 = {self.width}u;\n"
             f"const ROW_VECS: u32 = {self.row_vecs}u;\n"
             f"const HOLD: u32 = {self.hold}u;\n"

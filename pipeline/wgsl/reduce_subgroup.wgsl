@@ -44,22 +44,32 @@ fn row_sum(value: vec2<f32>, tid: u32, lane: u32, step: u32, lanes: u32) -> vec2
         partial[slot + tid / lanes] = sum;
     }
     workgroupBarrier();
-    // A row of more parts than a subgroup has lanes (subgroups of 4 or 8 lanes, rows of up
-    // to 256 threads) first halves them in a tree in workgroup memory until `span` remain,
-    // so that no part is added after a long run of others (16 in sequence at 4 lanes took a
-    // mean at 1e4 2 ulp off); with subgroups of 16 lanes and more the loop never runs.
-    let parts = THREADS_PER_ROW / lanes;
-    let first = slot + (tid / THREADS_PER_ROW) * parts;
-    let span = min(parts, lanes);
-    for (var stride = parts / 2u; stride >= span; stride = stride / 2u) {
-        if (lane < stride) {
-            partial[first + lane] += partial[first + lane + stride];
+    // Every subgroup of the row sums the row's parts itself, in the same order in every
+    // subgroup, so all of the row's threads get the same sum: lane j takes the parts j,
+    // j + span, j + 2 span, ... and a butterfly over `span` lanes adds them up.
+    // Where the probe's subgroups are so small that a row has more parts than a subgroup
+    // has lanes (PARTS_TREE: 4 or 8 lanes, rows of up to 256 threads), the parts first
+    // halve in a tree in workgroup memory until `span` remain, so that no part is added
+    // after a long run of others (16 in sequence at 4 lanes took a mean at 1e4 2 ulp off).
+    // Elsewhere the tree is not compiled: its loop, never run, made rows of 8 parts 1-3%
+    // slower on the H200 (benchmarks/NOTES.md, "Dawn and Tint").
+    let row_parts = THREADS_PER_ROW / lanes;
+    let first = slot + (tid / THREADS_PER_ROW) * row_parts;
+    let span = min(row_parts, lanes);
+    var parts = row_parts;
+    if (PARTS_TREE) {
+        for (; parts > span; parts = parts / 2u) {
+            if (lane < parts / 2u) {
+                partial[first + lane] += partial[first + lane + parts / 2u];
+            }
+            workgroupBarrier();
         }
-        workgroupBarrier();
     }
-    // Every subgroup of the row sums the remaining `span` parts itself, in the same order in
-    // every subgroup, so all of the row's threads get the same sum.
-    return butterfly(partial[first + subgroup_lane % span], span);
+    var total = partial[first + subgroup_lane % span];
+    for (var k = span; k < parts; k += span) {
+        total += partial[first + subgroup_lane % span + k];
+    }
+    return butterfly(total, span);
 }
 
 @compute @workgroup_size(WORKGROUP)
