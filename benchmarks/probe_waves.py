@@ -57,7 +57,7 @@ from pipeline.benchmark import (
     time_torch_compiled,
     time_torch_copy,
 )
-from pipeline.runtime.device import device_info, gpu
+from pipeline.runtime.device import device_info, gpu, read_bytes
 from pipeline.runtime.native_layer_norm import (
     PARAMS_BYTES,
     STAGING,
@@ -351,7 +351,7 @@ class Checker:
         encoder.copy(self.bufs[4], 0, self.staging, n, rows * 4)
         encoder.copy(self.bufs[5], 0, self.staging, n + rows * 4, rows * 4)
         impl.submit(encoder)
-        data = np.frombuffer(impl.read(self.staging, n + 8 * rows), dtype=np.float32)
+        data = np.frombuffer(read_bytes(impl, self.staging, n + 8 * rows), dtype=np.float32)
         return data[: rows * width].reshape(rows, width), data[rows * width: rows * width + rows], data[rows * width + rows:]
 
     def check(self, config: KernelConfig, is_product: bool = False) -> dict:

@@ -30,7 +30,7 @@ from dataclasses import asdict, replace
 import numpy as np
 import torch
 
-from pipeline.runtime.device import COPY_SRC, QUERY_RESOLVE, Gpu, Pipeline, device_info, gpu
+from pipeline.runtime.device import COPY_SRC, QUERY_RESOLVE, Gpu, Pipeline, device_info, gpu, read_bytes
 from pipeline.runtime.native_layer_norm import (
     DTYPES,
     MAX_HOLD,
@@ -215,7 +215,7 @@ def _sync(g: Gpu) -> None:
     encoder = g.impl.encoder()
     encoder.clear(probe)
     g.impl.submit(encoder)
-    g.impl.read(probe, 16)
+    read_bytes(g.impl, probe, 16)
     g.impl.destroy(probe)
 
 
@@ -248,7 +248,7 @@ def _timestamped(g: Gpu, pipeline, bind_groups, groups, warmup: int, repeats: in
     encoder.resolve(queries, count, resolved)
     encoder.copy(resolved, 0, staging, 0, 8 * count)
     impl.submit(encoder)
-    stamps = np.frombuffer(impl.read(staging, 8 * count), dtype=np.uint64).reshape(-1, 2)
+    stamps = np.frombuffer(read_bytes(impl, staging, 8 * count), dtype=np.uint64).reshape(-1, 2)
     for buf in (resolved, staging):
         impl.destroy(buf)
     ns = (stamps[:, 1] - stamps[:, 0]).astype(np.float64)  # both implementations report nanoseconds

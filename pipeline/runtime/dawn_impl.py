@@ -241,24 +241,22 @@ class Device:
         data = np.ascontiguousarray(data)
         w.wgpuQueueWriteBuffer(self.queue, buffer.ptr, offset, ctypes.c_void_p(data.ctypes.data), data.nbytes)
 
-    def read(self, buffer: Buffer, size: int, into=()) -> bytes | None:
-        """The first `size` bytes of a MAP_READ buffer, once the GPU is done with it; with
-        `into`, (offset, uint8 array) pairs, each array filled straight from the mapping
-        instead (one copy, none in between)."""
+    def map(self, buffer: Buffer, size: int, write: bool = False) -> np.ndarray:
+        """The first `size` bytes of a MAP_READ (or, `write`, MAP_WRITE) buffer as a uint8
+        array over its mapping, once the GPU is done with the buffer; valid until `unmap`."""
+        mode = w.WGPUMapMode_Write if write else w.WGPUMapMode_Read
         status, message = self._await(
-            w.WGPUBufferMapCallbackInfo2, lambda info: w.wgpuBufferMapAsync2(buffer.ptr, w.WGPUMapMode_Read, 0, size, info),
+            w.WGPUBufferMapCallbackInfo2, lambda info: w.wgpuBufferMapAsync2(buffer.ptr, mode, 0, size, info),
             lambda status, message, *_: (status, _text(message)))
         if status != w.WGPUMapAsyncStatus_Success:
-            raise RuntimeError(f"Dawn: mapping a buffer for reading failed: {message}")
-        try:
-            mapped = w.wgpuBufferGetConstMappedRange(buffer.ptr, 0, size)
-            if not into:
-                return ctypes.string_at(mapped, size)
-            for offset, dest in into:
-                ctypes.memmove(dest.ctypes.data, mapped + offset, dest.nbytes)
-            return None
-        finally:
-            w.wgpuBufferUnmap(buffer.ptr)
+            raise RuntimeError(f"Dawn: mapping a buffer failed: {message}")
+        # Dawn gives a read mapping only through the const call; the array is only read then.
+        get = w.wgpuBufferGetMappedRange if write else w.wgpuBufferGetConstMappedRange
+        pointer = get(buffer.ptr, 0, size)
+        return np.ctypeslib.as_array(ctypes.cast(pointer, ctypes.POINTER(ctypes.c_uint8)), (size,))
+
+    def unmap(self, buffer: Buffer) -> None:
+        w.wgpuBufferUnmap(buffer.ptr)
 
     # -- pipelines
     def _module(self, code: str, label: str) -> tuple[_Handle, list[str]]:

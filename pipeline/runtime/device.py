@@ -18,6 +18,7 @@ from importlib import resources
 from typing import Any
 
 import numpy as np
+import torch
 
 IMPLEMENTATION_ENV = "PIPELINE_WEBGPU"
 IMPLEMENTATIONS = ("wgpu", "dawn")
@@ -31,7 +32,13 @@ F16_PACK_ENV = "PIPELINE_WGPU_NATIVE_F16_PACK"
 MAP_READ, COPY_SRC, COPY_DST, UNIFORM, STORAGE_USAGE, QUERY_RESOLVE = 0x1, 0x4, 0x8, 0x40, 0x80, 0x200
 STORAGE = STORAGE_USAGE | COPY_DST | COPY_SRC
 UNIFORM_BUFFER = UNIFORM | COPY_DST
+MAP_WRITE = 0x2
 STAGING = MAP_READ | COPY_DST
+UPLOAD_STAGING = MAP_WRITE | COPY_SRC
+# Copies between host arrays and mapped memory of at least this many bytes run over torch's
+# CPU threads: one thread's memcpy is what a multi-MB call waited on (benchmarks/NOTES.md,
+# "The host path").
+THREADED_COPY_BYTES = 1 << 20
 
 # The shader compilers that need an `enable` directive before a module may use subgroup
 # operations: Tint does (WGSL's rule); naga in wgpu 0.32 refuses the directive. The one
@@ -189,15 +196,36 @@ class Gpu:
         return group
 
     def upload(self, buf: Any, data: np.ndarray, offset: int = 0) -> None:
+        """Write `data` to `buf` through the queue (the implementation copies it on this thread)."""
         self.impl.write(buf, data, offset)
         self.stats.bytes_uploaded += data.nbytes
 
-    def read(self, staging: Any, size: int, into=()) -> bytes | None:
-        """Map `staging` (MAP_READ) and copy out its first `size` bytes, or straight into the
-        (offset, uint8 array) pairs of `into`; waits for the GPU."""
-        data = self.impl.read(staging, size, into)
+    def upload_staged(self, encoder: Any, buf: Any, data: np.ndarray) -> None:
+        """Write `data` (uint8, a multiple of 4 bytes) to `buf` through a MAP_WRITE staging
+        buffer: copied into its mapping here (over threads when large), and from there into
+        `buf` by a copy recorded in `encoder`. Call with the lock held."""
+        staging = self.buffer("upload", data.nbytes, UPLOAD_STAGING)
+        mapped = self.impl.map(staging, data.nbytes, write=True)
+        try:
+            copy_bytes(mapped, data)
+        finally:
+            del mapped
+            self.impl.unmap(staging)
+        encoder.copy(staging, 0, buf, 0, data.nbytes)
+        self.stats.bytes_uploaded += data.nbytes
+
+    def read(self, staging: Any, size: int, into) -> None:
+        """Map `staging` (MAP_READ) once the GPU is done with it and copy its first `size`
+        bytes straight into the (offset, uint8 array) pairs of `into` (one copy each, over
+        threads when large)."""
+        mapped = self.impl.map(staging, size)
+        try:
+            for offset, dest in into:
+                copy_bytes(dest, mapped[offset: offset + dest.size])
+        finally:
+            del mapped
+            self.impl.unmap(staging)
         self.stats.bytes_read_back += size
-        return data
 
     def pipeline(self, key: tuple, code: str, bindings: list[str] | None, label: str) -> Pipeline:
         """The pipeline cached under `key`, compiled from `code` the first time."""
@@ -206,6 +234,25 @@ class Gpu:
             known = self.pipelines[key] = self.impl.pipeline(code, bindings, label)
             self.stats.pipelines_compiled += 1
         return known
+
+
+def copy_bytes(dest: np.ndarray, src: np.ndarray) -> None:
+    """`dest[...] = src` for uint8 arrays of one size; from THREADED_COPY_BYTES on over
+    torch's CPU threads."""
+    if dest.nbytes >= THREADED_COPY_BYTES:
+        torch.from_numpy(dest).copy_(torch.from_numpy(src))
+    else:
+        dest[...] = src
+
+
+def read_bytes(impl: Any, staging: Any, size: int) -> bytes:
+    """The first `size` bytes of the MAP_READ buffer `staging` of device `impl`, as bytes."""
+    mapped = impl.map(staging, size)
+    try:
+        return mapped.tobytes()
+    finally:
+        del mapped
+        impl.unmap(staging)
 
 
 _gpus: dict[str, Gpu] = {}
@@ -252,7 +299,7 @@ def _run_probe(g: Gpu, shader: str, contents: list[np.ndarray], groups: int, rea
     encoder.compute(pipeline, [(impl.bind_group(pipeline, buffers), (groups, 1))])
     encoder.copy(buffers[read], 0, staging, 0, staging.size)
     impl.submit(encoder)
-    data = impl.read(staging, staging.size)
+    data = read_bytes(impl, staging, staging.size)
     for buffer in (*buffers, staging):
         impl.destroy(buffer)
     return data

@@ -40,6 +40,10 @@ WIDE_LAUNCH_THREADS = 3 << 16
 STREAM_UNROLL = 4
 MAX_GRID_X = 65535
 PARAMS_BYTES = 16
+# Inputs of at least this many bytes go to the GPU through a mapped staging buffer, copied
+# over threads, instead of the queue's write (one thread's copy): benchmarks/NOTES.md, "The
+# host path".
+STAGED_UPLOAD_BYTES = 1 << 20
 
 # Per components in one load: the WGSL type of V and the sum of its components.
 _V_TYPES = {4: ("vec4<f32>", "v.x + v.y + v.z + v.w"), 2: ("vec2<f32>", "v.x + v.y"), 1: ("f32", "v")}
@@ -440,7 +444,11 @@ def _launch(g, config, src, affine, eps, poison, out, mean, rstd) -> None:
     read_bytes = rstd_at + stat_bytes if config.write_stats else x_words.nbytes
     staging = g.buffer("staging", read_bytes, STAGING)
 
-    g.upload(x_buf, x_words)
+    encoder = g.impl.encoder()
+    if x_words.nbytes >= STAGED_UPLOAD_BYTES:
+        g.upload_staged(encoder, x_buf, x_words.reshape(-1).view(np.uint8))
+    else:
+        g.upload(x_buf, x_words)
     g.upload(params, pack_params(rows, eps))
     if poison is not None:
         filled = torch.full((src.size,), poison, dtype=DTYPES[config.dtype])
@@ -449,7 +457,6 @@ def _launch(g, config, src, affine, eps, poison, out, mean, rstd) -> None:
             g.upload(buf, np.full(rows, poison, dtype=np.float32))
 
     bind_group = g.bind_group(pipeline, [x_buf, *affine, out_buf, mean_buf, rstd_buf, params])
-    encoder = g.impl.encoder()
     encoder.compute(pipeline, [(bind_group, grid(rows, config))])
     encoder.copy(out_buf, 0, staging, 0, x_words.nbytes)
     if config.write_stats:

@@ -11,6 +11,7 @@ import os
 
 import numpy as np
 import wgpu
+from wgpu.backends.wgpu_native import _api as native
 
 from pipeline.runtime.device import ADAPTER_ENV, Pipeline, no_adapter_help
 
@@ -48,6 +49,18 @@ class Device:
             "adapter_type": info.get("adapter_type", ""),
             "driver": info.get("description", ""),
         }
+        # One map request is outstanding at a time (the Gpu's lock): its callback leaves
+        # (status, message) here.
+        self._mapped: list[tuple[int, str]] = []
+
+        @native.ffi.callback("void(WGPUMapAsyncStatus, WGPUStringView, void *, void *)")
+        def mapped(status, message, _userdata1, _userdata2):
+            ok = status == native.lib.WGPUMapAsyncStatus_Success
+            self._mapped.append((status, "" if ok else native.from_c_string_view(message)))
+
+        self._map_callback_function = mapped  # cffi frees a callback with its last reference
+        self._map_callback = native.new_struct("WGPUBufferMapCallbackInfo", mode=native.lib.WGPUCallbackMode_AllowProcessEvents,
+                                               callback=mapped)
 
     # -- buffers
     def buffer(self, size: int, usage: int, label: str = "") -> wgpu.GPUBuffer:
@@ -59,23 +72,31 @@ class Device:
     def write(self, buffer: wgpu.GPUBuffer, data: np.ndarray, offset: int = 0) -> None:
         self.device.queue.write_buffer(buffer, offset, data)
 
-    def read(self, buffer: wgpu.GPUBuffer, size: int, into=()) -> memoryview | None:
-        """The first `size` bytes of a MAP_READ buffer, once the GPU is done with it; with
-        `into`, (offset, uint8 array) pairs, each array filled straight from the mapping
-        instead (one copy, none in between)."""
-        # wgpu's own poll thread waits for the GPU. Polling here as well (a blocking device
-        # poll on this thread) took ~0.2 ms off 1 MB calls but added ~10 ms to calls of 10 MB
-        # and more on the H200 host (benchmarks/results/h200-variants/host-path-poll-here*.json).
-        buffer.map_sync(wgpu.MapMode.READ, 0, size)
-        try:
-            if not into:
-                return buffer.read_mapped(0, size, copy=True)
-            mapped = np.frombuffer(buffer.read_mapped(0, size, copy=False), dtype=np.uint8)
-            for offset, dest in into:
-                dest[...] = mapped[offset: offset + dest.size]
-            return None
-        finally:
-            buffer.unmap()
+    def map(self, buffer: wgpu.GPUBuffer, size: int, write: bool = False) -> np.ndarray:
+        """The first `size` bytes of a MAP_READ (or, `write`, MAP_WRITE) buffer as a uint8
+        array over its mapping, once the GPU is done with the buffer; valid until `unmap`.
+
+        wgpu's own map_sync (wgpu 0.32) submits an empty command buffer before every read
+        mapping and hands the wait to its poll thread: a polling thread that holds the device
+        while our map request waits on it, then a thread switch back; on the H200 host that
+        came to most of a small call's ~0.7 ms. Here the request goes straight to
+        wgpu-native and this thread polls until its callback has run (no other thread
+        polls: nothing here takes wgpu's poll tokens).
+        """
+        done = self._mapped
+        done.clear()
+        mode = native.lib.WGPUMapMode_Write if write else native.lib.WGPUMapMode_Read
+        native.libf.wgpuBufferMapAsync(buffer._internal, mode, 0, size, self._map_callback)
+        while not done:
+            native.libf.wgpuDevicePoll(self.device._internal, True, native.ffi.NULL)
+        status, message = done[0]
+        if status != native.lib.WGPUMapAsyncStatus_Success:
+            raise RuntimeError(f"wgpu: mapping a buffer failed ({status}): {message}")
+        pointer = native.libf.wgpuBufferGetMappedRange(buffer._internal, 0, size)
+        return np.frombuffer(native.ffi.buffer(pointer, size), dtype=np.uint8)
+
+    def unmap(self, buffer: wgpu.GPUBuffer) -> None:
+        native.libf.wgpuBufferUnmap(buffer._internal)
 
     # -- pipelines
     def compile_messages(self, code: str) -> list[str]:

@@ -1,0 +1,126 @@
+"""A delegate's call from host tensors to host tensors, step by step, same run: which part
+of the host path each change of the runtime takes off (issue 21).
+
+Variants of the Python runtime's call (native_layer_norm, resident weight and bias, no
+mean/rstd: as the models' delegates make it), on wgpu unless named:
+- poll_thread   wgpu's map_sync (an empty submit before each read mapping, the wait handed to
+                wgpu's poll thread), one-thread copies, the input written through the queue:
+                the runtime before this change
+- map_here      our map request, polled on the calling thread; copies as poll_thread
+- threaded_read map_here, the read-back copied over torch's threads
+- product       threaded_read, large inputs through a mapped staging buffer copied over threads
+- dawn          the product on Dawn
+and, same run, the CUDA round trip (F.layer_norm(x.cuda()).cpu(), weights on the GPU,
+pageable memory) and torch on the CPU. Each variant's output is checked against the
+product's, bit for bit. Interleaved per shape (A B C ... C B A, the mean of both kept).
+
+    OUT=dir python benchmarks/probe_host_path.py [--shapes 16x768,model]
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from unittest import mock
+
+import numpy as np
+import torch
+
+from pipeline.benchmark import _wall_us, parse_shapes
+from pipeline.runtime import device as runtime_device
+from pipeline.runtime import wgpu_impl
+
+# The module (the package exports its function under the same name).
+runtime_kernel = importlib.import_module("pipeline.runtime.native_layer_norm")
+
+NEVER = 1 << 62
+
+
+def _map_through_poll_thread(self, buffer, size, write=False):
+    """The runtime's map before: wgpu-py's map_sync and a view of its mapping."""
+    import wgpu
+
+    buffer.map_sync(wgpu.MapMode.WRITE if write else wgpu.MapMode.READ, 0, size)
+    view = buffer.read_mapped(0, size, copy=False)
+    return np.frombuffer(view, dtype=np.uint8)
+
+
+def _unmap_through_wgpu(self, buffer):
+    buffer.unmap()
+
+
+@contextlib.contextmanager
+def variant(name: str):
+    os.environ[runtime_device.IMPLEMENTATION_ENV] = "dawn" if name == "dawn" else "wgpu"
+    with contextlib.ExitStack() as stack:
+        if name == "poll_thread":
+            stack.enter_context(mock.patch.object(wgpu_impl.Device, "map", _map_through_poll_thread))
+            stack.enter_context(mock.patch.object(wgpu_impl.Device, "unmap", _unmap_through_wgpu))
+        if name in ("poll_thread", "map_here"):
+            stack.enter_context(mock.patch.object(runtime_device, "THREADED_COPY_BYTES", NEVER))
+        if name in ("poll_thread", "map_here", "threaded_read"):
+            stack.enter_context(mock.patch.object(runtime_kernel, "STAGED_UPLOAD_BYTES", NEVER))
+        yield
+
+
+VARIANTS = ("poll_thread", "map_here", "threaded_read", "product", "dawn")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", default="16x768,model")
+    parser.add_argument("--dtype", default="float32", choices=list(runtime_kernel.DTYPES))
+    args = parser.parse_args()
+    out = Path(os.environ.get("OUT", "."))
+    shapes = parse_shapes(args.shapes)
+    kind = runtime_kernel.DTYPES[args.dtype]
+    info = {}
+    for name in ("wgpu", "dawn"):
+        with variant(name if name == "dawn" else "product"):
+            info[name] = runtime_device.device_info()
+    results = []
+    start = time.time()
+    for rows, width in shapes:
+        gen = torch.Generator().manual_seed(rows * 7 + width)
+        x = torch.randn(rows, width, generator=gen).to(kind)
+        w, b = torch.randn(width, generator=gen).to(kind), torch.randn(width, generator=gen).to(kind)
+
+        def call():
+            return runtime_kernel.native_layer_norm(x, (width,), w, b, stats=False, resident=True)[0]
+
+        with variant("product"):
+            want = call()
+        row = {"rows": rows, "width": width, "mbytes": round(x.numel() * x.element_size() / 1e6, 2)}
+        times = {name: [] for name in VARIANTS}
+        for order in (VARIANTS, VARIANTS[::-1]):
+            for name in order:
+                with variant(name):
+                    got = call()
+                    if name != "dawn" and not torch.equal(got.view(torch.int16 if kind != torch.float32 else torch.int32),
+                                                          want.view(torch.int16 if kind != torch.float32 else torch.int32)):
+                        raise SystemExit(f"{name} differs from the product at {rows}x{width}")
+                    times[name].append(_wall_us(call))
+        for name in VARIANTS:
+            row[f"{name}_us"] = round(sum(times[name]) / 2, 1)
+        row["torch_cpu_us"] = round(_wall_us(lambda: torch.nn.functional.layer_norm(x, (width,), w, b)), 1)
+        if torch.cuda.is_available():
+            wc, bc = w.cuda(), b.cuda()
+            row["cuda_roundtrip_us"] = round(_wall_us(
+                lambda: torch.nn.functional.layer_norm(x.cuda(), (width,), wc, bc).cpu()), 1)
+        results.append(row)
+        print(json.dumps(row), f"{time.time() - start:.0f} s", flush=True)
+    data = {"dtype": args.dtype, "torch_threads": torch.get_num_threads(), "cpus": os.cpu_count(),
+            "devices": info, "results": results}
+    path = out / f"host-path-variants-{args.dtype}.json"
+    path.write_text(json.dumps(data, indent=1))
+    print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
