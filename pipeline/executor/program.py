@@ -7,6 +7,10 @@ in order, then each call copies the inputs into planned memory and runs the chai
 runtime with the decoded blob, `MoveCall`, `JumpFalseCall` and `FreeCall` as ExecuTorch
 defines them. Tensors that share planned memory share it here too (static reshapes
 are values at the same offset), so the file's memory plan is what runs.
+
+Instructions that read only constants (the transposes of linear weights, above all) run
+once at load, after every check, and their outputs become constants of the program
+(`pipeline.executor.fold`); the chain a call runs is the rest.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import math
 import os
 import threading
+import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,6 +27,7 @@ import torch
 import torch.utils._pytree as pytree
 from executorch.exir import schema
 
+from pipeline.executor import fold as _fold
 from pipeline.executor import inputs as _inputs
 from pipeline.executor import kernels, verify
 from pipeline.executor.pte import PteError, PteFile
@@ -66,7 +72,7 @@ class Program:
     """
 
     def __init__(self, pte: PteFile, *, coverage: Coverage | None = None,
-                 delegate_names: list[str] | None = None, edge=None) -> None:
+                 delegate_names: list[str] | None = None, edge=None, fold: bool = True) -> None:
         self._pte = pte
         self.edge = edge  # the EdgeProgramManager when lowered in this process, else None
         plan = pte.plan
@@ -89,6 +95,13 @@ class Program:
             verify.check_shapes(plan, self._shape_rules())
         except verify.CheckError as exc:
             raise self._fail(str(exc)) from None
+        # What each step of the chain runs: "operator.overload", "delegate", "move", "jump", "free".
+        self.step_labels = tuple(_label(plan, i.instr_args) for i in plan.chains[0].instructions)
+        # Chain indices run once at load (their outputs are constants now), and the bytes they hold.
+        self.folded: tuple[int, ...] = ()
+        self.folded_bytes = 0
+        if fold:
+            self._fold_constants()
         self.coverage = coverage if coverage is not None else self._file_coverage()
         try:
             self._in_spec, self._out_spec = _inputs.specs(plan)
@@ -101,9 +114,10 @@ class Program:
         self._lock = threading.Lock()
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> Program:
-        """Read and check the `.pte` at `path`; raises PteError for anything it cannot run."""
-        return cls(PteFile.read(path))
+    def load(cls, path: str | os.PathLike, *, fold: bool = True) -> Program:
+        """Read and check the `.pte` at `path`; raises PteError for anything it cannot run.
+        `fold=False` keeps every instruction in the chain (constant work repeated per call)."""
+        return cls(PteFile.read(path), fold=fold)
 
     @property
     def delegates(self) -> tuple[LayerNormDelegate, ...]:
@@ -159,13 +173,12 @@ class Program:
                 raise self._fail(f"value {i}: mutable tensors with initial data are not supported")
             a = t.allocation_info
             offset = a.memory_offset_low | (a.memory_offset_high << 32)
-            flat = self._arenas[a.memory_id][offset : offset + nbytes].view(dtype)
-        elif t.data_buffer_idx > 0:
-            buffer, offset = self._pte.constant(t.data_buffer_idx, nbytes)
-            flat = torch.frombuffer(buffer, dtype=dtype, count=numel, offset=offset) if numel else (
-                torch.empty(0, dtype=dtype))
-        else:
+            return _over(self._arenas[a.memory_id][offset : offset + nbytes], t)
+        if t.data_buffer_idx == 0:
             return None  # no memory of its own: set by the caller (an input) or by a view op
+        buffer, offset = self._pte.constant(t.data_buffer_idx, nbytes)
+        flat = torch.frombuffer(buffer, dtype=dtype, count=numel, offset=offset) if numel else (
+            torch.empty(0, dtype=dtype))
         return _strided(flat, sizes, list(t.dim_order))
 
     def _init_delegates(self) -> list[LayerNormDelegate]:
@@ -221,6 +234,38 @@ class Program:
             raise self._fail(f"operators with no kernel here: {', '.join(sorted(missing))}")
         return steps, sites
 
+    def _fold_constants(self) -> None:
+        """Run the instructions that read only constants once, each output in memory of its
+        own, and take them out of the chain. Loading holds the file's bytes already; the
+        fold holds at most twice as many (the first instructions in the chain up to that; a
+        damaged file cannot make it hold more). A kernel that fails here leaves the chain whole
+        (the call raises as it would have)."""
+        plan = self._plan
+        fold = _fold.plan_fold(plan, self._shape_rules(), budget=2 * len(self._pte.data))
+        if not fold.instructions:
+            return
+        values = list(self._values)
+        own = {}
+        for j in fold.outputs:
+            t = plan.values[j].val
+            own[j] = torch.empty(_nbytes(t), dtype=torch.uint8)
+            values[j] = _over(own[j], t)
+        for j, base in fold.aliases.items():
+            t = plan.values[j].val
+            values[j] = _over(own[base][: _nbytes(t)], t)
+        try:
+            with torch.no_grad():
+                for pc in fold.instructions:
+                    self._steps[pc](values, None)
+        except (RuntimeError, ValueError, TypeError, IndexError, KeyError, AttributeError):
+            return  # the same kernel on the same values raises in each call instead
+        self._values = values
+        skip = set(fold.instructions)
+        self._steps = [step for pc, step in enumerate(self._steps) if pc not in skip]
+        self.step_labels = tuple(label for pc, label in enumerate(self.step_labels) if pc not in skip)
+        self.folded = fold.instructions
+        self.folded_bytes = sum(b.numel() for b in own.values())
+
     def _kernel_step(self, kernel, ids: list[int]) -> Callable:
         # Lists whose items are values that can change (sizes, rebound tensors) are
         # gathered again before each use.
@@ -266,12 +311,15 @@ class Program:
 
     # -- running -------------------------------------------------------------------------
 
-    def __call__(self, *args, on_delegate: Callable[[str, tuple, tuple], None] | None = None):
+    def __call__(self, *args, on_delegate: Callable[[str, tuple, tuple], None] | None = None,
+                 timings: list[tuple[str, float]] | None = None):
         """Run the program; returns outputs structured like `module(*inputs)`.
 
         `on_delegate(name, inputs, outputs)` is called after each delegate ran, `name`
         being one of `delegate_names` (the evaluator compares each delegated LayerNorm's
-        output with eager's through it).
+        output with eager's through it). `timings`, a list, receives (label, seconds) for
+        each step of the chain the call runs, label as in `step_labels`: the call's
+        breakdown (timing costs about a microsecond a step).
         """
         plan = self._plan
         flat = _inputs.flatten(args, self._in_spec, len(plan.inputs))
@@ -288,7 +336,7 @@ class Program:
                 self._check_dynamic_shapes(flat)
             for j, given in zip(plan.inputs, flat):
                 self._set_input(j, given, values)
-            self._run(values, on_delegate)
+            self._run(values, on_delegate, timings)
             outputs = [_output(values[j]) for j in plan.outputs]
         if self._out_spec is None:
             return outputs[0] if len(outputs) == 1 else tuple(outputs)
@@ -332,11 +380,16 @@ class Program:
             self._ranges = {} if self.edge is None else _export_ranges(self.edge.exported_program())
         return self._ranges
 
-    def _run(self, values: list, hook) -> None:
-        steps = self._steps
+    def _run(self, values: list, hook, timings: list[tuple[str, float]] | None) -> None:
+        steps, labels, clock = self._steps, self.step_labels, time.perf_counter
         pc, n, executed = 0, len(steps), 0
         while pc < n:
-            jump = steps[pc](values, hook)
+            if timings is None:
+                jump = steps[pc](values, hook)
+            else:
+                start = clock()
+                jump = steps[pc](values, hook)
+                timings.append((labels[pc], clock() - start))
             pc = pc + 1 if jump is None else jump
             executed += 1
             if executed > MAX_INSTRUCTIONS:
@@ -354,6 +407,24 @@ def load(path: str | os.PathLike) -> Program:
     The file is read once: changing it afterwards does not reach the program.
     """
     return Program.load(path)
+
+
+def _nbytes(t: schema.Tensor) -> int:
+    return math.prod(t.sizes) * kernels.DTYPES[int(t.scalar_type)].itemsize
+
+
+def _over(memory: torch.Tensor, t: schema.Tensor) -> torch.Tensor:
+    """Tensor `t` as the file declares it (dtype, sizes, dim order) over bytes `memory`."""
+    return _strided(memory[: _nbytes(t)].view(kernels.DTYPES[int(t.scalar_type)]), list(t.sizes), list(t.dim_order))
+
+
+def _label(plan: schema.ExecutionPlan, a) -> str:
+    if isinstance(a, schema.KernelCall):
+        op = plan.operators[a.op_index]
+        return f"{op.name}.{op.overload}" if op.overload else op.name
+    if isinstance(a, schema.DelegateCall):
+        return "delegate"
+    return {schema.MoveCall: "move", schema.JumpFalseCall: "jump"}.get(type(a), "free")
 
 
 def _strided(flat: torch.Tensor, sizes: list[int], dim_order: list[int]) -> torch.Tensor:

@@ -203,7 +203,7 @@ def check_plan(plan: schema.ExecutionPlan) -> None:
     _check_memory_plan(plan)
 
 
-def _planned(plan: schema.ExecutionPlan) -> dict[int, tuple[int, int, int]]:
+def planned(plan: schema.ExecutionPlan) -> dict[int, tuple[int, int, int]]:
     """value -> (arena, first byte, end) of each tensor in planned memory."""
     placed = {}
     for j, ev in enumerate(plan.values):
@@ -220,7 +220,7 @@ def _check_memory_plan(plan: schema.ExecutionPlan) -> None:
     """Arenas no larger than what is placed in them, and no two tensors that are live at
     once overlapping in them, unless they are the same bytes seen twice (as a static
     reshape is: the same start and size)."""
-    placed = _planned(plan)
+    placed = planned(plan)
     reach = [0] * len(plan.non_const_buffer_sizes)
     for arena, _, end in placed.values():
         reach[arena] = max(reach[arena], end)
@@ -398,7 +398,7 @@ def check_shapes(plan: schema.ExecutionPlan, delegates: Delegates,
     # a loop (a backward jump), where a later instruction writes what an earlier one reads.
     loops = any(isinstance(i.instr_args, schema.JumpFalseCall) and i.instr_args.destination_instruction <= pc
                 for pc, i in enumerate(instructions))
-    placed = _planned(plan)
+    placed = planned(plan)
     written = _Written(placed)
     written.update(plan.inputs)
     with warnings.catch_warnings():
@@ -447,6 +447,25 @@ class _Written:
 
 def _check_written(plan: schema.ExecutionPlan, a, written: _Written, delegates: Delegates) -> None:
     """What instruction `a` reads in planned memory was written before; adds what it writes."""
+    if isinstance(a, schema.FreeCall):
+        return
+    found = accesses(plan, a, delegates)
+    if found is None:  # another backend's delegate: which values it writes is its own
+        written.update(_items(plan, list(a.args)))
+        return
+    reads, writes = found
+    for j in reads:
+        t = plan.values[j].val
+        if isinstance(t, schema.Tensor) and t.allocation_info is not None and t.data_buffer_idx == 0 \
+                and j not in written:
+            raise CheckError(f"reads value {j} before any instruction writes it")
+    written.update(writes)
+
+
+def accesses(plan: schema.ExecutionPlan, a, delegates: Delegates) -> tuple[list[int], list[int]] | None:
+    """(values read, values written) by instruction `a`, the tensors of tensor lists
+    among them; None for another backend's delegate (what it writes is its own). A
+    FreeCall writes its value (it unbinds it)."""
     if isinstance(a, schema.KernelCall):
         op = plan.operators[a.op_index]
         overload = kernels.find_overload(op.name, op.overload)
@@ -458,26 +477,20 @@ def _check_written(plan: schema.ExecutionPlan, a, written: _Written, delegates: 
             outs = {i for i, arg in enumerate(args) if arg.alias_info is not None and arg.alias_info.is_write}
             outs |= set(range(len(args), len(ids)))
         reads = [ids[i] for i in range(len(ids)) if i not in outs]
-        writes = [ids[i] for i in outs if i < len(ids)]
+        writes = [ids[i] for i in sorted(outs) if i < len(ids)]
     elif isinstance(a, schema.DelegateCall):
         ids = list(a.args)
         n_out = delegates.output_count(a.delegate_index)
-        if n_out is None:  # another backend's delegate: which values it writes is its own
-            written.update(_items(plan, ids))
-            return
+        if n_out is None:
+            return None
         reads, writes = ids[: len(ids) - n_out], ids[len(ids) - n_out:]
     elif isinstance(a, schema.MoveCall):
         reads, writes = [a.move_from], [a.move_to]
     elif isinstance(a, schema.JumpFalseCall):
         reads, writes = [a.cond_value_index], []
     else:
-        return
-    for j in _items(plan, reads):
-        t = plan.values[j].val
-        if isinstance(t, schema.Tensor) and t.allocation_info is not None and t.data_buffer_idx == 0 \
-                and j not in written:
-            raise CheckError(f"reads value {j} before any instruction writes it")
-    written.update(_items(plan, writes))
+        reads, writes = [], [a.value_index]
+    return _items(plan, reads), _items(plan, writes)
 
 
 def _items(plan: schema.ExecutionPlan, ids: list[int]) -> list[int]:
