@@ -10,7 +10,14 @@ mean/rstd: as the models' delegates make it), on wgpu unless named:
 - threaded_read map_here, the read-back copied over torch's threads
 - product       threaded_read, large inputs through a mapped staging buffer copied over threads
 - dawn          the product on Dawn
-and, same run, the CUDA round trip (F.layer_norm(x.cuda()).cpu(), weights on the GPU,
+- from_256k, from_4m ...  the product with both size thresholds (threaded copies, staged
+                upload) at that size instead of 1 MB
+With --phases, where a small call's time goes instead (the product on each implementation):
+the device operations it makes (queue writes, encoding, submit, waiting for the mapping,
+copies), the Python around them, and the floor of one round trip (a 16-byte copy submitted
+and its buffer mapped).
+
+And, same run, the CUDA round trip (F.layer_norm(x.cuda()).cpu(), weights on the GPU,
 pageable memory) and torch on the CPU. Each variant's output is checked against the
 product's, bit for bit. Interleaved per shape (A B C ... C B A, the mean of both kept).
 
@@ -65,18 +72,99 @@ def variant(name: str):
             stack.enter_context(mock.patch.object(runtime_device, "THREADED_COPY_BYTES", NEVER))
         if name in ("poll_thread", "map_here", "threaded_read"):
             stack.enter_context(mock.patch.object(runtime_kernel, "STAGED_UPLOAD_BYTES", NEVER))
+        if name.startswith("from_"):  # both thresholds at another size: from_256k, from_4m
+            size = int(name[5:-1]) << (10 if name.endswith("k") else 20)
+            stack.enter_context(mock.patch.object(runtime_device, "THREADED_COPY_BYTES", size))
+            stack.enter_context(mock.patch.object(runtime_kernel, "STAGED_UPLOAD_BYTES", size))
         yield
 
 
 VARIANTS = ("poll_thread", "map_here", "threaded_read", "product", "dawn")
 
 
+class _Clock:
+    """Wall time spent inside wrapped functions, by name."""
+
+    def __init__(self):
+        self.spent: dict[str, float] = {}
+
+    def wrap(self, name, fn):
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.spent[name] = self.spent.get(name, 0.0) + time.perf_counter() - start
+        return timed
+
+
+def phases(rows: int, width: int, calls: int = 500) -> dict:
+    """Mean microseconds a call spends in each device operation, in Python around them, and
+    the floor of one submit-and-map round trip, on the implementation now chosen."""
+    g = runtime_device.gpu()
+    x = torch.randn(rows, width)
+    w, b = torch.randn(width), torch.randn(width)
+
+    def call():
+        return runtime_kernel.native_layer_norm(x, (width,), w, b, stats=False, resident=True)
+
+    for _ in range(20):
+        call()
+    clock = _Clock()
+    impl = g.impl
+    encoder_type = type(impl.encoder())
+    with contextlib.ExitStack() as stack:
+        for name in ("write", "submit", "map", "unmap", "encoder"):
+            stack.enter_context(mock.patch.object(type(impl), name, clock.wrap(name, getattr(type(impl), name))))
+        for name in ("compute", "copy"):
+            stack.enter_context(mock.patch.object(encoder_type, name, clock.wrap(name, getattr(encoder_type, name))))
+        stack.enter_context(mock.patch.object(runtime_device, "copy_bytes", clock.wrap("copy_bytes", runtime_device.copy_bytes)))
+        start = time.perf_counter()
+        for _ in range(calls):
+            call()
+        total = time.perf_counter() - start
+    row = {f"{k}_us": round(v / calls * 1e6, 1) for k, v in clock.spent.items()}
+    row["call_us"] = round(total / calls * 1e6, 1)
+    row["python_us"] = round((total - sum(clock.spent.values())) / calls * 1e6, 1)
+    # The floor: one 16-byte copy submitted and its staging buffer mapped.
+    src = impl.buffer(16, runtime_device.STORAGE, "floor src")
+    dst = impl.buffer(16, runtime_device.STAGING, "floor dst")
+    times = []
+    for i in range(calls + 20):
+        start = time.perf_counter()
+        encoder = impl.encoder()
+        encoder.copy(src, 0, dst, 0, 16)
+        impl.submit(encoder)
+        impl.map(dst, 16)
+        impl.unmap(dst)
+        if i >= 20:
+            times.append(time.perf_counter() - start)
+    row["round_trip_floor_us"] = round(sorted(times)[len(times) // 2] * 1e6, 1)
+    impl.destroy(src)
+    impl.destroy(dst)
+    return row
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default="16x768,model")
     parser.add_argument("--dtype", default="float32", choices=list(runtime_kernel.DTYPES))
+    parser.add_argument("--phases", action="store_true")
+    parser.add_argument("--variants", default=",".join(VARIANTS),
+                        help="which to time, in this order (also from_256k, from_4m...: both thresholds at that size)")
     args = parser.parse_args()
     out = Path(os.environ.get("OUT", "."))
+    if args.phases:
+        rows = []
+        for name in ("wgpu", "dawn"):
+            with variant("dawn" if name == "dawn" else "product"):
+                for rows_, width in parse_shapes(args.shapes):
+                    rows.append({"implementation": name, "rows": rows_, "width": width, **phases(rows_, width)})
+                    print(json.dumps(rows[-1]), flush=True)
+        path = out / "host-path-phases.json"
+        path.write_text(json.dumps({"torch_threads": torch.get_num_threads(), "results": rows}, indent=1))
+        print(f"wrote {path}", file=sys.stderr)
+        return 0
     shapes = parse_shapes(args.shapes)
     kind = runtime_kernel.DTYPES[args.dtype]
     info = {}
@@ -96,8 +184,9 @@ def main() -> int:
         with variant("product"):
             want = call()
         row = {"rows": rows, "width": width, "mbytes": round(x.numel() * x.element_size() / 1e6, 2)}
-        times = {name: [] for name in VARIANTS}
-        for order in (VARIANTS, VARIANTS[::-1]):
+        names = args.variants.split(",")
+        times = {name: [] for name in names}
+        for order in (names, names[::-1]):
             for name in order:
                 with variant(name):
                     got = call()
@@ -105,7 +194,7 @@ def main() -> int:
                                                           want.view(torch.int16 if kind != torch.float32 else torch.int32)):
                         raise SystemExit(f"{name} differs from the product at {rows}x{width}")
                     times[name].append(_wall_us(call))
-        for name in VARIANTS:
+        for name in names:
             row[f"{name}_us"] = round(sum(times[name]) / 2, 1)
         row["torch_cpu_us"] = round(_wall_us(lambda: torch.nn.functional.layer_norm(x, (width,), w, b)), 1)
         if torch.cuda.is_available():
@@ -116,7 +205,7 @@ def main() -> int:
         print(json.dumps(row), f"{time.time() - start:.0f} s", flush=True)
     data = {"dtype": args.dtype, "torch_threads": torch.get_num_threads(), "cpus": os.cpu_count(),
             "devices": info, "results": results}
-    path = out / f"host-path-variants-{args.dtype}.json"
+    path = out / f"host-path-variants-{args.dtype}{'' if args.variants == ','.join(VARIANTS) else '-thresholds'}.json"
     path.write_text(json.dumps(data, indent=1))
     print(f"wrote {path}", file=sys.stderr)
     return 0

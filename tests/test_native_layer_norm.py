@@ -256,6 +256,36 @@ def test_many_threads_at_once_get_correct_results():
     assert run.returncode == 0 and "threads ok" in run.stdout, run.stderr[-2000:]
 
 
+@pytest.mark.parametrize("width", [333, 768])
+def test_threaded_copies_and_staged_upload_give_the_same_bits(width, monkeypatch):
+    # The large-call path on a small input: the input through the mapped staging buffer, both
+    # copies over torch's threads.
+    x = torch.randn(1001, width) * 5 + 3
+    w, b = torch.randn(width), torch.randn(width)
+    want = kernel.native_layer_norm(x, (width,), w, b)
+    monkeypatch.setattr(runtime_device, "THREADED_COPIES", True)
+    monkeypatch.setattr(runtime_device, "THREADED_COPY_BYTES", 1000)
+    monkeypatch.setattr(kernel, "STAGED_UPLOAD_BYTES", 1000)
+    got = kernel.native_layer_norm(x, (width,), w, b)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert_close_to_reference(x, (width,), w, b)
+
+
+def test_threaded_copies_work_after_fork(monkeypatch):
+    # A child forked after torch's threads have copied still copies, on one thread (the
+    # delegate's call may run in a forked worker; torch's threads hung there).
+    code = ("import os, numpy as np\n"
+            "from pipeline.runtime import device as d\n"
+            "d.THREADED_COPIES, d.THREADED_COPY_BYTES = True, 100\n"
+            "s = np.arange(1_000_003, dtype=np.uint64).view(np.uint8); t = np.zeros_like(s); d.copy_bytes(t, s)\n"
+            "pid = os.fork()\n"
+            "if pid == 0:\n"
+            "    u = np.zeros_like(s); d.copy_bytes(u, s); os._exit(0 if np.array_equal(u, s) else 3)\n"
+            "print('child', os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), np.array_equal(t, s))\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert run.stdout.strip() == "child 0 True", run.stderr[-2000:]
+
+
 def test_stats_show_gpu_work():
     before = runtime.stats()
     pipeline.layer_norm(torch.randn(10, 64), [64])
@@ -308,8 +338,12 @@ def test_resident_weights_are_uploaded_once_and_freed_with_their_tensor():
     again = runtime.native_layer_norm(x, [96], w, b, stats=False, resident=True)[0]
     after = runtime.stats()
     assert torch.equal(out, truth) and torch.equal(again, truth)
-    # Only x and the 16-byte params travel: weight and bias stay on the device.
-    assert after["bytes_uploaded"] - before["bytes_uploaded"] == x.numel() * 4 + kernel.PARAMS_BYTES
+    # Only x travels: weight and bias stay on the device, and the params (rows, eps) are
+    # those of the call before.
+    assert after["bytes_uploaded"] - before["bytes_uploaded"] == x.numel() * 4
+    third = runtime.native_layer_norm(x, [96], w, b, 1e-3, stats=False, resident=True)[0]
+    assert after["bytes_uploaded"] + x.numel() * 4 + kernel.PARAMS_BYTES == runtime.stats()["bytes_uploaded"]
+    assert torch.equal(third, pipeline.layer_norm(x, [96], w, b, 1e-3)[0])
     assert id(w) in g.residents and id(b) in g.residents
     held = len(g.residents)
     del w, b

@@ -35,10 +35,20 @@ UNIFORM_BUFFER = UNIFORM | COPY_DST
 MAP_WRITE = 0x2
 STAGING = MAP_READ | COPY_DST
 UPLOAD_STAGING = MAP_WRITE | COPY_SRC
-# Copies between host arrays and mapped memory of at least this many bytes run over torch's
-# CPU threads: one thread's memcpy is what a multi-MB call waited on (benchmarks/NOTES.md,
-# "The host path").
+# Copies between host arrays and mapped memory of at least THREADED_COPY_BYTES run over
+# torch's CPU threads where the machine has cores to spare (THREADED_COPIES): one thread's
+# memcpy is what a multi-MB call waited on (benchmarks/NOTES.md, "The host path").
 THREADED_COPY_BYTES = 1 << 20
+THREADED_COPIES = len(os.sched_getaffinity(0)) >= 4
+
+
+def _forked() -> None:
+    # torch's OpenMP workers do not survive a fork: a forked child's first parallel copy hung.
+    global THREADED_COPIES
+    THREADED_COPIES = False
+
+
+os.register_at_fork(after_in_child=_forked)
 
 # The shader compilers that need an `enable` directive before a module may use subgroup
 # operations: Tint does (WGSL's rule); naga in wgpu 0.32 refuses the directive. The one
@@ -124,6 +134,8 @@ class Gpu:
     # buffers of tensors gone since the last launch, destroyed by the next.
     residents: dict[int, Any] = field(default_factory=dict)
     retired: list = field(default_factory=list)
+    # What the kernel's Params buffer holds: (buffer, rows, eps) of the last write.
+    params_written: tuple = ()
     subgroup_size: int = 0  # smallest subgroup size seen; 0 when subgroups are not used
     native_f16_pack: bool = False  # pack2x16float rounds as aten does (f16_pack_probe.wgsl)
     # Held for a whole launch (uploads, dispatch, read-back): the buffer pool and the
@@ -237,12 +249,16 @@ class Gpu:
 
 
 def copy_bytes(dest: np.ndarray, src: np.ndarray) -> None:
-    """`dest[...] = src` for uint8 arrays of one size; from THREADED_COPY_BYTES on over
-    torch's CPU threads."""
-    if dest.nbytes >= THREADED_COPY_BYTES:
+    """`dest[...] = src` for uint8 arrays of one size; large ones over torch's CPU threads
+    where there are 4 cores or more. On the H200 host (16 cores) torch's threads took a
+    12.6 MB call from 3.0 to 1.6 ms, where a pool of Python threads running numpy copies
+    gained less than its wake-ups cost below 8 MB; on a busy 2-core machine torch's OpenMP
+    workers, which spin, took 12 ms for a 2.3 MB copy that numpy makes in 77 µs. Never in
+    a forked child (see _forked)."""
+    if THREADED_COPIES and dest.nbytes >= THREADED_COPY_BYTES:
         torch.from_numpy(dest).copy_(torch.from_numpy(src))
     else:
-        dest[...] = src
+        np.copyto(dest, src)
 
 
 def read_bytes(impl: Any, staging: Any, size: int) -> bytes:

@@ -449,7 +449,9 @@ def _launch(g, config, src, affine, eps, poison, out, mean, rstd) -> None:
         g.upload_staged(encoder, x_buf, x_words.reshape(-1).view(np.uint8))
     else:
         g.upload(x_buf, x_words)
-    g.upload(params, pack_params(rows, eps))
+    if g.params_written != (params, rows, eps):  # a delegate's calls repeat theirs
+        g.upload(params, pack_params(rows, eps))
+        g.params_written = (params, rows, eps)
     if poison is not None:
         filled = torch.full((src.size,), poison, dtype=DTYPES[config.dtype])
         g.upload(out_buf, _words(_stored(filled)))
