@@ -736,8 +736,10 @@ _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch
 def check_program(pte, backend_id: str) -> None:
     """A parsed file's shapes and dtypes, for a runtime that runs delegates of other
     backends too (ExecuTorch's): our delegates' blobs are decoded and their outputs
-    derived, others' outputs taken as declared. CheckError otherwise."""
+    derived, XNNPACK's payloads checked (`xnnpack_payload`), others' outputs taken as
+    declared. CheckError otherwise."""
     from pipeline import blob
+    from pipeline.executor import xnnpack_payload
 
     params = {}
     for i, d in enumerate(pte.plan.delegates):
@@ -746,4 +748,8 @@ def check_program(pte, backend_id: str) -> None:
                 params[i] = blob.decode(pte.delegate_bytes(d)).params
             except ValueError as exc:
                 raise CheckError(f"delegate {i}: {exc}") from None
+    try:  # XNNPACK's payloads: ExecuTorch's XNNPACK runtime trusts their graph
+        xnnpack_payload.check_program_delegates(pte)
+    except ValueError as exc:
+        raise CheckError(str(exc)) from None
     check_shapes(pte.plan, Delegates(params))
