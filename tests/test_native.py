@@ -11,8 +11,10 @@ import copy
 import itertools
 import importlib
 import random
+import re
 import struct
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -377,6 +379,28 @@ def test_wide_launches_with_and_without_stats_run_in_executorch_runtime(native_r
         _assert_close_to_eager(got, model(x), "wide launches")
     for i, (g, p) in enumerate(zip(got, prog(x))):
         assert torch.equal(g, p), f"output {i} differs from the Python runtime's"
+
+
+def test_inputs_past_the_staged_upload_size_run_in_executorch_runtime(native_runtime, tmp_path):
+    # Through the mapped upload buffer, an odd count of half values (the last word padded).
+    from pipeline.runtime.native_layer_norm import STAGED_UPLOAD_BYTES
+
+    torch.manual_seed(0)
+    model = nn.LayerNorm(15).eval().half()
+    x = (torch.randn(STAGED_UPLOAD_BYTES // 30 + 1, 15) * 3 + 20).half()
+    assert x.numel() % 2 == 1 and x.numel() * 2 >= STAGED_UPLOAD_BYTES
+    prog = pipeline.lower(model, (x,))
+    prog.save(tmp_path / "staged.pte")
+    got = native_runtime.load(tmp_path / "staged.pte")(x)
+    assert torch.equal(got[0], prog(x)), "differs from the Python runtime's"
+
+
+def test_staged_upload_size_is_pythons():
+    from pipeline.runtime.native_layer_norm import STAGED_UPLOAD_BYTES
+
+    text = (Path(native_build.__file__).parent / "NativeLayerNorm.cpp").read_text()
+    found = re.search(r"kStagedUploadBytes = uint64_t\{1\} << (\d+);", text)
+    assert found and 1 << int(found.group(1)) == STAGED_UPLOAD_BYTES
 
 
 class HalfModel(nn.Module):

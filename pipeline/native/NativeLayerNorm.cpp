@@ -19,6 +19,11 @@ constexpr WGPUBufferUsage kStorage =
     WGPUBufferUsage_Storage | WGPUBufferUsage_CopyDst | WGPUBufferUsage_CopySrc;
 constexpr WGPUBufferUsage kUniform = WGPUBufferUsage_Uniform | WGPUBufferUsage_CopyDst;
 constexpr WGPUBufferUsage kReadBack = WGPUBufferUsage_MapRead | WGPUBufferUsage_CopyDst;
+constexpr WGPUBufferUsage kUpload = WGPUBufferUsage_MapWrite | WGPUBufferUsage_CopySrc;
+// Inputs of at least this many bytes go through the mapped upload buffer instead of the
+// queue's write, which allocates a fresh staging buffer for every large write
+// (native_layer_norm.py's STAGED_UPLOAD_BYTES; tests/test_native.py holds them equal).
+constexpr uint64_t kStagedUploadBytes = uint64_t{1} << 20;
 
 // The kernel's Params struct: rows (u32), eps, a quiet NaN (f32), padded to 16 bytes.
 struct Params {
@@ -46,7 +51,7 @@ void NativeLayerNorm::write_words(WGPUBuffer buffer, const void* data, uint64_t 
 }
 
 NativeLayerNorm::~NativeLayerNorm() {
-  for (Buffer* b : {&stamps_read_, &stamps_, &out_read_, &mean_read_, &rstd_read_, &params_, &rstd_, &mean_,
+  for (Buffer* b : {&upload_, &stamps_read_, &stamps_, &out_read_, &mean_read_, &rstd_read_, &params_, &rstd_, &mean_,
                     &out_, &x_, &bias_, &weight_}) {
     if (b->buffer != nullptr) {
       wgpuBufferDestroy(b->buffer);
@@ -246,7 +251,15 @@ bool NativeLayerNorm::launch(WGPUComputePipeline pipeline, const KernelConfig& c
     return false;
   }
   const Params params{static_cast<uint32_t>(rows), eps_, std::numeric_limits<float>::quiet_NaN(), 0};
-  write_words(x_.buffer, x, data_bytes);
+  const bool staged = data_bytes >= kStagedUploadBytes;
+  if (staged) {
+    if (!ensure(&upload_, word_bytes, kUpload, reason) ||
+        !device_->write_mapped(upload_.buffer, word_bytes, x, data_bytes, reason)) {
+      return false;
+    }
+  } else {
+    write_words(x_.buffer, x, data_bytes);
+  }
   wgpuQueueWriteBuffer(device_->queue(), params_.buffer, 0, &params, sizeof params);
 
   // Bind group: each binding is exactly this launch's bytes (the buffers may be larger).
@@ -286,8 +299,11 @@ bool NativeLayerNorm::launch(WGPUComputePipeline pipeline, const KernelConfig& c
   WGPUComputePassDescriptor pass_desc = WGPU_COMPUTE_PASS_DESCRIPTOR_INIT;
   pass_desc.timestampWrites = timed ? &writes : nullptr;
 
-  // Dispatch, then copy the results into the read-back buffers.
+  // The staged input into x, dispatch, then copy the results into the read-back buffers.
   WGPUCommandEncoder encoder = wgpuDeviceCreateCommandEncoder(device_->device(), nullptr);
+  if (staged) {
+    wgpuCommandEncoderCopyBufferToBuffer(encoder, upload_.buffer, 0, x_.buffer, 0, word_bytes);
+  }
   WGPUComputePassEncoder pass = wgpuCommandEncoderBeginComputePass(encoder, &pass_desc);
   wgpuComputePassEncoderSetPipeline(pass, pipeline);
   wgpuComputePassEncoderSetBindGroup(pass, 0, group, 0, nullptr);

@@ -70,6 +70,7 @@ class NativeLayerNorm {
   std::map<std::tuple<uint64_t, uint32_t, bool>, WGPUComputePipeline> pipelines_;
   Buffer weight_, bias_, x_, out_, mean_, rstd_, params_;
   Buffer out_read_, mean_read_, rstd_read_;
+  Buffer upload_;  // MAP_WRITE staging for large inputs
   // Timestamps around a launch's compute pass, when its ETDump event wants the GPU time.
   WGPUQuerySet queries_ = nullptr;
   Buffer stamps_, stamps_read_;

@@ -402,6 +402,31 @@ bool WebGPUDevice::read_buffer(WGPUBuffer buffer, size_t size, void* dst, std::s
   return true;
 }
 
+bool WebGPUDevice::write_mapped(WGPUBuffer buffer, size_t size, const void* src, size_t bytes,
+                                std::string* reason) {
+  MapResult result;
+  WGPUBufferMapCallbackInfo callback = WGPU_BUFFER_MAP_CALLBACK_INFO_INIT;
+  callback.mode = WGPUCallbackMode_AllowProcessEvents;
+  callback.callback = on_map;
+  callback.userdata1 = &result;
+  wgpuBufferMapAsync(buffer, WGPUMapMode_Write, 0, size, callback);
+  if (!wait(&result.done) || result.status != WGPUMapAsyncStatus_Success) {
+    *reason = "mapping the upload buffer failed: " +
+              (result.done ? result.message : std::string("no answer from the device"));
+    return false;
+  }
+  void* mapped = wgpuBufferGetMappedRange(buffer, 0, size);
+  if (mapped == nullptr) {
+    wgpuBufferUnmap(buffer);
+    *reason = "mapping the upload buffer failed";
+    return false;
+  }
+  std::memcpy(mapped, src, bytes);
+  std::memset(static_cast<uint8_t*>(mapped) + bytes, 0, size - bytes);
+  wgpuBufferUnmap(buffer);
+  return true;
+}
+
 bool WebGPUDevice::finish(std::string* reason) {
   wgpuDevicePoll(device_, true, nullptr);
   if (!uncaptured_error_.empty()) {

@@ -44,6 +44,10 @@ class WebGPUDevice {
   // Maps `buffer` for reading, waits, and copies its first `size` bytes to `dst`.
   bool read_buffer(WGPUBuffer buffer, size_t size, void* dst, std::string* reason);
 
+  // Maps `buffer` (MAP_WRITE) once the GPU is done with it and fills its first `size`
+  // bytes: `bytes` of `src`, then zeros.
+  bool write_mapped(WGPUBuffer buffer, size_t size, const void* src, size_t bytes, std::string* reason);
+
   // Waits for submitted work; false with `reason` if a validation error was reported since
   // the last call.
   bool finish(std::string* reason);
