@@ -278,6 +278,8 @@ class _Table:
         first, length = self.fb.vector(self.fb.target(at, what), 1, what)
         if first + length >= self.fb.size or self.fb.data[self.fb.start + first + length] != 0:
             raise PayloadError(f"{what}: string of {length} bytes is not terminated inside the flatbuffer")
+        if self.fb.trace is not None:
+            self.fb.trace.append((self.fb.start + first, length + 1, f"{what} text"))
         raw = bytes(self.fb.data[self.fb.start + first : self.fb.start + first + length])
         try:
             return raw.decode("utf-8")
