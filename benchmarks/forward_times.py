@@ -1,9 +1,27 @@
 """Forward time of the three default models: eager PyTorch, the program `pipeline.lower`
 returns (the serialized program, run in memory) and the same program loaded from its
-`.pte`; plus the load time and what loading adds to peak memory, each load in a fresh
-process.
+`.pte`, folded (constant work run once at load, what `pipeline.load` does) and unfolded
+(`Program.load(path, fold=False)`: every instruction on every call, as before the fold);
+each loaded forward broken down by what its steps run; plus the load time and what
+loading adds to peak memory, each load in a fresh process.
 
     python benchmarks/forward_times.py --json benchmarks/results/forward-times.json
+    python benchmarks/forward_times.py --before /tmp/old    # also an earlier checkout's
+
+With `--before DIR` (a checkout of an earlier commit, e.g. `git worktree add /tmp/old
+<commit>`) each model's file is also run by that checkout's `pipeline.load`, in a process
+of its own that runs one forward whenever this one asks and reports its time.
+
+Eager, the in-memory program, the loaded programs and the earlier checkout's are timed in
+turn within each repeat (a machine whose load drifts moves them together); medians after a
+warm-up. The breakdown comes from
+separate timed calls (`program(*inputs, timings=...)`), medians per part:
+`layer_norm_delegates` (the WebGPU delegate calls, host to host), `matmuls` (addmm, mm,
+bmm, convolution), `copies` (the plan's copy-shaped ops: permute/expand/view/... `_copy`,
+clones, dim-order copies), `other_kernels` (everything else the plan runs), and
+`interpreter`: the timed call's wall time less its steps' (input checks and copies, the
+step loop, output copies, and the timing itself). `folded` counts the instructions run once
+at load.
 
 Run in an older checkout (where `pipeline.lower` returned the fx interpreter over the edge
 program) it times that instead and skips the file columns: that is how the "in-memory
@@ -14,76 +32,223 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 LOAD_PROBE = """
-import sys, time, pipeline, pipeline.executor
+import sys, time, torch, pipeline, pipeline.executor
 def status(key):
     for line in open('/proc/self/status'):
         if line.startswith(key):
             return int(line.split()[1]) * 1024
+inputs = torch.load(sys.argv[3])
 before = status('VmRSS:')
 start = time.perf_counter()
-program = pipeline.load(sys.argv[1])
+program = pipeline.executor.Program.load(sys.argv[1], fold=sys.argv[2] == 'fold')
 seconds = time.perf_counter() - start
-print(seconds, status('VmHWM:') - before, status('VmRSS:') - before)
+loaded = status('VmHWM:') - before, status('VmRSS:') - before
+program(*inputs)
+print(seconds, *loaded, status('VmHWM:') - before, status('VmRSS:') - before)
+"""
+
+MATMULS = ("aten::addmm", "aten::mm", "aten::bmm", "aten::baddbmm", "aten::convolution", "aten::linear")
+PARTS = ("layer_norm_delegates", "matmuls", "copies", "other_kernels", "interpreter")
+
+
+def part(label: str) -> str:
+    """Which part of the breakdown a step of this label belongs to."""
+    name = label.split(".")[0]
+    if label == "delegate":
+        return "layer_norm_delegates"
+    if name in MATMULS:
+        return "matmuls"
+    if name.endswith("_copy") or name in ("aten::clone", "dim_order_ops::_clone_dim_order"):
+        return "copies"
+    return "other_kernels"
+
+
+def _timed(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def _medians_in_turn(fns: dict[str, Callable[[], float]], repeats: int) -> dict[str, float]:
+    """Median of the seconds each function returns, the functions called in turn within each repeat."""
+    for fn in fns.values():
+        fn()  # warm-up: pipelines compiled, pages touched
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            times[name].append(fn())
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def breakdown(program, inputs: tuple, repeats: int) -> dict[str, float]:
+    """Median seconds per part of the program's forward (see the module docstring)."""
+    per_call: list[dict[str, float]] = []
+    for _ in range(repeats):
+        timings: list[tuple[str, float]] = []
+        wall = _timed(lambda: program(*inputs, timings=timings))
+        parts = dict.fromkeys(PARTS, 0.0)
+        for label, seconds in timings:
+            parts[part(label)] += seconds
+        parts["interpreter"] = wall - sum(parts.values())
+        per_call.append(parts)
+    return {name: statistics.median(p[name] for p in per_call) for name in PARTS}
+
+
+BEFORE_PROBE = """
+import sys, time, torch, pipeline
+program = pipeline.load(sys.argv[1])
+inputs = torch.load(sys.argv[2])
+print('ready', flush=True)
+for line in sys.stdin:
+    start = time.perf_counter()
+    program(*inputs)
+    print(time.perf_counter() - start, flush=True)
 """
 
 
-def _median_seconds(fn, repeats: int) -> float:
-    fn()  # warm-up: pipelines compiled, pages touched
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+class Before:
+    """The file loaded by an earlier checkout's `pipeline.load` in a process of its own:
+    calling it runs one forward there and returns that forward's seconds."""
+
+    def __init__(self, checkout: Path, path: Path, inputs: Path) -> None:
+        self.commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                     cwd=checkout, check=True).stdout.strip()
+        self.process = subprocess.Popen([sys.executable, "-c", BEFORE_PROBE, str(path.resolve()), str(inputs.resolve())],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=checkout,
+                                        env={**os.environ, "PYTHONPATH": str(checkout)})
+        if self.process.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"{checkout}: the earlier checkout did not load {path}")
+
+    def __call__(self) -> float:
+        self.process.stdin.write("run\n")
+        self.process.stdin.flush()
+        return float(self.process.stdout.readline())
+
+    def close(self) -> None:
+        self.process.stdin.close()
+        self.process.wait()
 
 
-def measure(name: str, repeats: int, folder: Path) -> dict:
+def _load_probe(path: Path, inputs: Path, fold: bool) -> dict:
+    """Load time and memory (bytes over the process before loading) right after the load
+    and after a first forward, in a fresh process."""
+    probe = subprocess.run([sys.executable, "-c", LOAD_PROBE, str(path), "fold" if fold else "keep", str(inputs)],
+                           capture_output=True, text=True, check=True)
+    seconds, *sizes = probe.stdout.split()
+    keys = ("load_peak_added_bytes", "load_rss_added_bytes", "forward_peak_added_bytes", "forward_rss_added_bytes")
+    return {"load_s": float(seconds), **dict(zip(keys, map(int, sizes)))}
+
+
+def measure(name: str, repeats: int, folder: Path, before: Path | None = None) -> dict:
     import pipeline
 
     spec = pipeline.models.build(name)
     inputs = spec.example_inputs
-    row = {"model": name, "variant": spec.variant}
-    with torch.no_grad():
-        row["eager_s"] = _median_seconds(lambda: spec.module(*inputs), repeats)
+    # The machine's load (1, 5, 15 minutes) before and after: timings under other work are not comparable.
+    row = {"model": name, "variant": spec.variant, "load_average": [os.getloadavg()]}
     program = pipeline.lower(spec.module, inputs, spec.dynamic_shapes)
-    row["in_memory_s"] = _median_seconds(lambda: program(*inputs), repeats)
+
+    def eager() -> float:
+        with torch.no_grad():
+            return _timed(lambda: spec.module(*inputs))
+
+    def in_memory() -> float:
+        return _timed(lambda: program(*inputs))
+
     if not hasattr(pipeline, "load"):
+        row.update(_medians_in_turn({"eager_s": eager, "in_memory_s": in_memory}, repeats))
         return row
+    from pipeline.executor import Program
+
     path = folder / f"{name}.pte"
     program.save(path)
-    loaded = pipeline.load(path)
-    row["loaded_file_s"] = _median_seconds(lambda: loaded(*inputs), repeats)
     row["pte_bytes"] = path.stat().st_size
-    probe = subprocess.run([sys.executable, "-c", LOAD_PROBE, str(path)], capture_output=True, text=True, check=True)
-    seconds, peak_added, rss_added = probe.stdout.split()
-    row["load_s"] = float(seconds)
-    row["load_peak_added_bytes"] = int(peak_added)
-    row["load_rss_added_bytes"] = int(rss_added)
+    saved = folder / f"{name}.inputs"
+    torch.save(inputs, saved)
+    folded = pipeline.load(path)
+    unfolded = Program.load(path, fold=False)
+    fns = {
+        "eager_s": eager, "in_memory_s": in_memory,
+        "loaded_unfolded_s": lambda: _timed(lambda: unfolded(*inputs)),
+        "loaded_file_s": lambda: _timed(lambda: folded(*inputs)),
+    }
+    earlier = Before(before, path, saved) if before is not None else None
+    if earlier is not None:
+        fns["before_s"] = earlier
+    try:
+        times = _medians_in_turn(fns, repeats)
+    finally:
+        if earlier is not None:
+            earlier.close()
+    row.update(times)
+    if earlier is not None:
+        row["before_commit"] = earlier.commit
+        row["ratio_before"] = times["before_s"] / times["eager_s"]
+    row["ratio_unfolded"] = times["loaded_unfolded_s"] / times["eager_s"]
+    row["ratio"] = times["loaded_file_s"] / times["eager_s"]
+    row["steps_unfolded"] = len(unfolded.step_labels)
+    row["steps"] = len(folded.step_labels)
+    row["folded"] = len(folded.folded)
+    row["folded_bytes"] = folded.folded_bytes
+    row["breakdown_unfolded_s"] = breakdown(unfolded, inputs, repeats)
+    row["breakdown_s"] = breakdown(folded, inputs, repeats)
+    row["load_average"].append(os.getloadavg())
+    row["load_unfolded"] = _load_probe(path, saved, fold=False)
+    row["load"] = _load_probe(path, saved, fold=True)
     return row
+
+
+def table(rows: list[dict]) -> str:
+    """The same-run table, Markdown: one line per model and program, times in ms."""
+    ms = lambda s: f"{s * 1e3:,.0f}"  # noqa: E731
+    mb = lambda b: f"{b / 1e6:,.0f}"  # noqa: E731
+    lines = ["| model | program | forward ms | x eager | LayerNorm delegates | matmuls | copies | other kernels "
+             "| interpreter | steps | load s | load adds to peak MB | peak after a forward MB |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        model = f"{r['model']}-{r['variant']}"
+        lines.append(f"| {model} | eager | {ms(r['eager_s'])} | 1 | | | | | | | | | |")
+        if "before_s" in r:
+            lines.append(f"| {model} | loaded by {r['before_commit']} (before) | {ms(r['before_s'])} | {r['ratio_before']:.2f} "
+                         "| | | | | | | | | |")
+        for label, suffix in (("loaded, fold=False", "_unfolded"), ("loaded (after)", "")):
+            b = r[f"breakdown{suffix}_s"]
+            load = r[f"load{suffix}"]
+            wall = r["loaded_unfolded_s" if suffix else "loaded_file_s"]
+            lines.append(f"| {model} | {label} | {ms(wall)} | "
+                         f"{r[f'ratio{suffix}']:.2f} | " + " | ".join(ms(b[p]) for p in PARTS) +
+                         f" | {r[f'steps{suffix}']} | {load['load_s']:.2f} | {mb(load['load_peak_added_bytes'])} | "
+                         f"{mb(load['forward_peak_added_bytes'])} |")
+    return "\n".join(lines)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default="bart,florence2,whisper")
+    parser.add_argument("--models", default="bart,whisper,florence2")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", metavar="FILE")
+    parser.add_argument("--before", metavar="DIR", type=Path, help="an earlier checkout whose pipeline.load to time too")
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as folder:
         for name in args.models.split(","):
             print(f"[{name}] measuring ...", file=sys.stderr, flush=True)
-            rows.append(measure(name, args.repeats, Path(folder)))
+            rows.append(measure(name, args.repeats, Path(folder), args.before))
             print(json.dumps(rows[-1]), flush=True)
+    if rows and "breakdown_s" in rows[0]:
+        print(table(rows))
     if args.json:
         from pipeline.runtime import device_info
 
