@@ -21,8 +21,6 @@ is written (atomically) after every model.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import statistics
 import sys
 import time
@@ -37,6 +35,7 @@ from pipeline.evaluation.metrics import compare, flatten_output
 from pipeline.executor.lowering import lower_to_edge
 from pipeline.ioutil import write_json_atomic
 from pipeline.native.trace import TracedProgram  # with nothing traced: ExecuTorch's runtime as it stands
+from executorch_runtime import native_machine  # benchmarks/, the script's own directory
 
 COLUMNS = ("eager", "python runtime", "executorch + xnnpack + webgpu", "executorch + xnnpack")
 
@@ -81,14 +80,12 @@ def main(argv: list[str] | None = None) -> int:
     def say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
-    available, adapter = pipeline.native.device()
-    if not available:
-        print(f"no device for the native backend: {adapter}", file=sys.stderr)
+    machine = native_machine()
+    if machine is None:
         return 1
     report = {
         "command": "python benchmarks/executorch_forward_table.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "machine": {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine(),
-                    "adapter": adapter, "torch_threads": torch.get_num_threads()},
+        "machine": machine,
         "columns": list(COLUMNS),
         "results": [],
     }

@@ -44,6 +44,19 @@ def lower_to_file(name: str, cpu_backend: str, path: Path) -> float:
     return time.perf_counter() - started
 
 
+def native_machine() -> dict | None:
+    """The native backend registered in ExecuTorch's runtime, and the machine a benchmark
+    ran on (cores, processor, the backend's adapter, torch's threads); None, said on stderr,
+    when the backend finds no device."""
+    pipeline.native.register()
+    available, adapter = pipeline.native.device()
+    if not available:
+        print(f"no device for the native backend: {adapter}", file=sys.stderr)
+        return None
+    return {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine(),
+            "adapter": adapter, "torch_threads": torch.get_num_threads()}
+
+
 def timed(fn, repeats: int) -> tuple[float, list[float]]:
     """(first call, later calls) in seconds."""
     started = time.perf_counter()
@@ -65,14 +78,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
 
-    pipeline.native.register()
-    available, adapter = pipeline.native.device()
-    if not available:
-        print(f"no device for the native backend: {adapter}", file=sys.stderr)
+    machine = native_machine()
+    if machine is None:
         return 1
     report = {
-        "machine": {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine(),
-                    "adapter": adapter, "torch_threads": torch.get_num_threads()},
+        "machine": machine,
         "command": "python benchmarks/executorch_runtime.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "results": [],
     }

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import tempfile
 from pathlib import Path
@@ -25,7 +24,8 @@ import torch
 
 import pipeline
 import pipeline.native
-from pipeline.benchmark import _wall_us, parse_shapes
+from executorch_runtime import native_machine  # benchmarks/, the script's own directory
+from pipeline.benchmark import parse_shapes, wall_us
 from pipeline.runtime import native_layer_norm
 
 SHAPES = "16x768,1500x384,1024x768,1500x768,4096x768"
@@ -36,14 +36,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shapes", default=SHAPES)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
-    pipeline.native.register()
-    available, adapter = pipeline.native.device()
-    if not available:
-        print(f"no device for the native backend: {adapter}", file=sys.stderr)
+    machine = native_machine()
+    if machine is None:
         return 1
-    report = {"machine": {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine(),
-                          "adapter": adapter, "torch_threads": torch.get_num_threads(),
-                          "load_average": os.getloadavg()},
+    report = {"machine": {**machine, "load_average": os.getloadavg()},
               "command": "python benchmarks/native_call.py " + " ".join(argv if argv is not None else sys.argv[1:]),
               "results": []}
     with tempfile.TemporaryDirectory() as tmp:
@@ -70,10 +66,10 @@ def main(argv: list[str] | None = None) -> int:
             times = {name: [] for name in calls}
             for order in (list(calls), list(calls)[::-1]):
                 for name in order:
-                    times[name].append(_wall_us(calls[name]))
+                    times[name].append(wall_us(calls[name]))
             row = {"rows": rows, "width": width, "mbytes": round(x.numel() * 4 / 1e6, 2),
                    **{name: round(sum(t) / 2, 1) for name, t in times.items()},
-                   "torch_cpu_us": round(_wall_us(lambda: module(x)), 1)}
+                   "torch_cpu_us": round(wall_us(lambda: module(x)), 1)}
             report["results"].append(row)
             print(json.dumps(row), flush=True)
     if args.json:

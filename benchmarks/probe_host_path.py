@@ -38,7 +38,7 @@ from unittest import mock
 import numpy as np
 import torch
 
-from pipeline.benchmark import _wall_us, parse_shapes
+from pipeline.benchmark import wall_us, parse_shapes
 from pipeline.runtime import device as runtime_device
 from pipeline.runtime import wgpu_impl
 
@@ -49,10 +49,12 @@ NEVER = 1 << 62
 
 
 def _map_through_poll_thread(self, buffer, size, write=False):
-    """The runtime's map before: wgpu-py's map_sync and a view of its mapping."""
+    """The runtime's read mapping before: wgpu-py's map_sync and a view of its mapping (the
+    variant that uses it has no staged upload, so nothing maps for writing)."""
     import wgpu
 
-    buffer.map_sync(wgpu.MapMode.WRITE if write else wgpu.MapMode.READ, 0, size)
+    assert not write, "poll_thread writes through the queue"
+    buffer.map_sync(wgpu.MapMode.READ, 0, size)
     view = buffer.read_mapped(0, size, copy=False)
     return np.frombuffer(view, dtype=np.uint8)
 
@@ -193,13 +195,13 @@ def main() -> int:
                     if name != "dawn" and not torch.equal(got.view(torch.int16 if kind != torch.float32 else torch.int32),
                                                           want.view(torch.int16 if kind != torch.float32 else torch.int32)):
                         raise SystemExit(f"{name} differs from the product at {rows}x{width}")
-                    times[name].append(_wall_us(call))
+                    times[name].append(wall_us(call))
         for name in names:
             row[f"{name}_us"] = round(sum(times[name]) / 2, 1)
-        row["torch_cpu_us"] = round(_wall_us(lambda: torch.nn.functional.layer_norm(x, (width,), w, b)), 1)
+        row["torch_cpu_us"] = round(wall_us(lambda: torch.nn.functional.layer_norm(x, (width,), w, b)), 1)
         if torch.cuda.is_available():
             wc, bc = w.cuda(), b.cuda()
-            row["cuda_roundtrip_us"] = round(_wall_us(
+            row["cuda_roundtrip_us"] = round(wall_us(
                 lambda: torch.nn.functional.layer_norm(x.cuda(), (width,), wc, bc).cpu()), 1)
         results.append(row)
         print(json.dumps(row), f"{time.time() - start:.0f} s", flush=True)

@@ -287,7 +287,7 @@ def time_torch(rows: int, width: int, affine: bool = True, warmup: int = 10, rep
     return statistics.median(times), "cpu-wall-clock"
 
 
-def _wall_us(call, budget_s: float = 0.5, least: int = 5, most: int = 100) -> float:
+def wall_us(call, budget_s: float = 0.5, least: int = 5, most: int = 100) -> float:
     """Median wall microseconds of `call()` after two warm-up calls, over as many calls as
     fit in about `budget_s` (at least `least`, at most `most`)."""
     call()
@@ -314,10 +314,10 @@ def time_host_path(rows: int, width: int, dtype: str = "float32") -> dict[str, f
     x = torch.randn(rows, width).to(kind)
     w, b = torch.randn(width).to(kind), torch.randn(width).to(kind)
     result: dict[str, float | None] = {
-        "call_us": _wall_us(lambda: native_layer_norm(x, (width,), w, b, stats=False, resident=True)),
-        "layer_norm_us": _wall_us(lambda: native_layer_norm(x, (width,), w, b)),
+        "call_us": wall_us(lambda: native_layer_norm(x, (width,), w, b, stats=False, resident=True)),
+        "layer_norm_us": wall_us(lambda: native_layer_norm(x, (width,), w, b)),
         "cuda_roundtrip_us": None,
-        "torch_cpu_us": _wall_us(lambda: torch.nn.functional.layer_norm(x, (width,), w, b)),
+        "torch_cpu_us": wall_us(lambda: torch.nn.functional.layer_norm(x, (width,), w, b)),
     }
     if torch.cuda.is_available():
         wc, bc = w.cuda(), b.cuda()
@@ -325,7 +325,7 @@ def time_host_path(rows: int, width: int, dtype: str = "float32") -> dict[str, f
         def roundtrip() -> torch.Tensor:
             return torch.nn.functional.layer_norm(x.cuda(), (width,), wc, bc).cpu()
 
-        result["cuda_roundtrip_us"] = _wall_us(roundtrip)
+        result["cuda_roundtrip_us"] = wall_us(roundtrip)
     return {k: None if v is None else round(v, 1) for k, v in result.items()}
 
 

@@ -379,22 +379,33 @@ WGPUComputePipeline WebGPUDevice::create_pipeline(const std::string& wgsl, WGPUP
   return pipeline;
 }
 
-bool WebGPUDevice::read_buffer(WGPUBuffer buffer, size_t size, void* dst, std::string* reason) {
+void* WebGPUDevice::map(WGPUBuffer buffer, WGPUMapMode mode, size_t size, const char* what,
+                         std::string* reason) {
   MapResult result;
   WGPUBufferMapCallbackInfo callback = WGPU_BUFFER_MAP_CALLBACK_INFO_INIT;
   callback.mode = WGPUCallbackMode_AllowProcessEvents;
   callback.callback = on_map;
   callback.userdata1 = &result;
-  wgpuBufferMapAsync(buffer, WGPUMapMode_Read, 0, size, callback);
+  wgpuBufferMapAsync(buffer, mode, 0, size, callback);
   if (!wait(&result.done) || result.status != WGPUMapAsyncStatus_Success) {
-    *reason = "reading back from the GPU failed: " +
+    *reason = std::string("mapping the ") + what + " buffer failed: " +
               (result.done ? result.message : std::string("no answer from the device"));
-    return false;
+    return nullptr;
   }
-  const void* mapped = wgpuBufferGetConstMappedRange(buffer, 0, size);
+  // wgpu-native hands out a read mapping through either call; the const one is WebGPU's for reads.
+  void* mapped = mode == WGPUMapMode_Write
+                     ? wgpuBufferGetMappedRange(buffer, 0, size)
+                     : const_cast<void*>(wgpuBufferGetConstMappedRange(buffer, 0, size));
   if (mapped == nullptr) {
     wgpuBufferUnmap(buffer);
-    *reason = "mapping the read-back buffer failed";
+    *reason = std::string("mapping the ") + what + " buffer failed";
+  }
+  return mapped;
+}
+
+bool WebGPUDevice::read_buffer(WGPUBuffer buffer, size_t size, void* dst, std::string* reason) {
+  const void* mapped = map(buffer, WGPUMapMode_Read, size, "read-back", reason);
+  if (mapped == nullptr) {
     return false;
   }
   std::memcpy(dst, mapped, size);
@@ -404,21 +415,8 @@ bool WebGPUDevice::read_buffer(WGPUBuffer buffer, size_t size, void* dst, std::s
 
 bool WebGPUDevice::write_mapped(WGPUBuffer buffer, size_t size, const void* src, size_t bytes,
                                 std::string* reason) {
-  MapResult result;
-  WGPUBufferMapCallbackInfo callback = WGPU_BUFFER_MAP_CALLBACK_INFO_INIT;
-  callback.mode = WGPUCallbackMode_AllowProcessEvents;
-  callback.callback = on_map;
-  callback.userdata1 = &result;
-  wgpuBufferMapAsync(buffer, WGPUMapMode_Write, 0, size, callback);
-  if (!wait(&result.done) || result.status != WGPUMapAsyncStatus_Success) {
-    *reason = "mapping the upload buffer failed: " +
-              (result.done ? result.message : std::string("no answer from the device"));
-    return false;
-  }
-  void* mapped = wgpuBufferGetMappedRange(buffer, 0, size);
+  void* mapped = map(buffer, WGPUMapMode_Write, size, "upload", reason);
   if (mapped == nullptr) {
-    wgpuBufferUnmap(buffer);
-    *reason = "mapping the upload buffer failed";
     return false;
   }
   std::memcpy(mapped, src, bytes);

@@ -64,6 +64,9 @@ class WebGPUDevice {
                  void* out);
   void probe_subgroup_size();
   void probe_f16_pack();
+  // Maps the first `size` bytes of `buffer` once the GPU is done with it; nullptr with
+  // `reason` (naming the `what` buffer) if that fails. The caller unmaps.
+  void* map(WGPUBuffer buffer, WGPUMapMode mode, size_t size, const char* what, std::string* reason);
   // Polls the device and processes events until `*done`, or gives up.
   bool wait(const bool* done);
 

@@ -9,6 +9,7 @@ the chosen compiler takes them, pipeline and buffer caches, the device probes, c
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import threading
@@ -177,8 +178,8 @@ class Gpu:
     def resident(self, t: Any, data) -> Any:
         """A storage buffer holding `data()`, the bytes of the constant tensor `t`, uploaded
         the first time and kept until `t` is garbage collected (the caller promises that
-        `t` never changes: a delegate's weight and bias). Call with the lock held."""
-        self.release_retired()
+        `t` never changes: a delegate's weight and bias). Call with the lock held, after
+        `release_retired` (an id of a tensor gone may have been taken by a new one)."""
         known = self.residents.get(id(t))
         if known is not None:
             return known
@@ -217,12 +218,8 @@ class Gpu:
         buffer: copied into its mapping here (over threads when large), and from there into
         `buf` by a copy recorded in `encoder`. Call with the lock held."""
         staging = self.buffer("upload", data.nbytes, UPLOAD_STAGING)
-        mapped = self.impl.map(staging, data.nbytes, write=True)
-        try:
+        with mapping(self.impl, staging, data.nbytes, write=True) as mapped:
             copy_bytes(mapped, data)
-        finally:
-            del mapped
-            self.impl.unmap(staging)
         encoder.copy(staging, 0, buf, 0, data.nbytes)
         self.stats.bytes_uploaded += data.nbytes
 
@@ -230,13 +227,9 @@ class Gpu:
         """Map `staging` (MAP_READ) once the GPU is done with it and copy its first `size`
         bytes straight into the (offset, uint8 array) pairs of `into` (one copy each, over
         threads when large)."""
-        mapped = self.impl.map(staging, size)
-        try:
+        with mapping(self.impl, staging, size) as mapped:
             for offset, dest in into:
                 copy_bytes(dest, mapped[offset: offset + dest.size])
-        finally:
-            del mapped
-            self.impl.unmap(staging)
         self.stats.bytes_read_back += size
 
     def pipeline(self, key: tuple, code: str, bindings: list[str] | None, label: str) -> Pipeline:
@@ -261,14 +254,20 @@ def copy_bytes(dest: np.ndarray, src: np.ndarray) -> None:
         np.copyto(dest, src)
 
 
+@contextlib.contextmanager
+def mapping(impl: Any, buffer: Any, size: int, write: bool = False):
+    """The first `size` bytes of `buffer` mapped (MAP_READ, or MAP_WRITE with `write`) as a
+    uint8 array, for the `with` block only: the buffer is unmapped after it."""
+    try:
+        yield impl.map(buffer, size, write)
+    finally:
+        impl.unmap(buffer)
+
+
 def read_bytes(impl: Any, staging: Any, size: int) -> bytes:
     """The first `size` bytes of the MAP_READ buffer `staging` of device `impl`, as bytes."""
-    mapped = impl.map(staging, size)
-    try:
+    with mapping(impl, staging, size) as mapped:
         return mapped.tobytes()
-    finally:
-        del mapped
-        impl.unmap(staging)
 
 
 _gpus: dict[str, Gpu] = {}

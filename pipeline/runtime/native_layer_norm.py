@@ -446,7 +446,7 @@ def _launch(g, config, src, affine, eps, poison, out, mean, rstd) -> None:
 
     encoder = g.impl.encoder()
     if x_words.nbytes >= STAGED_UPLOAD_BYTES:
-        g.upload_staged(encoder, x_buf, x_words.reshape(-1).view(np.uint8))
+        g.upload_staged(encoder, x_buf, x_words)
     else:
         g.upload(x_buf, x_words)
     if g.params_written != (params, rows, eps):  # a delegate's calls repeat theirs
