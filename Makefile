@@ -9,7 +9,7 @@ setup:
 run: setup
 	$(PY) scripts/export_model.py bart
 
-# The test suite, the kernel tests again on the workgroup-memory path as an adapter without
+# The test suite, the kernel and native call tests again on the workgroup-memory path as an adapter without
 # subgroups runs it (the suite itself must find subgroups: tests/conftest.py), then the
 # coverage audit and accuracy report on the smallest variant of each model, and on an
 # exported file run back from disk, then whisper tiny exported with XNNPACK and run in
@@ -18,7 +18,7 @@ run: setup
 # when one fails).
 test: setup
 	PIPELINE_REQUIRE_GPU=1 $(PY) -m pytest -q
-	PIPELINE_REQUIRE_GPU=1 PIPELINE_WGPU_SUBGROUPS=0 $(PY) -m pytest -q tests/test_native_layer_norm.py
+	PIPELINE_REQUIRE_GPU=1 PIPELINE_WGPU_SUBGROUPS=0 $(PY) -m pytest -q tests/test_native_layer_norm.py tests/test_native_call.py
 	$(MAKE) --no-print-directory reports
 
 reports:

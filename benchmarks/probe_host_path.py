@@ -10,6 +10,9 @@ mean/rstd: as the models' delegates make it), on wgpu unless named:
 - threaded_read map_here, the read-back copied over torch's threads
 - product       threaded_read, large inputs through a mapped staging buffer copied over threads
 - dawn          the product on Dawn
+- native        the delegate's call in one crossing into C++ (pipeline.runtime.native_call:
+                the native backend's launch, built without ExecuTorch), what a delegate on
+                wgpu makes now; the variants above are its Python launch
 - from_256k, from_4m ...  the product with both size thresholds (threaded copies, staged
                 upload) at that size instead of 1 MB
 With --phases, where a small call's time goes instead (the product on each implementation):
@@ -38,7 +41,7 @@ from unittest import mock
 import numpy as np
 import torch
 
-from pipeline.benchmark import wall_us, parse_shapes
+from pipeline.benchmark import layer_norm_delegate, parse_shapes, wall_us
 from pipeline.runtime import device as runtime_device
 from pipeline.runtime import wgpu_impl
 
@@ -81,7 +84,7 @@ def variant(name: str):
         yield
 
 
-VARIANTS = ("poll_thread", "map_here", "threaded_read", "product", "dawn")
+VARIANTS = ("poll_thread", "map_here", "threaded_read", "product", "dawn", "native")
 
 
 class _Clock:
@@ -180,16 +183,28 @@ def main() -> int:
         x = torch.randn(rows, width, generator=gen).to(kind)
         w, b = torch.randn(width, generator=gen).to(kind), torch.randn(width, generator=gen).to(kind)
 
-        def call():
+        def python_call():
             return runtime_kernel.native_layer_norm(x, (width,), w, b, stats=False, resident=True)[0]
 
+        names = args.variants.split(",")
+        delegate = None
+        if "native" in names:
+            with variant("native"):
+                delegate = layer_norm_delegate(w, b)
+            if delegate._native is None:
+                raise SystemExit("the native call library is unavailable here")
+
+        def call():
+            return delegate(x)[0] if current[0] == "native" else python_call()
+
+        current = ["product"]
         with variant("product"):
             want = call()
         row = {"rows": rows, "width": width, "mbytes": round(x.numel() * x.element_size() / 1e6, 2)}
-        names = args.variants.split(",")
         times = {name: [] for name in names}
         for order in (names, names[::-1]):
             for name in order:
+                current[0] = name
                 with variant(name):
                     got = call()
                     if name != "dawn" and not torch.equal(got.view(torch.int16 if kind != torch.float32 else torch.int32),

@@ -64,11 +64,13 @@ if ! command -v chromium >/dev/null || ! dawn=$(dawn_state); then
 fi
 echo "$dawn" >&2
 
-# The native WebGPUBackend for ExecuTorch's C++ runtime (pipeline.native), built against the
-# installed wheels; rebuilt only when its sources or the WGSL files change. Everything else
-# works without it, so a machine without a compiler gets one line and carries on.
+# The native libraries (pipeline.native), built against the installed wheels; rebuilt only
+# when their sources or the WGSL files change: the Python runtime's delegate call
+# (libpipeline_layer_norm.so; without it delegates launch from Python, a slower call) and the
+# WebGPUBackend for ExecuTorch's C++ runtime. A machine without a compiler gets one line and
+# carries on.
 if ! native=$(.venv/bin/python -m pipeline.native.build 2>&1); then
-    echo "setup: native WebGPUBackend not built: $(echo "$native" | head -n 1 | sed "s/^native backend: //"); the rest works without it" >&2
+    echo "setup: native libraries not built: $(echo "$native" | grep -v "up to date\|built " | head -n 1); the rest works without them" >&2
 else
     echo "setup: ${native}" >&2
 fi

@@ -292,13 +292,21 @@ def test_delegate_runner_refuses_bad_blobs_and_arguments(gpu_info):
         delegate(x)
 
 
-def test_a_delegate_returning_out_alone_has_the_kernel_store_no_mean_and_rstd(gpu_info, monkeypatch):
+@pytest.mark.parametrize("native", [True, False], ids=["native-call", "python-launch"])
+def test_a_delegate_returning_out_alone_has_the_kernel_store_no_mean_and_rstd(gpu_info, monkeypatch, native):
     from pipeline.runtime import delegate as delegate_module
+    from pipeline.runtime import native_call
 
     launched = []
-    real = delegate_module.native_layer_norm
-    monkeypatch.setattr(delegate_module, "native_layer_norm",
-                        lambda *a, **k: launched.append(k["stats"]) or real(*a, **k))
+    if native:
+        real = native_call.NativeCall.__call__
+        monkeypatch.setattr(native_call.NativeCall, "__call__",
+                            lambda self, *a: launched.append(a[-2] is not None) or real(self, *a))
+    else:
+        monkeypatch.setenv(native_call.NATIVE_CALL_ENV, "0")
+        real = delegate_module.native_layer_norm
+        monkeypatch.setattr(delegate_module, "native_layer_norm",
+                            lambda *a, **k: launched.append(k["stats"]) or real(*a, **k))
     x = torch.randn(3, 6)
     for outputs, stats in (((0,), False), ((0, 1), True), ((2,), True)):
         original = make_blob(shape=(6,), outputs=outputs)

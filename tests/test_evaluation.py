@@ -165,10 +165,20 @@ def test_accuracy_passes_and_names_the_worst_layer_norm(gpu_info, blocks):
 
 
 def drop_eps(monkeypatch) -> None:
-    """Break the kernel the delegates call: eps is dropped."""
+    """Break the kernel the delegates call: they launch it from Python, eps dropped."""
     real = delegate.native_layer_norm
     monkeypatch.setattr(delegate, "native_layer_norm",
                         lambda x, shape, w=None, b=None, eps=1e-5, **options: real(x, shape, w, b, 0.0, **options))
+    call = delegate.LayerNormDelegate.__call__
+
+    def from_python(self, *args):
+        native, self._native = self._native, None
+        try:
+            return call(self, *args)
+        finally:
+            self._native = native
+
+    monkeypatch.setattr(delegate.LayerNormDelegate, "__call__", from_python)
 
 
 def test_a_delegate_with_eps_dropped_fails_the_verdict(gpu_info, blocks, monkeypatch):

@@ -1,6 +1,6 @@
 #include "NativeLayerNorm.h"
 
-#include "WebGPUDelegateTrace.h"
+#include "HostCopy.h"
 
 #include <algorithm>
 #include <cmath>
@@ -20,10 +20,6 @@ constexpr WGPUBufferUsage kStorage =
 constexpr WGPUBufferUsage kUniform = WGPUBufferUsage_Uniform | WGPUBufferUsage_CopyDst;
 constexpr WGPUBufferUsage kReadBack = WGPUBufferUsage_MapRead | WGPUBufferUsage_CopyDst;
 constexpr WGPUBufferUsage kUpload = WGPUBufferUsage_MapWrite | WGPUBufferUsage_CopySrc;
-// Inputs of at least this many bytes go through the mapped upload buffer instead of the
-// queue's write, which allocates a fresh staging buffer for every large write
-// (native_layer_norm.py's STAGED_UPLOAD_BYTES; tests/test_native.py holds them equal).
-constexpr uint64_t kStagedUploadBytes = uint64_t{1} << 20;
 
 // The kernel's Params struct: rows (u32), eps, a quiet NaN (f32), padded to 16 bytes.
 struct Params {
@@ -35,6 +31,7 @@ struct Params {
 static_assert(sizeof(Params) == kParamsBytes, "Params must match the WGSL struct");
 
 uint64_t align4(uint64_t n) { return (n + 3) / 4 * 4; }
+uint64_t align16(uint64_t n) { return (n + 15) / 16 * 16; }
 
 }  // namespace
 
@@ -51,12 +48,15 @@ void NativeLayerNorm::write_words(WGPUBuffer buffer, const void* data, uint64_t 
 }
 
 NativeLayerNorm::~NativeLayerNorm() {
-  for (Buffer* b : {&upload_, &stamps_read_, &stamps_, &out_read_, &mean_read_, &rstd_read_, &params_, &rstd_, &mean_,
+  for (Buffer* b : {&upload_, &stamps_read_, &stamps_, &read_, &params_, &rstd_, &mean_,
                     &out_, &x_, &bias_, &weight_}) {
     if (b->buffer != nullptr) {
       wgpuBufferDestroy(b->buffer);
       wgpuBufferRelease(b->buffer);
     }
+  }
+  if (group_ != nullptr) {
+    wgpuBindGroupRelease(group_);
   }
   for (auto& entry : pipelines_) {
     wgpuComputePipelineRelease(entry.second);
@@ -83,6 +83,18 @@ bool NativeLayerNorm::ensure(Buffer* b, uint64_t size, WGPUBufferUsage usage, st
     wgpuBufferDestroy(b->buffer);
     wgpuBufferRelease(b->buffer);
     b->buffer = nullptr;
+  }
+  // A new buffer may reuse the old handle's address: the kept bind group, the Params
+  // buffer's rows and a map request of the upload buffer no longer say anything.
+  if (group_ != nullptr) {
+    wgpuBindGroupRelease(group_);
+    group_ = nullptr;
+  }
+  if (b == &params_) {
+    params_rows_ = 0;
+  }
+  if (b == &upload_) {
+    upload_map_.reset();
   }
   WGPUBufferDescriptor desc = WGPU_BUFFER_DESCRIPTOR_INIT;
   desc.size = size;
@@ -178,7 +190,8 @@ WGPUComputePipeline NativeLayerNorm::pipeline_for(const KernelConfig& config, st
 }
 
 bool NativeLayerNorm::run(const void* x, uint64_t rows, uint64_t width, const void* weight,
-                          const void* bias, const LayerNormOutputs& outputs, std::string* reason) {
+                          const void* bias, const LayerNormOutputs& outputs, std::string* reason,
+                          GpuTime* gpu_time) {
   const uint64_t value_bytes = dtype_bytes(dtype_);
   const uint64_t row_bytes = width * value_bytes;
   const WGPULimits& limits = device_->limits();
@@ -214,7 +227,7 @@ bool NativeLayerNorm::run(const void* x, uint64_t rows, uint64_t width, const vo
     WGPUComputePipeline pipeline = pipeline_for(config, reason);
     if (pipeline == nullptr ||
         !launch(pipeline, config, static_cast<const uint8_t*>(x) + start * row_bytes, n, width, part,
-                reason)) {
+                reason, gpu_time)) {
       return false;
     }
   }
@@ -223,7 +236,7 @@ bool NativeLayerNorm::run(const void* x, uint64_t rows, uint64_t width, const vo
 
 bool NativeLayerNorm::launch(WGPUComputePipeline pipeline, const KernelConfig& config,
                              const uint8_t* x, uint64_t rows, uint64_t width,
-                             const LayerNormOutputs& outputs, std::string* reason) {
+                             const LayerNormOutputs& outputs, std::string* reason, GpuTime* gpu_time) {
   // Workgroups in x and y; y carries what does not fit under 65,535 in x. Checked here:
   // wgpu-native treats some submit-time errors as fatal.
   const uint64_t groups = std::max<uint64_t>(1, (rows + config.rows_per_workgroup() - 1) /
@@ -242,46 +255,41 @@ bool NativeLayerNorm::launch(WGPUComputePipeline pipeline, const KernelConfig& c
   const uint64_t word_bytes = align4(data_bytes);
   const uint64_t affine_bytes = align4(width * dtype_bytes(affine_dtype_));
   const uint64_t stat_bytes = rows * 4;
+  // One read-back buffer (one mapping): out, then mean, then rstd, each at a 16-byte offset.
+  const uint64_t mean_at = align16(word_bytes);
+  const uint64_t rstd_at = mean_at + align16(stat_bytes);
+  const uint64_t read_bytes = config.write_stats ? rstd_at + stat_bytes : word_bytes;
   if (!ensure(&x_, word_bytes, kStorage, reason) || !ensure(&out_, word_bytes, kStorage, reason) ||
       !ensure(&mean_, stat_bytes, kStorage, reason) || !ensure(&rstd_, stat_bytes, kStorage, reason) ||
-      !ensure(&params_, kParamsBytes, kUniform, reason) ||
-      !ensure(&out_read_, word_bytes, kReadBack, reason) ||
-      !ensure(&mean_read_, stat_bytes, kReadBack, reason) ||
-      !ensure(&rstd_read_, stat_bytes, kReadBack, reason)) {
+      !ensure(&params_, kParamsBytes, kUniform, reason) || !ensure(&read_, read_bytes, kReadBack, reason)) {
     return false;
   }
   const Params params{static_cast<uint32_t>(rows), eps_, std::numeric_limits<float>::quiet_NaN(), 0};
-  const bool staged = data_bytes >= kStagedUploadBytes;
-  if (staged) {
-    if (!ensure(&upload_, word_bytes, kUpload, reason) ||
-        !device_->write_mapped(upload_.buffer, word_bytes, x, data_bytes, reason)) {
-      return false;
-    }
-  } else {
-    write_words(x_.buffer, x, data_bytes);
+  // The input goes through the upload buffer, whose write mapping the last launch asked
+  // for after its submit: answered while that launch's read-back waited, it is ready now
+  // (no queue write, which allocates a staging buffer per write, and no wait here).
+  if (!ensure(&upload_, word_bytes, kUpload, reason)) {
+    return false;
   }
-  wgpuQueueWriteBuffer(device_->queue(), params_.buffer, 0, &params, sizeof params);
-
-  // Bind group: each binding is exactly this launch's bytes (the buffers may be larger).
-  const Buffer* bound[7] = {&x_, &weight_, &bias_, &out_, &mean_, &rstd_, &params_};
-  const uint64_t sizes[7] = {word_bytes, has_weight_ ? affine_bytes : kMinBufferBytes,
-                             has_bias_ ? affine_bytes : kMinBufferBytes, word_bytes, stat_bytes,
-                             stat_bytes, kParamsBytes};
-  WGPUBindGroupEntry entries[7];
-  for (uint32_t i = 0; i < 7; ++i) {
-    entries[i] = WGPU_BIND_GROUP_ENTRY_INIT;
-    entries[i].binding = i;
-    entries[i].buffer = bound[i]->buffer;
-    entries[i].size = sizes[i];
+  if (upload_map_ == nullptr) {
+    upload_map_ = device_->map_async(upload_.buffer, WGPUMapMode_Write, upload_.size);
   }
-  WGPUBindGroupDescriptor group_desc = WGPU_BIND_GROUP_DESCRIPTOR_INIT;
-  group_desc.layout = bind_layout_;
-  group_desc.entryCount = 7;
-  group_desc.entries = entries;
-  WGPUBindGroup group = wgpuDeviceCreateBindGroup(device_->device(), &group_desc);
+  auto* staged = static_cast<uint8_t*>(device_->mapped(upload_.buffer, *upload_map_, "upload", reason));
+  upload_map_.reset();
+  if (staged == nullptr) {
+    return false;
+  }
+  copy_bytes(staged, x, data_bytes);
+  std::memset(staged + data_bytes, 0, word_bytes - data_bytes);
+  wgpuBufferUnmap(upload_.buffer);
+  if (params_rows_ != rows) {  // eps is the delegate's own; a delegate's calls repeat their rows
+    wgpuQueueWriteBuffer(device_->queue(), params_.buffer, 0, &params, sizeof params);
+    params_rows_ = rows;
+  }
 
-  // The pass's GPU time for the call's ETDump event, where the device has timestamps.
-  const bool timed = device_->has_timestamps() && gpu_time_wanted();
+  // The pass's GPU time for the call's ETDump event, where the device has timestamps (its
+  // buffers are ensured before the bind group is kept: a new buffer drops that group).
+  const bool timed = device_->has_timestamps() && gpu_time != nullptr;
   if (timed && queries_ == nullptr) {
     WGPUQuerySetDescriptor query_desc = WGPU_QUERY_SET_DESCRIPTOR_INIT;
     query_desc.type = WGPUQueryType_Timestamp;
@@ -292,6 +300,38 @@ bool NativeLayerNorm::launch(WGPUComputePipeline pipeline, const KernelConfig& c
                 !ensure(&stamps_read_, 16, kReadBack, reason))) {
     return false;
   }
+
+  // Bind group: each binding is exactly this launch's bytes (the buffers may be larger).
+  // A delegate's calls repeat their shapes: the last one is kept while its buffers and
+  // sizes stay the same.
+  const Buffer* bound[7] = {&x_, &weight_, &bias_, &out_, &mean_, &rstd_, &params_};
+  const uint64_t sizes[7] = {word_bytes, has_weight_ ? affine_bytes : kMinBufferBytes,
+                             has_bias_ ? affine_bytes : kMinBufferBytes, word_bytes, stat_bytes,
+                             stat_bytes, kParamsBytes};
+  BindKey key;
+  for (uint32_t i = 0; i < 7; ++i) {
+    key.buffers[i] = bound[i]->buffer;
+    key.sizes[i] = sizes[i];
+  }
+  if (group_ == nullptr || !(key == group_key_)) {
+    WGPUBindGroupEntry entries[7];
+    for (uint32_t i = 0; i < 7; ++i) {
+      entries[i] = WGPU_BIND_GROUP_ENTRY_INIT;
+      entries[i].binding = i;
+      entries[i].buffer = bound[i]->buffer;
+      entries[i].size = sizes[i];
+    }
+    WGPUBindGroupDescriptor group_desc = WGPU_BIND_GROUP_DESCRIPTOR_INIT;
+    group_desc.layout = bind_layout_;
+    group_desc.entryCount = 7;
+    group_desc.entries = entries;
+    if (group_ != nullptr) {
+      wgpuBindGroupRelease(group_);
+    }
+    group_ = wgpuDeviceCreateBindGroup(device_->device(), &group_desc);
+    group_key_ = key;
+  }
+  WGPUBindGroup group = group_;
   WGPUPassTimestampWrites writes = WGPU_PASS_TIMESTAMP_WRITES_INIT;
   writes.querySet = queries_;
   writes.beginningOfPassWriteIndex = 0;
@@ -301,9 +341,7 @@ bool NativeLayerNorm::launch(WGPUComputePipeline pipeline, const KernelConfig& c
 
   // The staged input into x, dispatch, then copy the results into the read-back buffers.
   WGPUCommandEncoder encoder = wgpuDeviceCreateCommandEncoder(device_->device(), nullptr);
-  if (staged) {
-    wgpuCommandEncoderCopyBufferToBuffer(encoder, upload_.buffer, 0, x_.buffer, 0, word_bytes);
-  }
+  wgpuCommandEncoderCopyBufferToBuffer(encoder, upload_.buffer, 0, x_.buffer, 0, word_bytes);
   WGPUComputePassEncoder pass = wgpuCommandEncoderBeginComputePass(encoder, &pass_desc);
   wgpuComputePassEncoderSetPipeline(pass, pipeline);
   wgpuComputePassEncoderSetBindGroup(pass, 0, group, 0, nullptr);
@@ -311,10 +349,10 @@ bool NativeLayerNorm::launch(WGPUComputePipeline pipeline, const KernelConfig& c
                                            static_cast<uint32_t>(grid_y), 1);
   wgpuComputePassEncoderEnd(pass);
   wgpuComputePassEncoderRelease(pass);
-  wgpuCommandEncoderCopyBufferToBuffer(encoder, out_.buffer, 0, out_read_.buffer, 0, word_bytes);
+  wgpuCommandEncoderCopyBufferToBuffer(encoder, out_.buffer, 0, read_.buffer, 0, word_bytes);
   if (config.write_stats) {
-    wgpuCommandEncoderCopyBufferToBuffer(encoder, mean_.buffer, 0, mean_read_.buffer, 0, stat_bytes);
-    wgpuCommandEncoderCopyBufferToBuffer(encoder, rstd_.buffer, 0, rstd_read_.buffer, 0, stat_bytes);
+    wgpuCommandEncoderCopyBufferToBuffer(encoder, mean_.buffer, 0, read_.buffer, mean_at, stat_bytes);
+    wgpuCommandEncoderCopyBufferToBuffer(encoder, rstd_.buffer, 0, read_.buffer, rstd_at, stat_bytes);
   }
   if (timed) {
     wgpuCommandEncoderResolveQuerySet(encoder, queries_, 0, 2, stamps_.buffer, 0);
@@ -322,37 +360,43 @@ bool NativeLayerNorm::launch(WGPUComputePipeline pipeline, const KernelConfig& c
   }
   WGPUCommandBuffer commands = wgpuCommandEncoderFinish(encoder, nullptr);
   wgpuCommandEncoderRelease(encoder);
-  wgpuBindGroupRelease(group);
-  if (!device_->finish(reason)) {  // an encoding error would make the submit fatal
+  if (!device_->check(reason)) {  // an encoding error would make the submit fatal
     wgpuCommandBufferRelease(commands);
     return false;
   }
   wgpuQueueSubmit(device_->queue(), 1, &commands);
   wgpuCommandBufferRelease(commands);
+  device_->dispatches.fetch_add(1, std::memory_order_relaxed);
+  upload_map_ = device_->map_async(upload_.buffer, WGPUMapMode_Write, upload_.size);  // the next launch's
 
-  // Read back what the delegate returns.
-  if (outputs.out != nullptr && word_bytes != data_bytes) {
+  // Read back what the delegate returns, from one mapping. An out whose bytes end mid-word
+  // comes through a scratch copy of its whole words.
+  const bool odd = outputs.out != nullptr && word_bytes != data_bytes;
+  if (odd) {
     out_words_.resize(word_bytes);
-    if (!device_->read_buffer(out_read_.buffer, word_bytes, out_words_.data(), reason)) {
-      return false;
-    }
-    std::memcpy(outputs.out, out_words_.data(), data_bytes);
-  } else if (outputs.out != nullptr &&
-             !device_->read_buffer(out_read_.buffer, data_bytes, outputs.out, reason)) {
+  }
+  WebGPUDevice::Range ranges[3];
+  size_t count = 0;
+  if (outputs.out != nullptr) {
+    ranges[count++] = {0, odd ? word_bytes : data_bytes, odd ? out_words_.data() : outputs.out};
+  }
+  if (outputs.mean != nullptr) ranges[count++] = {mean_at, stat_bytes, outputs.mean};
+  if (outputs.rstd != nullptr) ranges[count++] = {rstd_at, stat_bytes, outputs.rstd};
+  if (!device_->read_ranges(read_.buffer, read_bytes, ranges, count, reason)) {
     return false;
   }
-  if (!((outputs.mean == nullptr || device_->read_buffer(mean_read_.buffer, stat_bytes, outputs.mean, reason)) &&
-        (outputs.rstd == nullptr || device_->read_buffer(rstd_read_.buffer, stat_bytes, outputs.rstd, reason)))) {
-    return false;
+  if (odd) {
+    std::memcpy(outputs.out, out_words_.data(), data_bytes);
   }
   if (timed) {
     uint64_t stamps[2] = {0, 0};  // nanoseconds
     if (!device_->read_buffer(stamps_read_.buffer, sizeof stamps, stamps, reason)) {
       return false;
     }
-    add_gpu_time(stamps[1] > stamps[0] ? stamps[1] - stamps[0] : 0);
+    gpu_time->measured = true;
+    gpu_time->ns += stamps[1] > stamps[0] ? stamps[1] - stamps[0] : 0;
   }
-  return device_->finish(reason);
+  return device_->check(reason);  // the mapping waited for the work
 }
 
 }  // namespace webgpu

@@ -4,8 +4,10 @@
 // split into launches under the binding limit, same 2D grid past 65,535 workgroups).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -27,6 +29,12 @@ struct LayerNormOutputs {
   float* rstd = nullptr;
 };
 
+// A call's GPU time: the sum of its launches' compute passes, from timestamp queries.
+struct GpuTime {
+  bool measured = false;  // false where the device has no timestamp queries
+  uint64_t ns = 0;
+};
+
 class NativeLayerNorm {
  public:
   explicit NativeLayerNorm(WebGPUDevice* device) : device_(device) {}
@@ -40,9 +48,10 @@ class NativeLayerNorm {
 
   // Normalizes `rows` rows of `width` values of the blob's dtype. `weight`/`bias` are
   // input-sourced values of its affine dtype (nullptr when the blob's source is not an
-  // input). Call with the device locked.
+  // input). With `gpu_time`, the launches' GPU time is measured where the device can.
+  // Call with the device locked.
   bool run(const void* x, uint64_t rows, uint64_t width, const void* weight, const void* bias,
-           const LayerNormOutputs& outputs, std::string* reason);
+           const LayerNormOutputs& outputs, std::string* reason, GpuTime* gpu_time = nullptr);
 
  private:
   struct Buffer {
@@ -53,7 +62,8 @@ class NativeLayerNorm {
   WGPUComputePipeline pipeline_for(const KernelConfig& config, std::string* reason);
   bool ensure(Buffer* buffer, uint64_t size, WGPUBufferUsage usage, std::string* reason);
   bool launch(WGPUComputePipeline pipeline, const KernelConfig& config, const uint8_t* x,
-              uint64_t rows, uint64_t width, const LayerNormOutputs& outputs, std::string* reason);
+              uint64_t rows, uint64_t width, const LayerNormOutputs& outputs, std::string* reason,
+              GpuTime* gpu_time);
   // Writes `bytes` at the start of `buffer`, the last partial u32 word zero-padded.
   void write_words(WGPUBuffer buffer, const void* data, uint64_t bytes);
 
@@ -69,8 +79,20 @@ class NativeLayerNorm {
   // by (width, threads per row, write_stats): what choose_config varies for one delegate
   std::map<std::tuple<uint64_t, uint32_t, bool>, WGPUComputePipeline> pipelines_;
   Buffer weight_, bias_, x_, out_, mean_, rstd_, params_;
-  Buffer out_read_, mean_read_, rstd_read_;
-  Buffer upload_;  // MAP_WRITE staging for large inputs
+  Buffer read_;  // one read-back: out, then mean, then rstd, each at a 16-byte offset
+  Buffer upload_;  // MAP_WRITE staging of the input
+  std::shared_ptr<WebGPUDevice::MapRequest> upload_map_;  // its pending write mapping
+  // The last launch's bind group, by its buffers and binding sizes.
+  struct BindKey {
+    WGPUBuffer buffers[7] = {};
+    uint64_t sizes[7] = {};
+    bool operator==(const BindKey& o) const {
+      return std::equal(buffers, buffers + 7, o.buffers) && std::equal(sizes, sizes + 7, o.sizes);
+    }
+  };
+  WGPUBindGroup group_ = nullptr;
+  BindKey group_key_;
+  uint64_t params_rows_ = 0;  // rows in the Params buffer (0: not written)
   // Timestamps around a launch's compute pass, when its ETDump event wants the GPU time.
   WGPUQuerySet queries_ = nullptr;
   Buffer stamps_, stamps_read_;

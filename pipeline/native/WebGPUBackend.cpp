@@ -201,8 +201,13 @@ Error run_delegate(WebGPUDelegate* d, Span<EValue*> args, EventTracer* tracer, s
   LayerNormOutputs outputs{first[kOut], mean, rstd};
   {
     std::lock_guard<std::mutex> lock(d->device->mutex());
-    if (!d->op.run(x.const_data_ptr(), rows, width, operands[0], operands[1], outputs, reason)) {
+    GpuTime gpu_time;
+    if (!d->op.run(x.const_data_ptr(), rows, width, operands[0], operands[1], outputs, reason,
+                   gpu_time_wanted() ? &gpu_time : nullptr)) {
       return Error::Internal;
+    }
+    if (gpu_time.measured) {
+      add_gpu_time(gpu_time.ns);
     }
   }
   if (half_stats) {

@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "HostCopy.h"
 #include "NativeLayerNormConfig.h"
 #include "wgsl_sources.h"
 
@@ -69,12 +70,6 @@ struct ScopeResult {
   std::string message;
 };
 
-struct MapResult {
-  bool done = false;
-  WGPUMapAsyncStatus status = WGPUMapAsyncStatus_Error;
-  std::string message;
-};
-
 void on_adapter(WGPURequestAdapterStatus status, WGPUAdapter adapter, WGPUStringView message,
                 void* userdata1, void*) {
   auto* request = static_cast<AdapterRequest*>(userdata1);
@@ -99,11 +94,14 @@ void on_scope(WGPUPopErrorScopeStatus, WGPUErrorType type, WGPUStringView messag
   result->done = true;
 }
 
+// userdata1: a heap copy of the request's shared pointer, dropped here (the request
+// outlives its owner's interest: a buffer destroyed with a pending map answers later).
 void on_map(WGPUMapAsyncStatus status, WGPUStringView message, void* userdata1, void*) {
-  auto* result = static_cast<MapResult*>(userdata1);
-  result->status = status;
-  result->message = text(message);
-  result->done = true;
+  auto* request = static_cast<std::shared_ptr<WebGPUDevice::MapRequest>*>(userdata1);
+  (*request)->status = status;
+  (*request)->message = text(message);
+  (*request)->done = true;
+  delete request;
 }
 
 void on_uncaptured_error(WGPUDevice const*, WGPUErrorType, WGPUStringView message, void* userdata1,
@@ -379,54 +377,65 @@ WGPUComputePipeline WebGPUDevice::create_pipeline(const std::string& wgsl, WGPUP
   return pipeline;
 }
 
-void* WebGPUDevice::map(WGPUBuffer buffer, WGPUMapMode mode, size_t size, const char* what,
-                         std::string* reason) {
-  MapResult result;
+std::shared_ptr<WebGPUDevice::MapRequest> WebGPUDevice::map_async(WGPUBuffer buffer, WGPUMapMode mode,
+                                                                   size_t size) {
+  auto request = std::make_shared<MapRequest>();
+  request->mode = mode;
+  request->size = size;
   WGPUBufferMapCallbackInfo callback = WGPU_BUFFER_MAP_CALLBACK_INFO_INIT;
   callback.mode = WGPUCallbackMode_AllowProcessEvents;
   callback.callback = on_map;
-  callback.userdata1 = &result;
+  callback.userdata1 = new std::shared_ptr<MapRequest>(request);
   wgpuBufferMapAsync(buffer, mode, 0, size, callback);
-  if (!wait(&result.done) || result.status != WGPUMapAsyncStatus_Success) {
+  return request;
+}
+
+void* WebGPUDevice::mapped(WGPUBuffer buffer, const MapRequest& request, const char* what, std::string* reason) {
+  if (!wait(&request.done) || request.status != WGPUMapAsyncStatus_Success) {
     *reason = std::string("mapping the ") + what + " buffer failed: " +
-              (result.done ? result.message : std::string("no answer from the device"));
+              (request.done ? request.message : std::string("no answer from the device"));
     return nullptr;
   }
   // wgpu-native hands out a read mapping through either call; the const one is WebGPU's for reads.
-  void* mapped = mode == WGPUMapMode_Write
-                     ? wgpuBufferGetMappedRange(buffer, 0, size)
-                     : const_cast<void*>(wgpuBufferGetConstMappedRange(buffer, 0, size));
-  if (mapped == nullptr) {
+  void* range = request.mode == WGPUMapMode_Write
+                    ? wgpuBufferGetMappedRange(buffer, 0, request.size)
+                    : const_cast<void*>(wgpuBufferGetConstMappedRange(buffer, 0, request.size));
+  if (range == nullptr) {
     wgpuBufferUnmap(buffer);
     *reason = std::string("mapping the ") + what + " buffer failed";
   }
-  return mapped;
+  return range;
+}
+
+void* WebGPUDevice::map(WGPUBuffer buffer, WGPUMapMode mode, size_t size, const char* what,
+                         std::string* reason) {
+  return mapped(buffer, *map_async(buffer, mode, size), what, reason);
 }
 
 bool WebGPUDevice::read_buffer(WGPUBuffer buffer, size_t size, void* dst, std::string* reason) {
-  const void* mapped = map(buffer, WGPUMapMode_Read, size, "read-back", reason);
-  if (mapped == nullptr) {
-    return false;
-  }
-  std::memcpy(dst, mapped, size);
-  wgpuBufferUnmap(buffer);
-  return true;
+  const Range all{0, size, dst};
+  return read_ranges(buffer, size, &all, 1, reason);
 }
 
-bool WebGPUDevice::write_mapped(WGPUBuffer buffer, size_t size, const void* src, size_t bytes,
-                                std::string* reason) {
-  void* mapped = map(buffer, WGPUMapMode_Write, size, "upload", reason);
+bool WebGPUDevice::read_ranges(WGPUBuffer buffer, size_t size, const Range* ranges, size_t count,
+                               std::string* reason) {
+  const auto* mapped = static_cast<const uint8_t*>(map(buffer, WGPUMapMode_Read, size, "read-back", reason));
   if (mapped == nullptr) {
     return false;
   }
-  std::memcpy(mapped, src, bytes);
-  std::memset(static_cast<uint8_t*>(mapped) + bytes, 0, size - bytes);
+  for (size_t i = 0; i < count; ++i) {
+    copy_bytes(ranges[i].dst, mapped + ranges[i].offset, ranges[i].size);
+  }
   wgpuBufferUnmap(buffer);
   return true;
 }
 
 bool WebGPUDevice::finish(std::string* reason) {
   wgpuDevicePoll(device_, true, nullptr);
+  return check(reason);
+}
+
+bool WebGPUDevice::check(std::string* reason) {
   if (!uncaptured_error_.empty()) {
     *reason = "wgpu error: " + uncaptured_error_;
     uncaptured_error_.clear();

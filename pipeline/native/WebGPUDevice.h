@@ -7,7 +7,9 @@
 #include <webgpu.h>
 #include <wgpu.h>
 
+#include <atomic>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -41,16 +43,47 @@ class WebGPUDevice {
   WGPUComputePipeline create_pipeline(const std::string& wgsl, WGPUPipelineLayout layout,
                                       const char* label, std::string* reason);
 
+  // Maps the first `size` bytes of `buffer` once the GPU is done with it; nullptr with
+  // `reason` (naming the `what` buffer) if that fails. The caller unmaps.
+  void* map(WGPUBuffer buffer, WGPUMapMode mode, size_t size, const char* what, std::string* reason);
+
   // Maps `buffer` for reading, waits, and copies its first `size` bytes to `dst`.
   bool read_buffer(WGPUBuffer buffer, size_t size, void* dst, std::string* reason);
 
-  // Maps `buffer` (MAP_WRITE) once the GPU is done with it and fills its first `size`
-  // bytes: `bytes` of `src`, then zeros.
-  bool write_mapped(WGPUBuffer buffer, size_t size, const void* src, size_t bytes, std::string* reason);
+  // Bytes [offset, offset + size) of a mapped buffer, copied to `dst`.
+  struct Range {
+    size_t offset;
+    size_t size;
+    void* dst;
+  };
+  // Maps the first `size` bytes of `buffer` for reading once, and copies each range out.
+  bool read_ranges(WGPUBuffer buffer, size_t size, const Range* ranges, size_t count, std::string* reason);
+
+  // One request to map a buffer, answered by a later poll.
+  struct MapRequest {
+    WGPUMapMode mode = WGPUMapMode_Read;
+    size_t size = 0;
+    bool done = false;
+    WGPUMapAsyncStatus status = WGPUMapAsyncStatus_Error;
+    std::string message;
+  };
+  // Asks for the first `size` bytes of `buffer` mapped once the GPU is done with it; returns
+  // at once. Waiting polls the device, so requests made earlier are answered meanwhile.
+  std::shared_ptr<MapRequest> map_async(WGPUBuffer buffer, WGPUMapMode mode, size_t size);
+  // Waits for `request` and returns its mapping (the caller unmaps); nullptr with `reason`
+  // (naming the `what` buffer) if it failed.
+  void* mapped(WGPUBuffer buffer, const MapRequest& request, const char* what, std::string* reason);
 
   // Waits for submitted work; false with `reason` if a validation error was reported since
   // the last call.
   bool finish(std::string* reason);
+
+  // False with `reason` if a validation error was reported since the last call. No wait:
+  // wgpu-native reports an error from the call that makes it.
+  bool check(std::string* reason);
+
+  // Kernel launches submitted since the device was opened (the runtime's stats()).
+  std::atomic<uint64_t> dispatches{0};
 
  private:
   WebGPUDevice() = default;
@@ -64,9 +97,6 @@ class WebGPUDevice {
                  void* out);
   void probe_subgroup_size();
   void probe_f16_pack();
-  // Maps the first `size` bytes of `buffer` once the GPU is done with it; nullptr with
-  // `reason` (naming the `what` buffer) if that fails. The caller unmaps.
-  void* map(WGPUBuffer buffer, WGPUMapMode mode, size_t size, const char* what, std::string* reason);
   // Polls the device and processes events until `*done`, or gives up.
   bool wait(const bool* done);
 

@@ -1,14 +1,21 @@
-"""Build the native WebGPUBackend: `python -m pipeline.native.build [--force]`.
+"""Build the native libraries: `python -m pipeline.native.build [--force] [--runtime-only]`.
 
 Compiles pipeline/native/*.cpp with the system C++ compiler against what `pip install`
-put on disk, nothing else: ExecuTorch's runtime headers (`executorch/include`), its
-`_portable_lib` (resize_tensor_impl) and `libqnn_executorch_backend.so` (the backend
-registry and logging), and wgpu's bundled wgpu-native (`webgpu.h`, `wgpu.h`,
-`libwgpu_native-release.so`). The WGSL files of pipeline/wgsl/ are embedded into a
-generated header, so the C++ kernel is the Python runtime's kernel.
+put on disk, nothing else. Two libraries share the launch code (NativeLayerNorm, the
+device, the blob decoder, the configuration rule):
+- libpipeline_webgpu.so, the WebGPUBackend for ExecuTorch's runtime: ExecuTorch's runtime
+  headers (`executorch/include`), its `_portable_lib` (resize_tensor_impl) and
+  `libqnn_executorch_backend.so` (the backend registry and logging), and wgpu's bundled
+  wgpu-native (`webgpu.h`, `wgpu.h`, `libwgpu_native-release.so`).
+- libpipeline_layer_norm.so, the Python runtime's delegate call (pipeline.runtime's
+  native_call): wgpu's headers only, no ExecuTorch; it binds to the wgpu-native that
+  wgpu-py has loaded, and carries its own C++ runtime (static libstdc++), so it loads on
+  any Linux host with the same wgpu wheel (the lent H200 has no ExecuTorch).
+The WGSL files of pipeline/wgsl/ are embedded into a generated header, so the C++ kernel
+is the Python runtime's kernel.
 
-Output: build/native/libpipeline_webgpu.so (git-ignored; PIPELINE_NATIVE_BUILD_DIR moves
-it). A stamp (hash of sources, WGSL, flags and wheel versions) skips an up-to-date build.
+Output: build/native/ (git-ignored; PIPELINE_NATIVE_BUILD_DIR moves it). A stamp per
+library (hash of sources, WGSL, flags and wheel versions) skips an up-to-date build.
 """
 
 from __future__ import annotations
@@ -38,6 +45,15 @@ WGSL_FILES = (
     "storage_float32.wgsl", "storage_half.wgsl", "storage_half_odd.wgsl", "half.wgsl",
 )
 LIBRARY_NAME = "libpipeline_webgpu.so"
+RUNTIME_LIBRARY_NAME = "libpipeline_layer_norm.so"
+# The runtime library's sources (the backend takes every other file and not its entry points).
+RUNTIME_SOURCES = (
+    "HostCopy.cpp", "NativeLayerNorm.cpp", "NativeLayerNormConfig.cpp", "WebGPUDelegateHeader.cpp",
+    "WebGPUDevice.cpp", "RuntimeEntryPoints.cpp",
+)
+RUNTIME_ENTRY_POINTS = "RuntimeEntryPoints.cpp"
+# The runtime library brings its own C++ runtime; wgpu-native's symbols come from the process.
+RUNTIME_LINK_FLAGS = ("-static-libstdc++", "-static-libgcc", "-Wl,--exclude-libs,ALL")
 BUILD_DIR_ENV = "PIPELINE_NATIVE_BUILD_DIR"
 CXX_FLAGS = (
     "-std=c++17", "-O2", "-fPIC", "-Wall", "-Wno-unused-parameter",
@@ -70,6 +86,10 @@ def library_path() -> Path:
     return build_dir() / LIBRARY_NAME
 
 
+def runtime_library_path() -> Path:
+    return build_dir() / RUNTIME_LIBRARY_NAME
+
+
 def _package_dir(name: str) -> Path:
     spec = importlib.util.find_spec(name)
     if spec is None or not spec.submodule_search_locations:
@@ -77,10 +97,18 @@ def _package_dir(name: str) -> Path:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
-def find_wheels() -> Wheels:
-    """The headers and libraries of the installed executorch and wgpu wheels."""
-    et = _package_dir("executorch")
+def find_wheels(executorch: bool = True) -> Wheels:
+    """The headers and libraries of the installed executorch and wgpu wheels (wgpu's
+    alone without `executorch`: the runtime library's build)."""
     wgpu_dir = _package_dir("wgpu")
+    if not executorch:
+        header = wgpu_dir / "resources" / "wgpu.h"
+        if not header.is_file():
+            raise BuildError(f"wgpu-native header not found at {header}; is the wheel the pinned one "
+                             f"({PINNED_VERSIONS})?")
+        return Wheels(executorch_version="", wgpu_version=importlib.metadata.version("wgpu"),
+                      includes=(wgpu_dir / "resources",), libraries=())
+    et = _package_dir("executorch")
     portable = sorted((et / "extension" / "pybindings").glob("_portable_lib*.so"))
     needed = {
         "ExecuTorch runtime headers": et / "include" / "executorch" / "runtime" / "backend" / "interface.h",
@@ -114,7 +142,7 @@ def version_mismatches(wheels: Wheels) -> list[str]:
     return [
         f"{name} {found[name]} (pinned {pinned})"
         for name, pinned in PINNED_VERSIONS.items()
-        if found[name].split("+")[0] != pinned
+        if found[name] and found[name].split("+")[0] != pinned
     ]
 
 
@@ -156,46 +184,59 @@ def _f16_pack_cases() -> str:
             + f"static const size_t kF16PackCases = {values.size};\n")
 
 
-def _sources() -> list[Path]:
-    return sorted(SOURCE_DIR.glob("*.cpp"))
+def _sources(runtime: bool = False) -> list[Path]:
+    if runtime:
+        return [SOURCE_DIR / name for name in RUNTIME_SOURCES]
+    return [p for p in sorted(SOURCE_DIR.glob("*.cpp")) if p.name != RUNTIME_ENTRY_POINTS]
 
 
-def _fingerprint(compiler: str, wheels: Wheels, header: str) -> str:
+def _fingerprint(compiler: str, wheels: Wheels, header: str, runtime: bool = False) -> str:
+    """What a library's bytes follow from: sources, headers, this file, the WGSL header, the
+    compiler's name, flags and the wheels' versions (not where they are installed)."""
     digest = hashlib.sha256()
-    for path in [*_sources(), *sorted(SOURCE_DIR.glob("*.h")), Path(__file__)]:
+    for path in [*_sources(runtime), *sorted(SOURCE_DIR.glob("*.h")), Path(__file__)]:
         digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     digest.update(header.encode())
-    digest.update(repr((compiler, CXX_FLAGS, wheels)).encode())
+    versions = (wheels.executorch_version, wheels.wgpu_version)
+    digest.update(repr((Path(compiler).name, CXX_FLAGS, versions, runtime)).encode())
     return digest.hexdigest()
 
 
+def compiler_name() -> str:
+    return os.environ.get("CXX", "g++")
+
+
 def find_compiler() -> str:
-    compiler = shutil.which(os.environ.get("CXX", "g++"))
+    compiler = shutil.which(compiler_name())
     if compiler is None:
         raise BuildError("no C++ compiler found (install g++ or set CXX)")
     return compiler
 
 
-def build(force: bool = False, log=None) -> Path:
-    """Build the backend library if sources, WGSL, flags or wheels changed; return its path."""
-    compiler = find_compiler()
-    wheels = find_wheels()
+def build(force: bool = False, log=None, runtime: bool = False) -> Path:
+    """Build the backend library (`runtime`: the Python runtime's call library) if
+    sources, WGSL, flags or wheels changed; return its path. An up-to-date library needs
+    no compiler."""
+    wheels = find_wheels(executorch=not runtime)
     header = wgsl_header()
     out_dir = build_dir()
-    library = out_dir / LIBRARY_NAME
-    stamp = out_dir / "stamp"
-    fingerprint = _fingerprint(compiler, wheels, header)
+    name = RUNTIME_LIBRARY_NAME if runtime else LIBRARY_NAME
+    what = "runtime call library" if runtime else "native backend"
+    library = out_dir / name
+    stamp = out_dir / ("stamp-runtime" if runtime else "stamp")
+    fingerprint = _fingerprint(compiler_name(), wheels, header, runtime)
     if not force and library.is_file() and stamp.is_file() and stamp.read_text() == fingerprint:
         if log is not None:
-            log(f"native backend: {library} is up to date")
+            log(f"{what}: {library} is up to date")
         return library
 
+    compiler = find_compiler()
     started = time.monotonic()
     gen = out_dir / "gen"
-    objects = out_dir / "obj"
+    objects = out_dir / ("obj-runtime" if runtime else "obj")
     gen.mkdir(parents=True, exist_ok=True)
     objects.mkdir(parents=True, exist_ok=True)
-    (gen / "wgsl_sources.h").write_text(header)
+    _write_atomically(gen / "wgsl_sources.h", header)
     includes = [f"-I{p}" for p in (SOURCE_DIR, gen, *wheels.includes)]
 
     def compile_one(source: Path) -> Path:
@@ -204,18 +245,27 @@ def build(force: bool = False, log=None) -> Path:
         return target
 
     with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
-        compiled = list(pool.map(compile_one, _sources()))
+        compiled = list(pool.map(compile_one, _sources(runtime)))
 
-    link = []
-    for lib in wheels.libraries:
-        link += [f"-L{lib.parent}", f"-l:{lib.name}", f"-Wl,-rpath,{lib.parent}"]
-    partial = out_dir / (LIBRARY_NAME + ".tmp")
-    _run([compiler, "-shared", "-Wl,--no-undefined", "-o", str(partial), *map(str, compiled), *link])
+    if runtime:
+        link = [*RUNTIME_LINK_FLAGS, "-pthread"]
+    else:
+        link = ["-Wl,--no-undefined"]
+        for lib in wheels.libraries:
+            link += [f"-L{lib.parent}", f"-l:{lib.name}", f"-Wl,-rpath,{lib.parent}"]
+    partial = out_dir / (name + ".tmp")
+    _run([compiler, "-shared", "-o", str(partial), *map(str, compiled), *link])
     os.replace(partial, library)
     stamp.write_text(fingerprint)
     if log is not None:
-        log(f"native backend: built {library} in {time.monotonic() - started:.1f} s")
+        log(f"{what}: built {library} in {time.monotonic() - started:.1f} s")
     return library
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    partial = path.with_name(path.name + f".{os.getpid()}.tmp")
+    partial.write_text(text)
+    os.replace(partial, path)
 
 
 def _run(command: list[str]) -> None:
@@ -227,16 +277,20 @@ def _run(command: list[str]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipeline.native.build", description=__doc__.splitlines()[0])
     parser.add_argument("--force", action="store_true", help="rebuild even when up to date")
+    parser.add_argument("--runtime-only", action="store_true",
+                        help="only the Python runtime's call library (needs wgpu, not ExecuTorch)")
     args = parser.parse_args(argv)
 
     def log(message: str) -> None:
         print(message, file=sys.stderr)
 
     try:
-        mismatches = version_mismatches(find_wheels())
+        mismatches = version_mismatches(find_wheels(executorch=not args.runtime_only))
         if mismatches:
-            log(f"native backend: warning: built for other wheels than installed: {', '.join(mismatches)}")
-        build(force=args.force, log=log)
+            log(f"native build: warning: built for other wheels than installed: {', '.join(mismatches)}")
+        build(force=args.force, log=log, runtime=True)
+        if not args.runtime_only:
+            build(force=args.force, log=log)
     except BuildError as exc:
         log(f"native backend: {exc}")
         return 1

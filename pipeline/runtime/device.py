@@ -379,9 +379,18 @@ def device_info() -> dict[str, object]:
 
 
 def stats() -> dict[str, int]:
-    """Counters since start (or the last `reset_stats()`): dispatches, bytes moved, ..."""
-    return gpu().stats.as_dict()
+    """Counters since start (or the last `reset_stats()`): dispatches, bytes moved, ...;
+    those of delegate calls made in C++ (native_call) included."""
+    from pipeline.runtime import native_call
+
+    counts = gpu().stats.as_dict()
+    for key, value in native_call.counters().items():
+        counts[key] += value
+    return counts
 
 
 def reset_stats() -> None:
+    from pipeline.runtime import native_call
+
     gpu().stats = Stats()
+    native_call.reset_counters()

@@ -262,7 +262,7 @@ def grid(rows: int, config: KernelConfig) -> tuple[int, int]:
     return x, math.ceil(groups / x)
 
 
-def _check(x: torch.Tensor, normalized_shape: Sequence[int], weight, bias, eps) -> tuple[tuple[int, ...], float]:
+def check_arguments(x: torch.Tensor, normalized_shape: Sequence[int], weight, bias, eps) -> tuple[tuple[int, ...], float]:
     """normalized_shape as ints and eps as a float, after checking every argument."""
     for name, t in (("input", x), ("weight", weight), ("bias", bias)):
         if t is None and name != "input":
@@ -347,7 +347,7 @@ def native_layer_norm(
     bias are constants that never change while these tensor objects live (a delegate's),
     uploaded once and kept on the device until they are garbage collected.
     """
-    shape, eps = _check(x, normalized_shape, weight, bias, eps)
+    shape, eps = check_arguments(x, normalized_shape, weight, bias, eps)
     if not isinstance(stats, bool):
         raise TypeError(f"stats must be a bool, got {_short(stats)}")
     if not isinstance(resident, bool):

@@ -1,0 +1,176 @@
+"""A delegate's call in one crossing into C++: upload, launch and read-back made by the
+native backend's own launch code (pipeline/native: NativeLayerNorm, the same WGSL and
+configuration rule), built without ExecuTorch as libpipeline_layer_norm.so.
+
+A call from Python through wgpu-py pays its wrappers and our bookkeeping around some twenty
+device operations: 150-250 µs of a small call's 330-450 µs on the H200 host, where one
+submit and map cost ~95 µs (benchmarks/NOTES.md, "The host path"). Here Python checks the
+arguments, makes the output tensors and calls once; the device work runs in C++ with the
+GIL released.
+
+The library binds to the wgpu-native that wgpu-py loaded (made global here first), so the
+process holds one copy of it. It runs on wgpu only: with PIPELINE_WEBGPU=dawn delegates
+launch from Python as before. PIPELINE_NATIVE_CALL=0 makes them launch from Python on wgpu
+too (to compare, or where no C++ compiler can build the library).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+import warnings
+
+import torch
+
+from pipeline.runtime import device
+
+NATIVE_CALL_ENV = "PIPELINE_NATIVE_CALL"
+_REASON_BYTES = 512
+
+_lib: ctypes.CDLL | None = None
+_failure: str | None = None
+_lock = threading.Lock()
+# The runtime's stats() for calls made here: launches counted by the library (from a
+# baseline that reset_counters moves), bytes counted by NativeCall.
+_opened = False
+_baseline = 0
+_bytes = {"bytes_uploaded": 0, "bytes_read_back": 0}
+
+
+def wanted() -> bool:
+    """Whether delegates call through the library: wgpu is the implementation and
+    PIPELINE_NATIVE_CALL is not 0."""
+    return device.implementation() == "wgpu" and os.environ.get(NATIVE_CALL_ENV, "").strip() != "0"
+
+
+def library() -> ctypes.CDLL:
+    """The call library, built first if out of date (no compiler is needed when it is up to
+    date). Raises RuntimeError saying why it cannot be had."""
+    global _lib, _failure
+    with _lock:
+        if _lib is None and _failure is None:
+            try:
+                _lib = _load()
+            except Exception as exc:  # BuildError, OSError from dlopen
+                _failure = f"{type(exc).__name__}: {exc}"
+        if _lib is None:
+            raise RuntimeError(f"the native call library is unavailable: {_failure}")
+        return _lib
+
+
+def _load() -> ctypes.CDLL:
+    # Imported here: the build module reads the package's sources, which a process that
+    # never opens a delegate does not need.
+    from wgpu.backends.wgpu_native import _ffi
+
+    from pipeline.native.build import build
+
+    path = build(runtime=True)
+    # wgpu-py loaded wgpu-native privately; made global, it resolves the library's calls.
+    ctypes.CDLL(_ffi.lib_path, mode=os.RTLD_NOW | os.RTLD_GLOBAL)
+    lib = ctypes.CDLL(str(path))
+    lib.pipeline_layer_norm_device.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+    lib.pipeline_layer_norm_device.restype = ctypes.c_int
+    lib.pipeline_layer_norm_subgroup_size.argtypes = []
+    lib.pipeline_layer_norm_subgroup_size.restype = ctypes.c_int
+    lib.pipeline_layer_norm_open.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t]
+    lib.pipeline_layer_norm_open.restype = ctypes.c_void_p
+    lib.pipeline_layer_norm_run.argtypes = [
+        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_void_p,
+        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t,
+    ]
+    lib.pipeline_layer_norm_run.restype = ctypes.c_int
+    lib.pipeline_layer_norm_close.argtypes = [ctypes.c_void_p]
+    lib.pipeline_layer_norm_close.restype = None
+    lib.pipeline_layer_norm_dispatches.argtypes = []
+    lib.pipeline_layer_norm_dispatches.restype = ctypes.c_uint64
+    return lib
+
+
+def counters() -> dict[str, int]:
+    """Launches and bytes of the calls made through the library since the last reset
+    (zeros before a delegate has been opened)."""
+    if not _opened:
+        return {"dispatches": 0, **{k: 0 for k in _bytes}}
+    return {"dispatches": _lib.pipeline_layer_norm_dispatches() - _baseline, **_bytes}
+
+
+def reset_counters() -> None:
+    global _baseline
+    if _opened:
+        _baseline = _lib.pipeline_layer_norm_dispatches()
+    for k in _bytes:
+        _bytes[k] = 0
+
+
+def device_name() -> str:
+    """The library's adapter. Raises RuntimeError (with wgpu's reason) without one."""
+    reason = ctypes.create_string_buffer(_REASON_BYTES)
+    if not library().pipeline_layer_norm_device(reason, _REASON_BYTES):
+        raise RuntimeError(f"the native call library has no device: {reason.value.decode(errors='replace')}")
+    return reason.value.decode(errors="replace")
+
+
+def subgroup_size() -> int:
+    """The subgroup size the library's kernels use (0: workgroup-memory merges)."""
+    device_name()
+    return library().pipeline_layer_norm_subgroup_size()
+
+
+_warned = False
+
+
+def open_or_warn(blob: bytes) -> NativeCall | None:
+    """A NativeCall for the delegate blob where wanted() and the library is available;
+    None otherwise, after one warning per process saying why the call stays in Python."""
+    global _warned
+    if not wanted():
+        return None
+    try:
+        library()
+    except RuntimeError as exc:
+        if not _warned:
+            _warned = True
+            warnings.warn(f"{exc}; LayerNorm delegates launch the kernel from Python instead (same WebGPU "
+                          f"kernel, a slower call). Run `python -m pipeline.native.build --runtime-only`, or "
+                          f"set {NATIVE_CALL_ENV}=0 to choose this.", RuntimeWarning, stacklevel=3)
+        return None
+    return NativeCall(blob)
+
+
+class NativeCall:
+    """One delegate opened in the library: its constants on the device, its pipeline compiled."""
+
+    def __init__(self, blob: bytes) -> None:
+        global _opened
+        self._lib = library()
+        reason = ctypes.create_string_buffer(_REASON_BYTES)
+        handle = self._lib.pipeline_layer_norm_open(blob, len(blob), reason, _REASON_BYTES)
+        if not handle:
+            raise RuntimeError(f"opening the delegate on the GPU failed: {reason.value.decode(errors='replace')}")
+        self._handle = handle
+        _opened = True
+
+    def __call__(self, x: torch.Tensor, rows: int, width: int, weight: torch.Tensor | None,
+                 bias: torch.Tensor | None, out: torch.Tensor, mean: torch.Tensor | None,
+                 rstd: torch.Tensor | None) -> None:
+        """Normalizes contiguous CPU `x` ((rows, width) values of the blob's dtype) into `out`,
+        and float32 `mean`/`rstd` unless None; `weight`/`bias` only where they are inputs."""
+        reason = ctypes.create_string_buffer(_REASON_BYTES)
+        ok = self._lib.pipeline_layer_norm_run(
+            self._handle, x.data_ptr(), rows, width, _pointer(weight), _pointer(bias), out.data_ptr(),
+            _pointer(mean), _pointer(rstd), reason, _REASON_BYTES)
+        if not ok:
+            raise RuntimeError(f"the LayerNorm delegate's GPU call failed: {reason.value.decode(errors='replace')}")
+        _bytes["bytes_uploaded"] += x.nbytes + sum(t.nbytes for t in (weight, bias) if t is not None)
+        _bytes["bytes_read_back"] += out.nbytes + sum(t.nbytes for t in (mean, rstd) if t is not None)
+
+    def __del__(self) -> None:
+        handle, self._handle = getattr(self, "_handle", None), None
+        if handle:
+            self._lib.pipeline_layer_norm_close(handle)
+
+
+def _pointer(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()

@@ -1,0 +1,220 @@
+"""A delegate's call through the C++ library (pipeline.runtime.native_call) against the
+same delegate launching from Python: the same bits for every dtype, shape, affine form and
+output set, on both reduction paths (`make test` runs this file again without subgroups)."""
+
+import subprocess
+import sys
+import threading
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline import blob, runtime
+from pipeline.native import build as native_build
+from pipeline.runtime import delegate as delegate_module
+from pipeline.runtime import device as runtime_device
+from pipeline.runtime import native_call
+
+pytestmark = pytest.mark.usefixtures("gpu_info")
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def blob_array(t: torch.Tensor) -> np.ndarray:
+    return t.view(torch.int16).numpy().view(np.uint16) if t.dtype == torch.bfloat16 else t.numpy()
+
+
+def make_delegate(width, dtype="float32", weight="constant", bias="constant", outputs=(0,), eps=1e-5, seed=0):
+    """A delegate blob and its constants; input-sourced weight/bias come as arguments 1, 2."""
+    gen = torch.Generator().manual_seed(seed)
+    kind = DTYPES[dtype]
+    constants, arguments, ops = {}, 1, {}
+    for role, source in (("weight", weight), ("bias", bias)):
+        if source == "constant":
+            constants[role] = blob_array((torch.randn(width, generator=gen) * 2).to(kind))
+            ops[role] = blob.Operand(blob.CONSTANT)
+        elif source == "input":
+            ops[role] = blob.Operand(blob.INPUT, arguments)
+            arguments += 1
+        else:
+            ops[role] = blob.Operand()
+    params = blob.LayerNormParams((width,), eps, 0, ops["weight"], ops["bias"], outputs, arguments, dtype=dtype)
+    return blob.encode(blob.DelegateBlob(params, constants)), arguments
+
+
+def both_ways(data, monkeypatch):
+    """The delegate opened in the library, and opened to launch from Python."""
+    native = delegate_module.LayerNormDelegate(data)
+    assert native._native is not None, "the native call library did not open the delegate"
+    with monkeypatch.context() as m:
+        m.setenv(native_call.NATIVE_CALL_ENV, "0")
+        python = delegate_module.LayerNormDelegate(data)
+    assert python._native is None
+    return native, python
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int32 if t.element_size() == 4 else torch.int16)
+
+
+def assert_same(got, want):
+    assert len(got) == len(want)
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert a.dtype == b.dtype and a.shape == b.shape, (i, a.dtype, b.dtype, a.shape, b.shape)
+        assert torch.equal(bits(a), bits(b)), f"output {i} differs from the Python launch"
+
+
+def rows_of_every_kind(rows, width, kind, gen):
+    """Random rows, then a large-mean/small-variance row, a constant row, a NaN row, an Inf row."""
+    x = torch.randn(rows, width, generator=gen) * 3
+    if rows >= 5:
+        x[1] = 1e4 + torch.randn(width, generator=gen) * 1e-2
+        x[2] = 7.0
+        x[3, width // 2] = float("nan")
+        x[4, 0] = float("inf")
+    return x.to(kind)
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("rows,width", [(7, 5), (64, 768), (33, 1023), (9, 3000), (70_000, 6)])
+def test_same_bits_as_the_python_launch(dtype, rows, width, monkeypatch):
+    data, _ = make_delegate(width, dtype, outputs=(0, 1, 2))
+    native, python = both_ways(data, monkeypatch)
+    x = rows_of_every_kind(rows, width, DTYPES[dtype], torch.Generator().manual_seed(rows + width))
+    assert_same(native(x), python(x))
+
+
+@pytest.mark.parametrize("weight,bias", [("input", "input"), ("input", "none"), ("none", "constant"),
+                                         ("none", "none")])
+@pytest.mark.parametrize("outputs", [(0,), (2, 0), (1,)])
+def test_affine_forms_and_output_sets(weight, bias, outputs, monkeypatch):
+    data, arguments = make_delegate(384, "float16", weight, bias, outputs)
+    native, python = both_ways(data, monkeypatch)
+    gen = torch.Generator().manual_seed(3)
+    args = [rows_of_every_kind(50, 384, torch.float16, gen).reshape(5, 10, 384)]
+    args += [torch.randn(384, generator=gen).half() for _ in range(arguments - 1)]
+    assert_same(native(*args), python(*args))
+    # A second call with other rows reuses the kept bind group only where it still fits.
+    args[0] = args[0][:, :3].contiguous()
+    assert_same(native(*args), python(*args))
+
+
+def test_mixed_precision_float32_affine_with_half_input(monkeypatch):
+    gen = torch.Generator().manual_seed(4)
+    params = blob.LayerNormParams((96,), 1e-5, 0, blob.Operand(blob.CONSTANT), blob.Operand(blob.INPUT, 1),
+                                  (0, 1, 2), 2, dtype="bfloat16", affine_dtype="float32")
+    data = blob.encode(blob.DelegateBlob(params, {"weight": torch.randn(96, generator=gen).numpy()}))
+    native, python = both_ways(data, monkeypatch)
+    x, b = torch.randn(40, 96, generator=gen).bfloat16(), torch.randn(96, generator=gen)
+    assert_same(native(x, b), python(x, b))
+
+
+def test_strided_and_empty_inputs(monkeypatch):
+    data, _ = make_delegate(64)
+    native, python = both_ways(data, monkeypatch)
+    x = torch.randn(64, 30).t()  # not contiguous
+    assert_same(native(x), python(x))
+    empty = torch.randn(0, 64)
+    assert_same(native(empty), python(empty))
+
+
+def test_threaded_copies_over_a_megabyte():
+    # The copy pool runs on 4 cores or more; PIPELINE_COPY_THREADS runs it on any machine.
+    # Upload and read-back of 1.2 MB over 4 threads, calls of two sizes in turn.
+    code = f"""
+import os, sys, torch
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+from test_native_call import make_delegate, bits
+from pipeline.runtime.delegate import LayerNormDelegate
+data, _ = make_delegate(1000, outputs=(0, 1, 2))
+native = LayerNormDelegate(data)
+assert native._native is not None
+os.environ["PIPELINE_NATIVE_CALL"] = "0"
+python = LayerNormDelegate(data)
+same = lambda x: all(torch.equal(bits(a), bits(b)) for a, b in zip(native(x), python(x)))
+print(all(same(torch.randn(rows, 1000) * 4 + 1) for rows in (300, 700, 300)))
+"""
+    env = {**__import__("os").environ, "PIPELINE_COPY_THREADS": "4"}
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert run.stdout.split() == ["True"], run.stderr[-2000:]
+
+
+def test_threads_share_one_delegate(monkeypatch):
+    data, _ = make_delegate(768, outputs=(0, 2))
+    native, python = both_ways(data, monkeypatch)
+    inputs = [torch.randn(20 + 7 * i, 768, generator=torch.Generator().manual_seed(i)) for i in range(8)]
+    wanted = [python(x) for x in inputs]
+    wrong = []
+
+    def work(i):
+        for _ in range(5):
+            got = native(inputs[i])
+            if not all(torch.equal(a, b) for a, b in zip(got, wanted[i])):
+                wrong.append(i)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not wrong
+
+
+def test_calls_count_in_the_runtime_stats(monkeypatch):
+    data, _ = make_delegate(64, outputs=(0, 1))
+    native, _ = both_ways(data, monkeypatch)
+    runtime.reset_stats()
+    native(torch.randn(10, 64))
+    counts = runtime.stats()
+    assert counts["dispatches"] == 1
+    # x alone goes up (weight and bias are resident); out, mean and rstd come back.
+    assert counts["bytes_uploaded"] == 10 * 64 * 4 and counts["bytes_read_back"] == 10 * 64 * 4 + 2 * 10 * 4
+
+
+def test_wrong_dtype_and_shape_are_refused(monkeypatch):
+    data, _ = make_delegate(64, "float16")
+    native, _ = both_ways(data, monkeypatch)
+    with pytest.raises(ValueError, match="exported for float16 input, got torch.float32"):
+        native(torch.randn(3, 64))
+    with pytest.raises(ValueError, match="normalized_shape"):
+        native(torch.randn(3, 65).half())
+
+
+def test_a_blob_the_library_refuses_raises_with_its_reason():
+    with pytest.raises(RuntimeError, match="opening the delegate on the GPU failed: delegate blob: "):
+        native_call.NativeCall(b"not a delegate blob, " * 4)
+
+
+def test_without_the_library_delegates_warn_once_and_launch_from_python(monkeypatch):
+    def refuse():
+        raise native_build.BuildError("no C++ compiler found (install g++ or set CXX)")
+
+    monkeypatch.setattr(native_call, "_lib", None)
+    monkeypatch.setattr(native_call, "_failure", None)
+    monkeypatch.setattr(native_call, "_warned", False)
+    monkeypatch.setattr(native_call, "_load", refuse)
+    data, _ = make_delegate(32)
+    with pytest.warns(RuntimeWarning, match="no C\\+\\+ compiler.*launch the kernel from Python"):
+        first = delegate_module.LayerNormDelegate(data)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        second = delegate_module.LayerNormDelegate(data)
+    assert first._native is None and second._native is None
+    x = torch.randn(4, 32)
+    want = torch.ops.aten.native_layer_norm.default(
+        x, [32], *(torch.from_numpy(blob.decode(data).constants[r]) for r in ("weight", "bias")), 1e-5)[0]
+    torch.testing.assert_close(first(x)[0], want, atol=2e-5, rtol=1e-5)
+
+
+def test_the_library_uses_the_devices_reduction_path():
+    # On the subgroup run the library's kernels use subgroups of the size wgpu-py's probe
+    # found; without subgroups (PIPELINE_WGPU_SUBGROUPS=0) neither does.
+    assert native_call.subgroup_size() == runtime_device.gpu().subgroup_size
+
+
+def test_threaded_copy_size_is_pythons():
+    text = (Path(native_build.__file__).parent / "HostCopy.h").read_text()
+    found = __import__("re").search(r"kThreadedCopyBytes = size_t\{1\} << (\d+);", text)
+    assert found and 1 << int(found.group(1)) == runtime_device.THREADED_COPY_BYTES
