@@ -13,6 +13,8 @@ mean/rstd: as the models' delegates make it), on wgpu unless named:
 - native        the delegate's call in one crossing into C++ (pipeline.runtime.native_call:
                 the native backend's launch, built without ExecuTorch), what a delegate on
                 wgpu makes now; the variants above are its Python launch
+- native_block  native, its waits blocking at once (PIPELINE_POLL_SPIN_US=0) instead of spinning
+                on non-blocking polls first
 - from_256k, from_4m ...  the product with both size thresholds (threaded copies, staged
                 upload) at that size instead of 1 MB
 With --phases, where a small call's time goes instead (the product on each implementation):
@@ -69,6 +71,10 @@ def _unmap_through_wgpu(self, buffer):
 @contextlib.contextmanager
 def variant(name: str):
     os.environ[runtime_device.IMPLEMENTATION_ENV] = "dawn" if name == "dawn" else "wgpu"
+    if name == "native_block":
+        os.environ["PIPELINE_POLL_SPIN_US"] = "0"  # read by the library at each wait
+    else:
+        os.environ.pop("PIPELINE_POLL_SPIN_US", None)
     with contextlib.ExitStack() as stack:
         if name == "poll_thread":
             stack.enter_context(mock.patch.object(wgpu_impl.Device, "map", _map_through_poll_thread))
@@ -84,7 +90,7 @@ def variant(name: str):
         yield
 
 
-VARIANTS = ("poll_thread", "map_here", "threaded_read", "product", "dawn", "native")
+VARIANTS = ("poll_thread", "map_here", "threaded_read", "product", "dawn", "native", "native_block")
 
 
 class _Clock:
@@ -188,14 +194,14 @@ def main() -> int:
 
         names = args.variants.split(",")
         delegate = None
-        if "native" in names:
+        if any(name.startswith("native") for name in names):
             with variant("native"):
                 delegate = layer_norm_delegate(w, b)
             if delegate._native is None:
                 raise SystemExit("the native call library is unavailable here")
 
         def call():
-            return delegate(x)[0] if current[0] == "native" else python_call()
+            return delegate(x)[0] if current[0].startswith("native") else python_call()
 
         current = ["product"]
         with variant("product"):

@@ -141,6 +141,26 @@ print(all(same(torch.randn(rows, 1000) * 4 + 1) for rows in (300, 700, 300)))
     assert run.stdout.split() == ["True"], run.stderr[-2000:]
 
 
+def test_spinning_waits_give_the_same_bits():
+    # On a GPU a wait spins on non-blocking polls before it blocks; a CPU adapter (the one
+    # tests run on) never spins unless PIPELINE_POLL_SPIN_US says so.
+    code = f"""
+import os, sys, torch
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+from test_native_call import make_delegate, bits
+from pipeline.runtime.delegate import LayerNormDelegate
+data, _ = make_delegate(768, outputs=(0, 2))
+native = LayerNormDelegate(data)
+os.environ["PIPELINE_NATIVE_CALL"] = "0"
+python = LayerNormDelegate(data)
+same = lambda x: all(torch.equal(bits(a), bits(b)) for a, b in zip(native(x), python(x)))
+print(all(same(torch.randn(rows, 768) * 2 - 1) for rows in (16, 900, 16)))
+"""
+    env = {**__import__("os").environ, "PIPELINE_POLL_SPIN_US": "300"}
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert run.stdout.split() == ["True"], run.stderr[-2000:]
+
+
 def test_threads_share_one_delegate(monkeypatch):
     data, _ = make_delegate(768, outputs=(0, 2))
     native, python = both_ways(data, monkeypatch)

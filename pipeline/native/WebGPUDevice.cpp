@@ -24,6 +24,12 @@ constexpr const char* kSubgroupsEnv = "PIPELINE_WGPU_SUBGROUPS";
 constexpr const char* kF16PackEnv = "PIPELINE_WGPU_NATIVE_F16_PACK";
 // Poll rounds before a wait is declared stuck (each round blocks on the GPU first).
 constexpr int kMaxPollRounds = 100000;
+// How long a wait spins on non-blocking polls before it blocks, on a GPU: a blocked poll's
+// wake-up is tens of microseconds of a small call (CUDA's default also spins while it
+// waits). PIPELINE_POLL_SPIN_US overrides it (0: block at once). A CPU adapter never spins:
+// its "GPU" is these cores.
+constexpr const char* kPollSpinEnv = "PIPELINE_POLL_SPIN_US";
+constexpr long kPollSpinMicros = 1000;
 
 WGPUStringView view(const char* s) { return WGPUStringView{s, s ? std::strlen(s) : 0}; }
 WGPUStringView view(const std::string& s) { return WGPUStringView{s.data(), s.size()}; }
@@ -139,6 +145,17 @@ WebGPUDevice* WebGPUDevice::get(std::string* reason) {
 }
 
 bool WebGPUDevice::wait(const bool* done) {
+  long spin = cpu_adapter_ ? 0 : kPollSpinMicros;
+  if (const char* env = std::getenv(kPollSpinEnv); env != nullptr && *env != '\0') {
+    spin = std::max(0L, std::strtol(env, nullptr, 10));
+  }
+  if (spin > 0 && device_ != nullptr) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(spin);
+    while (!*done && std::chrono::steady_clock::now() < until) {
+      wgpuDevicePoll(device_, false, nullptr);
+      wgpuInstanceProcessEvents(instance_);
+    }
+  }
   for (int round = 0; round < kMaxPollRounds && !*done; ++round) {
     if (device_ != nullptr) {
       wgpuDevicePoll(device_, true, nullptr);
@@ -197,6 +214,11 @@ bool WebGPUDevice::open(std::string* reason) {
     adapter_ = request.adapter;
   }
   adapter_name_ = name_of(adapter_);
+  WGPUAdapterInfo info = WGPU_ADAPTER_INFO_INIT;
+  if (wgpuAdapterGetInfo(adapter_, &info) == WGPUStatus_Success) {
+    cpu_adapter_ = info.adapterType == WGPUAdapterType_CPU;
+    wgpuAdapterInfoFreeMembers(info);
+  }
 
   // Device: the adapter's full limits, subgroups when offered.
   WGPULimits adapter_limits = WGPU_LIMITS_INIT;

@@ -109,6 +109,7 @@ class WebGPUDevice {
   bool native_f16_pack_ = false;
   bool has_subgroups_ = false;
   bool has_timestamps_ = false;
+  bool cpu_adapter_ = false;  // lavapipe, SwiftShader: waits never spin
   std::string adapter_name_;
   std::string uncaptured_error_;  // the first error nobody captured, reported by finish()
   std::mutex mutex_;
