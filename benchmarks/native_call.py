@@ -2,8 +2,10 @@
 (issue 21, item 2): one nn.LayerNorm lowered as `pipeline.lower` does and saved, then its
 forward timed in ExecuTorch's C++ runtime with the native WebGPUBackend
 (`pipeline.native.load`) and in our Python runtime (`pipeline.load`), beside the Python
-runtime's bare call (`native_layer_norm`, resident weight and bias, as its delegates make
-it) and torch on the CPU. Interleaved per shape (A B C C B A, the mean of both medians).
+runtime's bare delegate call (`call_us`: `pipeline.benchmark.layer_norm_delegate`, one
+crossing into C++ on wgpu), the same call launched from Python (`python_launch_us`:
+`native_layer_norm`, resident weight and bias) and torch on the CPU. Interleaved per shape
+(A B C D D C B A, the mean of both medians).
 
     python benchmarks/native_call.py [--shapes 16x768,1500x384,...] [--json FILE]
 
@@ -25,7 +27,7 @@ import torch
 import pipeline
 import pipeline.native
 from executorch_runtime import native_machine  # benchmarks/, the script's own directory
-from pipeline.benchmark import parse_shapes, wall_us
+from pipeline.benchmark import layer_norm_delegate, parse_shapes, wall_us
 from pipeline.runtime import native_layer_norm
 
 SHAPES = "16x768,1500x384,1024x768,1500x768,4096x768"
@@ -54,11 +56,13 @@ def main(argv: list[str] | None = None) -> int:
             pipeline.lower(module, (x,)).save(path)
             native, ours = pipeline.native.load(path), pipeline.load(path)
             want = torch.nn.functional.layer_norm(x, (width,), module.weight, module.bias)
+            delegate = layer_norm_delegate(module.weight.detach(), module.bias.detach())
             calls = {
                 "executorch_us": lambda: native(x)[0],
                 "python_runtime_us": lambda: ours(x),
-                "call_us": lambda: native_layer_norm(x, (width,), module.weight.detach(), module.bias.detach(),
-                                                     stats=False, resident=True)[0],
+                "call_us": lambda: delegate(x)[0],
+                "python_launch_us": lambda: native_layer_norm(x, (width,), module.weight.detach(),
+                                                              module.bias.detach(), stats=False, resident=True)[0],
             }
             for name, call in calls.items():
                 if not torch.allclose(call(), want, rtol=1e-4, atol=1e-4):
