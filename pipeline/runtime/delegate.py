@@ -56,10 +56,7 @@ class LayerNormDelegate:
 
     def _call_native(self, x: torch.Tensor, args: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
         p = self.params
-        inputs = {role: args[getattr(p, role).index] if getattr(p, role).source == blob_format.INPUT else None
-                  for role in ("weight", "bias")}
-        weight = self._constants.get("weight", inputs["weight"])
-        bias = self._constants.get("bias", inputs["bias"])
+        weight, bias = self._operand("weight", args), self._operand("bias", args)
         # The library's kernel is compiled for the blob's dtypes: anything else is refused.
         for name, t, dtype in (("input", x, p.dtype), ("weight", weight, p.affine_dtype), ("bias", bias, p.affine_dtype)):
             if isinstance(t, torch.Tensor) and t.dtype != DTYPES[dtype]:
@@ -74,7 +71,10 @@ class LayerNormDelegate:
         mean = _empty((rows,), torch.float32) if stats else None
         rstd = _empty((rows,), torch.float32) if stats else None
         if rows:
-            self._native(x, rows, width, *(_host(inputs[role]) for role in ("weight", "bias")), out, mean, rstd)
+            # Constant weight and bias are the library's already; input-sourced ones go with x.
+            given = [_host(t) if getattr(p, role).source == blob_format.INPUT else None
+                     for role, t in (("weight", weight), ("bias", bias))]
+            self._native(x, rows, width, *given, out, mean, rstd)
         results = [out]
         if stats:
             # mean and rstd come back in float32; a half dtype rounds them once, as aten does.

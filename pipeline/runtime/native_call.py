@@ -36,6 +36,7 @@ _lock = threading.Lock()
 _opened = False
 _baseline = 0
 _bytes = {"bytes_uploaded": 0, "bytes_read_back": 0}
+_warned = False  # that the library is unavailable, once per process
 
 
 def wanted() -> bool:
@@ -116,9 +117,6 @@ def subgroup_size() -> int:
     """The subgroup size the library's kernels use (0: workgroup-memory merges)."""
     device_name()
     return library().pipeline_layer_norm_subgroup_size()
-
-
-_warned = False
 
 
 def open_or_warn(blob: bytes) -> NativeCall | None:
