@@ -111,6 +111,20 @@ def test_mixed_precision_float32_affine_with_half_input(monkeypatch):
     assert_same(native(x, b), python(x, b))
 
 
+def test_delegates_share_the_devices_buffers(monkeypatch):
+    # A call's buffers are the device's, grown by the largest call: delegates of other sizes
+    # in turn, each call's buffers replaced by the other's larger one or reused, the kept bind
+    # groups rebuilt whenever the device's buffers changed.
+    small, small_py = both_ways(make_delegate(64, outputs=(0, 1, 2), seed=1)[0], monkeypatch)
+    large, large_py = both_ways(make_delegate(1000, outputs=(0,), seed=2)[0], monkeypatch)
+    gen = torch.Generator().manual_seed(5)
+    for delegate, python, rows, width in ((small, small_py, 8, 64), (large, large_py, 600, 1000),
+                                          (small, small_py, 9, 64), (large, large_py, 700, 1000),
+                                          (small, small_py, 5000, 64), (large, large_py, 3, 1000)):
+        x = torch.randn(rows, width, generator=gen) * 3
+        assert_same(delegate(x), python(x))
+
+
 def test_strided_and_empty_inputs(monkeypatch):
     data, _ = make_delegate(64)
     native, python = both_ways(data, monkeypatch)

@@ -48,8 +48,7 @@ void NativeLayerNorm::write_words(WGPUBuffer buffer, const void* data, uint64_t 
 }
 
 NativeLayerNorm::~NativeLayerNorm() {
-  for (Buffer* b : {&upload_, &stamps_read_, &stamps_, &read_, &params_, &rstd_, &mean_,
-                    &out_, &x_, &bias_, &weight_}) {
+  for (Buffer* b : {&stamps_read_, &stamps_, &params_, &bias_, &weight_}) {
     if (b->buffer != nullptr) {
       wgpuBufferDestroy(b->buffer);
       wgpuBufferRelease(b->buffer);
@@ -69,43 +68,18 @@ NativeLayerNorm::~NativeLayerNorm() {
 }
 
 bool NativeLayerNorm::ensure(Buffer* b, uint64_t size, WGPUBufferUsage usage, std::string* reason) {
-  size = std::max(size, kMinBufferBytes);
-  if (b->buffer != nullptr && b->size >= size) {
-    return true;
-  }
-  const WGPULimits& limits = device_->limits();
-  if (size > limits.maxBufferSize) {
-    *reason = "a buffer of " + std::to_string(size) + " bytes exceeds the adapter's maxBufferSize " +
-              std::to_string(limits.maxBufferSize);
-    return false;
-  }
-  if (b->buffer != nullptr) {
-    wgpuBufferDestroy(b->buffer);
-    wgpuBufferRelease(b->buffer);
-    b->buffer = nullptr;
-  }
-  // A new buffer may reuse the old handle's address: the kept bind group, the Params
-  // buffer's rows and a map request of the upload buffer no longer say anything.
-  if (group_ != nullptr) {
+  bool replaced = false;
+  const bool ok = device_->grow(&b->buffer, &b->size, size, usage, &replaced, reason);
+  // A new buffer may reuse the old handle's address: the kept bind group and the Params
+  // buffer's rows no longer say anything.
+  if (replaced && group_ != nullptr) {
     wgpuBindGroupRelease(group_);
     group_ = nullptr;
   }
-  if (b == &params_) {
+  if (replaced && b == &params_) {
     params_rows_ = 0;
   }
-  if (b == &upload_) {
-    upload_map_.reset();
-  }
-  WGPUBufferDescriptor desc = WGPU_BUFFER_DESCRIPTOR_INIT;
-  desc.size = size;
-  desc.usage = usage;
-  b->buffer = wgpuDeviceCreateBuffer(device_->device(), &desc);
-  if (b->buffer == nullptr) {
-    *reason = "allocating a GPU buffer of " + std::to_string(size) + " bytes failed";
-    return false;
-  }
-  b->size = size;
-  return true;
+  return ok;
 }
 
 bool NativeLayerNorm::prepare(const LayerNormBlob& blob, std::string* reason) {
@@ -259,29 +233,31 @@ bool NativeLayerNorm::launch(WGPUComputePipeline pipeline, const KernelConfig& c
   const uint64_t mean_at = align16(word_bytes);
   const uint64_t rstd_at = mean_at + align16(stat_bytes);
   const uint64_t read_bytes = config.write_stats ? rstd_at + stat_bytes : word_bytes;
-  if (!ensure(&x_, word_bytes, kStorage, reason) || !ensure(&out_, word_bytes, kStorage, reason) ||
-      !ensure(&mean_, stat_bytes, kStorage, reason) || !ensure(&rstd_, stat_bytes, kStorage, reason) ||
-      !ensure(&params_, kParamsBytes, kUniform, reason) || !ensure(&read_, read_bytes, kReadBack, reason)) {
+  using Device = WebGPUDevice;
+  Device::Scratch* x_buf = device_->scratch(Device::kScratchX, word_bytes, kStorage, reason);
+  Device::Scratch* out_buf = x_buf ? device_->scratch(Device::kScratchOut, word_bytes, kStorage, reason) : nullptr;
+  Device::Scratch* mean_buf = out_buf ? device_->scratch(Device::kScratchMean, stat_bytes, kStorage, reason) : nullptr;
+  Device::Scratch* rstd_buf = mean_buf ? device_->scratch(Device::kScratchRstd, stat_bytes, kStorage, reason) : nullptr;
+  Device::Scratch* read_buf = rstd_buf ? device_->scratch(Device::kScratchRead, read_bytes, kReadBack, reason) : nullptr;
+  Device::Scratch* upload = read_buf ? device_->scratch(Device::kScratchUpload, word_bytes, kUpload, reason) : nullptr;
+  if (upload == nullptr || !ensure(&params_, kParamsBytes, kUniform, reason)) {
     return false;
   }
   const Params params{static_cast<uint32_t>(rows), eps_, std::numeric_limits<float>::quiet_NaN(), 0};
   // The input goes through the upload buffer, whose write mapping the last launch asked
   // for after its submit: answered while that launch's read-back waited, it is ready now
   // (no queue write, which allocates a staging buffer per write, and no wait here).
-  if (!ensure(&upload_, word_bytes, kUpload, reason)) {
-    return false;
+  if (upload->map == nullptr) {
+    upload->map = device_->map_async(upload->buffer, WGPUMapMode_Write, upload->size);
   }
-  if (upload_map_ == nullptr) {
-    upload_map_ = device_->map_async(upload_.buffer, WGPUMapMode_Write, upload_.size);
-  }
-  auto* staged = static_cast<uint8_t*>(device_->mapped(upload_.buffer, *upload_map_, "upload", reason));
-  upload_map_.reset();
+  auto* staged = static_cast<uint8_t*>(device_->mapped(upload->buffer, *upload->map, "upload", reason));
+  upload->map.reset();
   if (staged == nullptr) {
     return false;
   }
   copy_bytes(staged, x, data_bytes);
   std::memset(staged + data_bytes, 0, word_bytes - data_bytes);
-  wgpuBufferUnmap(upload_.buffer);
+  wgpuBufferUnmap(upload->buffer);
   if (params_rows_ != rows) {  // eps is the delegate's own; a delegate's calls repeat their rows
     wgpuQueueWriteBuffer(device_->queue(), params_.buffer, 0, &params, sizeof params);
     params_rows_ = rows;
@@ -304,13 +280,15 @@ bool NativeLayerNorm::launch(WGPUComputePipeline pipeline, const KernelConfig& c
   // Bind group: each binding is exactly this launch's bytes (the buffers may be larger).
   // A delegate's calls repeat their shapes: the last one is kept while its buffers and
   // sizes stay the same.
-  const Buffer* bound[7] = {&x_, &weight_, &bias_, &out_, &mean_, &rstd_, &params_};
+  const WGPUBuffer bound[7] = {x_buf->buffer, weight_.buffer, bias_.buffer, out_buf->buffer, mean_buf->buffer,
+                               rstd_buf->buffer, params_.buffer};
   const uint64_t sizes[7] = {word_bytes, has_weight_ ? affine_bytes : kMinBufferBytes,
                              has_bias_ ? affine_bytes : kMinBufferBytes, word_bytes, stat_bytes,
                              stat_bytes, kParamsBytes};
   BindKey key;
+  key.generation = device_->scratch_generation();
   for (uint32_t i = 0; i < 7; ++i) {
-    key.buffers[i] = bound[i]->buffer;
+    key.buffers[i] = bound[i];
     key.sizes[i] = sizes[i];
   }
   if (group_ == nullptr || !(key == group_key_)) {
@@ -318,7 +296,7 @@ bool NativeLayerNorm::launch(WGPUComputePipeline pipeline, const KernelConfig& c
     for (uint32_t i = 0; i < 7; ++i) {
       entries[i] = WGPU_BIND_GROUP_ENTRY_INIT;
       entries[i].binding = i;
-      entries[i].buffer = bound[i]->buffer;
+      entries[i].buffer = bound[i];
       entries[i].size = sizes[i];
     }
     WGPUBindGroupDescriptor group_desc = WGPU_BIND_GROUP_DESCRIPTOR_INIT;
@@ -341,7 +319,7 @@ bool NativeLayerNorm::launch(WGPUComputePipeline pipeline, const KernelConfig& c
 
   // The staged input into x, dispatch, then copy the results into the read-back buffers.
   WGPUCommandEncoder encoder = wgpuDeviceCreateCommandEncoder(device_->device(), nullptr);
-  wgpuCommandEncoderCopyBufferToBuffer(encoder, upload_.buffer, 0, x_.buffer, 0, word_bytes);
+  wgpuCommandEncoderCopyBufferToBuffer(encoder, upload->buffer, 0, x_buf->buffer, 0, word_bytes);
   WGPUComputePassEncoder pass = wgpuCommandEncoderBeginComputePass(encoder, &pass_desc);
   wgpuComputePassEncoderSetPipeline(pass, pipeline);
   wgpuComputePassEncoderSetBindGroup(pass, 0, group, 0, nullptr);
@@ -349,10 +327,10 @@ bool NativeLayerNorm::launch(WGPUComputePipeline pipeline, const KernelConfig& c
                                            static_cast<uint32_t>(grid_y), 1);
   wgpuComputePassEncoderEnd(pass);
   wgpuComputePassEncoderRelease(pass);
-  wgpuCommandEncoderCopyBufferToBuffer(encoder, out_.buffer, 0, read_.buffer, 0, word_bytes);
+  wgpuCommandEncoderCopyBufferToBuffer(encoder, out_buf->buffer, 0, read_buf->buffer, 0, word_bytes);
   if (config.write_stats) {
-    wgpuCommandEncoderCopyBufferToBuffer(encoder, mean_.buffer, 0, read_.buffer, mean_at, stat_bytes);
-    wgpuCommandEncoderCopyBufferToBuffer(encoder, rstd_.buffer, 0, read_.buffer, rstd_at, stat_bytes);
+    wgpuCommandEncoderCopyBufferToBuffer(encoder, mean_buf->buffer, 0, read_buf->buffer, mean_at, stat_bytes);
+    wgpuCommandEncoderCopyBufferToBuffer(encoder, rstd_buf->buffer, 0, read_buf->buffer, rstd_at, stat_bytes);
   }
   if (timed) {
     wgpuCommandEncoderResolveQuerySet(encoder, queries_, 0, 2, stamps_.buffer, 0);
@@ -367,7 +345,7 @@ bool NativeLayerNorm::launch(WGPUComputePipeline pipeline, const KernelConfig& c
   wgpuQueueSubmit(device_->queue(), 1, &commands);
   wgpuCommandBufferRelease(commands);
   device_->dispatches.fetch_add(1, std::memory_order_relaxed);
-  upload_map_ = device_->map_async(upload_.buffer, WGPUMapMode_Write, upload_.size);  // the next launch's
+  upload->map = device_->map_async(upload->buffer, WGPUMapMode_Write, upload->size);  // the next launch's
 
   // Read back what the delegate returns, from one mapping. An out whose bytes end mid-word
   // comes through a scratch copy of its whole words.
@@ -382,7 +360,7 @@ bool NativeLayerNorm::launch(WGPUComputePipeline pipeline, const KernelConfig& c
   }
   if (outputs.mean != nullptr) ranges[count++] = {mean_at, stat_bytes, outputs.mean};
   if (outputs.rstd != nullptr) ranges[count++] = {rstd_at, stat_bytes, outputs.rstd};
-  if (!device_->read_ranges(read_.buffer, read_bytes, ranges, count, reason)) {
+  if (!device_->read_ranges(read_buf->buffer, read_bytes, ranges, count, reason)) {
     return false;
   }
   if (odd) {

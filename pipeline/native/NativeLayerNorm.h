@@ -78,16 +78,18 @@ class NativeLayerNorm {
   WGPUPipelineLayout pipeline_layout_ = nullptr;
   // by (width, threads per row, write_stats): what choose_config varies for one delegate
   std::map<std::tuple<uint64_t, uint32_t, bool>, WGPUComputePipeline> pipelines_;
-  Buffer weight_, bias_, x_, out_, mean_, rstd_, params_;
-  Buffer read_;  // one read-back: out, then mean, then rstd, each at a 16-byte offset
-  Buffer upload_;  // MAP_WRITE staging of the input
-  std::shared_ptr<WebGPUDevice::MapRequest> upload_map_;  // its pending write mapping
-  // The last launch's bind group, by its buffers and binding sizes.
+  // The delegate's own buffers; a call's input, outputs, read-back and upload staging are
+  // the device's, shared by every delegate (WebGPUDevice::scratch).
+  Buffer weight_, bias_, params_;
+  // The last launch's bind group, by its buffers, binding sizes and the device's scratch
+  // generation.
   struct BindKey {
+    uint64_t generation = 0;
     WGPUBuffer buffers[7] = {};
     uint64_t sizes[7] = {};
     bool operator==(const BindKey& o) const {
-      return std::equal(buffers, buffers + 7, o.buffers) && std::equal(sizes, sizes + 7, o.sizes);
+      return generation == o.generation && std::equal(buffers, buffers + 7, o.buffers) &&
+             std::equal(sizes, sizes + 7, o.sizes);
     }
   };
   WGPUBindGroup group_ = nullptr;

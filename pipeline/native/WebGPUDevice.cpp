@@ -452,6 +452,49 @@ bool WebGPUDevice::read_ranges(WGPUBuffer buffer, size_t size, const Range* rang
   return true;
 }
 
+bool WebGPUDevice::grow(WGPUBuffer* buffer, uint64_t* capacity, uint64_t size, WGPUBufferUsage usage,
+                        bool* replaced, std::string* reason) {
+  size = std::max<uint64_t>(size, 16);
+  *replaced = false;
+  if (*buffer != nullptr && *capacity >= size) {
+    return true;
+  }
+  if (size > limits_.maxBufferSize) {
+    *reason = "a buffer of " + std::to_string(size) + " bytes exceeds the adapter's maxBufferSize " +
+              std::to_string(limits_.maxBufferSize);
+    return false;
+  }
+  if (*buffer != nullptr) {
+    wgpuBufferDestroy(*buffer);
+    wgpuBufferRelease(*buffer);
+    *buffer = nullptr;
+    *capacity = 0;
+  }
+  *replaced = true;
+  WGPUBufferDescriptor desc = WGPU_BUFFER_DESCRIPTOR_INIT;
+  desc.size = size;
+  desc.usage = usage;
+  *buffer = wgpuDeviceCreateBuffer(device_, &desc);
+  if (*buffer == nullptr) {
+    *reason = "allocating a GPU buffer of " + std::to_string(size) + " bytes failed";
+    return false;
+  }
+  *capacity = size;
+  return true;
+}
+
+WebGPUDevice::Scratch* WebGPUDevice::scratch(ScratchRole role, uint64_t size, WGPUBufferUsage usage,
+                                             std::string* reason) {
+  Scratch& s = scratch_[role];
+  bool replaced = false;
+  const bool ok = grow(&s.buffer, &s.size, size, usage, &replaced, reason);
+  if (replaced) {
+    s.map.reset();  // a request of the old buffer answers nobody
+    ++scratch_generation_;
+  }
+  return ok ? &s : nullptr;
+}
+
 bool WebGPUDevice::finish(std::string* reason) {
   wgpuDevicePoll(device_, true, nullptr);
   return check(reason);

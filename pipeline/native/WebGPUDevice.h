@@ -85,6 +85,27 @@ class WebGPUDevice {
   // Kernel launches submitted since the device was opened (the runtime's stats()).
   std::atomic<uint64_t> dispatches{0};
 
+  // Makes `*buffer` (of `*capacity` bytes) hold at least `size` bytes (16 at least) of
+  // `usage`: a new buffer replaces a smaller one, and `*replaced` says so. False with
+  // `reason` past the adapter's maxBufferSize or when allocation fails.
+  bool grow(WGPUBuffer* buffer, uint64_t* capacity, uint64_t size, WGPUBufferUsage usage, bool* replaced,
+            std::string* reason);
+
+  // Buffers every launch shares (launches run under mutex()): a call's input, output,
+  // statistics, read-back and upload staging, sized by the largest call so far, not once
+  // per delegate. `map` is the upload buffer's pending write mapping.
+  enum ScratchRole { kScratchX, kScratchOut, kScratchMean, kScratchRstd, kScratchRead, kScratchUpload, kScratchRoles };
+  struct Scratch {
+    WGPUBuffer buffer = nullptr;
+    uint64_t size = 0;
+    std::shared_ptr<MapRequest> map;
+  };
+  // The shared buffer for `role`, grown to at least `size` bytes; nullptr with `reason`.
+  Scratch* scratch(ScratchRole role, uint64_t size, WGPUBufferUsage usage, std::string* reason);
+  // Bumped whenever a scratch buffer is replaced: bind groups over the old ones are stale
+  // (a new buffer may reuse an old handle's address).
+  uint64_t scratch_generation() const { return scratch_generation_; }
+
  private:
   WebGPUDevice() = default;
   bool open(std::string* reason);
@@ -112,6 +133,8 @@ class WebGPUDevice {
   bool cpu_adapter_ = false;  // lavapipe, SwiftShader: waits never spin
   std::string adapter_name_;
   std::string uncaptured_error_;  // the first error nobody captured, reported by finish()
+  Scratch scratch_[kScratchRoles];
+  uint64_t scratch_generation_ = 0;
   std::mutex mutex_;
 };
 
