@@ -347,24 +347,15 @@ bool NativeLayerNorm::launch(WGPUComputePipeline pipeline, const KernelConfig& c
   device_->dispatches.fetch_add(1, std::memory_order_relaxed);
   upload->map = device_->map_async(upload->buffer, WGPUMapMode_Write, upload->size);  // the next launch's
 
-  // Read back what the delegate returns, from one mapping. An out whose bytes end mid-word
-  // comes through a scratch copy of its whole words.
-  const bool odd = outputs.out != nullptr && word_bytes != data_bytes;
-  if (odd) {
-    out_words_.resize(word_bytes);
-  }
+  // Read back what the delegate returns, from one mapping of whole words (an out whose
+  // bytes end mid-word takes its bytes alone).
   WebGPUDevice::Range ranges[3];
   size_t count = 0;
-  if (outputs.out != nullptr) {
-    ranges[count++] = {0, odd ? word_bytes : data_bytes, odd ? out_words_.data() : outputs.out};
-  }
+  if (outputs.out != nullptr) ranges[count++] = {0, data_bytes, outputs.out};
   if (outputs.mean != nullptr) ranges[count++] = {mean_at, stat_bytes, outputs.mean};
   if (outputs.rstd != nullptr) ranges[count++] = {rstd_at, stat_bytes, outputs.rstd};
   if (!device_->read_ranges(read_buf->buffer, read_bytes, ranges, count, reason)) {
     return false;
-  }
-  if (odd) {
-    std::memcpy(outputs.out, out_words_.data(), data_bytes);
   }
   if (timed) {
     uint64_t stamps[2] = {0, 0};  // nanoseconds

@@ -10,7 +10,6 @@
 #include <memory>
 #include <string>
 #include <tuple>
-#include <vector>
 
 #include "NativeLayerNormConfig.h"
 #include "WebGPUDelegateHeader.h"
@@ -73,7 +72,6 @@ class NativeLayerNorm {
   uint32_t dtype_ = kFloat32;
   uint32_t affine_dtype_ = kFloat32;
   float eps_ = 0.0f;
-  std::vector<uint8_t> out_words_;  // read-back of an out whose bytes end mid-word
   WGPUBindGroupLayout bind_layout_ = nullptr;
   WGPUPipelineLayout pipeline_layout_ = nullptr;
   // by (width, threads per row, write_stats): what choose_config varies for one delegate

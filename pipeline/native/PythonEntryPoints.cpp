@@ -7,6 +7,7 @@
 #include <cstring>
 #include <string>
 
+#include "EntryPoints.h"
 #include "NativeLayerNormConfig.h"
 #include "WebGPUDelegateHeader.h"
 #include "WebGPUDevice.h"
@@ -21,22 +22,7 @@ executorch::runtime::Error register_webgpu_backend();
 
 namespace webgpu = executorch::backends::webgpu;
 
-// The library is built with hidden visibility; only these functions are its interface.
-#define PIPELINE_EXPORT __attribute__((visibility("default")))
-
-namespace {
-
-// Copies `text` into `out` (NUL-terminated, truncated to `capacity`); returns its length.
-size_t copy_out(const std::string& text, char* out, size_t capacity) {
-  if (out != nullptr && capacity > 0) {
-    const size_t n = std::min(text.size(), capacity - 1);
-    std::memcpy(out, text.data(), n);
-    out[n] = '\0';
-  }
-  return text.size();
-}
-
-}  // namespace
+using pipeline_entry::copy_out;
 
 extern "C" {
 

@@ -10,13 +10,14 @@
 #include <new>
 #include <string>
 
+#include "EntryPoints.h"
 #include "NativeLayerNorm.h"
 #include "WebGPUDelegateHeader.h"
 #include "WebGPUDevice.h"
 
 namespace webgpu = executorch::backends::webgpu;
 
-#define PIPELINE_EXPORT __attribute__((visibility("default")))
+using pipeline_entry::copy_out;
 
 namespace {
 
@@ -25,14 +26,6 @@ struct Delegate {
   webgpu::WebGPUDevice* device;
   webgpu::NativeLayerNorm op;
 };
-
-void copy_out(const std::string& text, char* out, size_t capacity) {
-  if (out != nullptr && capacity > 0) {
-    const size_t n = std::min(text.size(), capacity - 1);
-    std::memcpy(out, text.data(), n);
-    out[n] = '\0';
-  }
-}
 
 }  // namespace
 

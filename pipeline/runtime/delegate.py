@@ -15,7 +15,7 @@ import torch
 
 from pipeline import blob as blob_format
 from pipeline.runtime import native_call
-from pipeline.runtime.native_layer_norm import DTYPES, check_arguments, native_layer_norm
+from pipeline.runtime.native_layer_norm import _STORED, DTYPES, check_arguments, native_layer_norm
 
 
 class LayerNormDelegate:
@@ -87,9 +87,7 @@ def _empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """An uninitialised CPU tensor from numpy's allocator, which asks the kernel for huge
     pages for large arrays: on the H200 host a fresh 50 MB torch.empty took 2,073 µs to
     fill, numpy's 878 µs (glibc maps allocations past 32 MB anew, page by page)."""
-    if dtype == torch.float32:
-        return torch.from_numpy(np.empty(shape, np.float32))
-    return torch.from_numpy(np.empty(shape, np.int16)).view(dtype)
+    return torch.from_numpy(np.empty(shape, _STORED[dtype])).view(dtype)
 
 
 def _host(t: torch.Tensor | None) -> torch.Tensor | None:
