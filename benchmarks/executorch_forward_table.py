@@ -32,7 +32,7 @@ import pipeline.native
 from pipeline.evaluation.eager import run_eager, to_float64
 from pipeline.evaluation.executorch_verdict import reference_buffer
 from pipeline.evaluation.metrics import compare, flatten_output
-from pipeline.executor.lowering import lower_to_edge
+from pipeline.aot.lowering import lower_to_edge
 from pipeline.ioutil import write_json_atomic
 from pipeline.native.trace import TracedProgram  # with nothing traced: ExecuTorch's runtime as it stands
 from executorch_runtime import native_machine  # benchmarks/, the script's own directory

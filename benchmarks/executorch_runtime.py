@@ -36,7 +36,7 @@ def lower_to_file(name: str, cpu_backend: str, path: Path) -> float:
     if cpu_backend == "portable":
         pipeline.lower(model, spec.example_inputs).save(path)
     else:
-        from pipeline.executor.lowering import lower_to_edge
+        from pipeline.aot.lowering import lower_to_edge
 
         # As export_model --cpu-backend xnnpack lowers (the linear rewrite included).
         edge, _ = lower_to_edge(model, spec.example_inputs, None, "xnnpack")

@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 
 from pipeline import models
-from pipeline.artifact import ArtifactError, read_artifact, run_artifact
-from pipeline.export import export_model
+from pipeline.evaluation.artifact import ArtifactError, read_artifact, run_artifact
+from pipeline.aot.export import export_model
 from pipeline.ioutil import write_json_atomic
 
 DEFAULT_RUNS = "whisper:xnnpack,bart:xnnpack,florence2:xnnpack,whisper:portable,bart:portable"

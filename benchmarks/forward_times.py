@@ -44,7 +44,7 @@ from pathlib import Path
 import torch
 
 LOAD_PROBE = """
-import sys, time, torch, pipeline, pipeline.executor
+import sys, time, torch, pipeline, pipeline.interpreter
 def status(key):
     for line in open('/proc/self/status'):
         if line.startswith(key):
@@ -52,7 +52,7 @@ def status(key):
 inputs = torch.load(sys.argv[3])
 before = status('VmRSS:')
 start = time.perf_counter()
-program = pipeline.executor.Program.load(sys.argv[1], fold=sys.argv[2] == 'fold')
+program = pipeline.interpreter.Program.load(sys.argv[1], fold=sys.argv[2] == 'fold')
 seconds = time.perf_counter() - start
 loaded = status('VmHWM:') - before, status('VmRSS:') - before
 program(*inputs)
@@ -170,7 +170,7 @@ def measure(name: str, repeats: int, folder: Path, before: Path | None = None) -
     if not hasattr(pipeline, "load"):
         row.update(_medians_in_turn({"eager_s": eager, "in_memory_s": in_memory}, repeats))
         return row
-    from pipeline.executor import Program
+    from pipeline.interpreter import Program
 
     path = folder / f"{name}.pte"
     program.save(path)

@@ -10,7 +10,7 @@ or shared (pipeline/benchmark.py).
 import json, os, sys
 from dataclasses import dataclass, replace
 from pipeline.benchmark import parse_shapes, time_kernel, time_copy
-from pipeline.runtime.native_layer_norm import choose_config, KernelConfig
+from pipeline.runtime.launch import choose_config, KernelConfig
 from pipeline.runtime.device import gpu
 from probe_waves import _edit  # benchmarks/, the script's own directory
 

@@ -27,7 +27,7 @@ import pipeline
 from pipeline.benchmark import parse_shapes, time_kernel, time_torch, time_torch_compiled
 from pipeline.runtime.device import gpu
 
-kernel = importlib.import_module("pipeline.runtime.native_layer_norm")  # the module, not the function
+kernel = importlib.import_module("pipeline.runtime.launch")  # the module, not the function
 
 
 @dataclass(frozen=True)

@@ -33,9 +33,9 @@ import torch
 from pipeline.benchmark import (MODEL_SHAPES, parse_shapes, time_copy, time_kernel, time_torch,
                                 time_torch_compiled)
 from pipeline.runtime import device as runtime_device
-from pipeline.runtime.device import ShaderFiles
+from pipeline.wgsl import ShaderFiles
 
-kernel = importlib.import_module("pipeline.runtime.native_layer_norm")
+kernel = importlib.import_module("pipeline.runtime.launch")
 
 
 @dataclass(frozen=True)

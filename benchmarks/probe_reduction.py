@@ -36,7 +36,7 @@ from pipeline.runtime.device import device_info, gpu
 from probe_implementations import FromDirectory  # benchmarks/, the script's own directory
 from probe_waves import LateAffine, StagedAffine
 
-kernel = importlib.import_module("pipeline.runtime.native_layer_norm")  # the module, not the function
+kernel = importlib.import_module("pipeline.runtime.launch")  # the module, not the function
 
 
 PREVIOUS_DIR = Path()

@@ -31,7 +31,7 @@ from pipeline.benchmark import parse_shapes, time_copy, time_kernel
 from pipeline.runtime.device import device_info, gpu
 import probe_reduction  # benchmarks/, the script's own directory
 
-kernel = importlib.import_module("pipeline.runtime.native_layer_norm")  # the module, not the function
+kernel = importlib.import_module("pipeline.runtime.launch")  # the module, not the function
 
 REFERENCE = (8192, 1024)  # its WGSL copy takes 18.5-18.7 us on an undisturbed H200
 # Widths 128-2048 with rows putting the base rule's launch at 2^17 to 2^20 threads.

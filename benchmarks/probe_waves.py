@@ -58,7 +58,7 @@ from pipeline.benchmark import (
     time_torch_copy,
 )
 from pipeline.runtime.device import device_info, gpu, read_bytes
-from pipeline.runtime.native_layer_norm import (
+from pipeline.runtime.launch import (
     PARAMS_BYTES,
     STAGING,
     STORAGE,

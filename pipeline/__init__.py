@@ -14,7 +14,7 @@ import torch
 from pipeline import runtime
 
 if TYPE_CHECKING:
-    from pipeline.executor import Program
+    from pipeline.interpreter import Program
 
 __all__ = ["layer_norm", "load", "lower", "models", "runtime"]
 
@@ -41,7 +41,7 @@ def layer_norm(
 def lower(module: torch.nn.Module, example_inputs: tuple, dynamic_shapes=None) -> Program:
     """Export `module`, delegate every LayerNorm to the WebGPU backend, serialize it, and
     return the serialized program ready to run (the bytes `save` writes)."""
-    from pipeline.executor import lower as _lower
+    from pipeline.aot.lowering import lower as _lower
 
     return _lower(module, example_inputs, dynamic_shapes)
 
@@ -49,7 +49,7 @@ def lower(module: torch.nn.Module, example_inputs: tuple, dynamic_shapes=None) -
 def load(path) -> Program:
     """Load a `.pte` written by `lower(...).save` or `scripts/export_model.py` and run it:
     `program(*inputs)`, `program.coverage`. Raises ValueError for a file it cannot run."""
-    from pipeline.executor import load as _load
+    from pipeline.interpreter import load as _load
 
     return _load(path)
 

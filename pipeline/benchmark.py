@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from pipeline.runtime.device import COPY_SRC, QUERY_RESOLVE, Gpu, Pipeline, device_info, gpu, read_bytes
-from pipeline.runtime.native_layer_norm import (
+from pipeline.runtime.launch import (
     DTYPES,
     MAX_HOLD,
     PARAMS_BYTES,
@@ -307,7 +307,7 @@ def layer_norm_delegate(weight: torch.Tensor, bias: torch.Tensor, eps: float = 1
     dtype, also the input's), the output alone returned. Its call crosses into C++ on wgpu
     (pipeline.runtime.native_call) and launches from Python on Dawn or with
     PIPELINE_NATIVE_CALL=0, as the process's setting says when it is made."""
-    from pipeline import blob
+    from pipeline.pte import blob
     from pipeline.runtime.delegate import LayerNormDelegate
 
     def array(t: torch.Tensor) -> np.ndarray:

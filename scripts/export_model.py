@@ -29,7 +29,7 @@ if __name__ == "__main__":
     signal.signal(signal.SIGINT, _interrupted_while_starting)
 
 from pipeline import cli  # noqa: E402
-from pipeline.export import export_model  # noqa: E402
+from pipeline.aot.export import export_model  # noqa: E402
 from pipeline.ioutil import check_output_dir  # noqa: E402
 
 MODELS = ("bart", "florence2", "whisper")

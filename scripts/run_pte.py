@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"argument --etdump: {exc}")
     cli.quiet_dependencies(args.verbose)
 
-    from pipeline.artifact import run_artifact
+    from pipeline.evaluation.artifact import run_artifact
 
     try:
         result = run_artifact(args.pte, args.inputs, args.runtime, args.repeats,

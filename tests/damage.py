@@ -91,7 +91,7 @@ def _run(load, path: Path, inputs, reference) -> str:
 
 
 def _call(program, inputs, reference) -> str:
-    from pipeline.artifact import same_outputs
+    from pipeline.evaluation.artifact import same_outputs
 
     try:
         outputs = program(*inputs)
@@ -117,7 +117,7 @@ def _worker(runtime: str, pte: str, inputs_path: str) -> None:
     warnings.simplefilter("ignore")
     import torch
 
-    from pipeline.artifact import runtime_loader
+    from pipeline.evaluation.artifact import runtime_loader
 
     load = runtime_loader(runtime)
     inputs = torch.load(inputs_path)

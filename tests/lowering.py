@@ -30,7 +30,7 @@ def lower_and_compare(
     dynamic_shapes=None,
     layer_norms: int | None = None,
     complete: bool = True,
-) -> pipeline.executor.Program:
+) -> pipeline.interpreter.Program:
     """Lower `module`, check coverage, and compare against eager on example and fresh inputs.
 
     `layer_norms` is the number of LayerNorms (GroupNorms included) the model holds;

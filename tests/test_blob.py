@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from pipeline import blob
-from pipeline.blob import CONSTANT, INPUT, DelegateBlob, LayerNormParams, Operand, decode, encode
+from pipeline.pte import blob
+from pipeline.pte.blob import CONSTANT, INPUT, DelegateBlob, LayerNormParams, Operand, decode, encode
 
 
 def make_blob(shape=(4, 3), weight=CONSTANT, bias=CONSTANT, outputs=(0, 1, 2), eps=1e-5, dtype="float32",
@@ -268,7 +268,7 @@ def test_encode_refuses_params_the_format_cannot_hold():
 
 def test_blob_and_delegate_runner_do_not_import_executorch():
     code = (
-        "import sys, pipeline.blob, pipeline.runtime.delegate; "
+        "import sys, pipeline.pte.blob, pipeline.runtime.delegate; "
         "bad = [m for m in sys.modules if m.split('.')[0] in ('executorch', 'transformers')]; "
         "assert not bad, bad"
     )
@@ -334,7 +334,7 @@ class TwoNorms(nn.Module):
 
 
 def test_preprocess_raises_on_what_it_cannot_serialize():
-    from pipeline.backend import WebGPUBackend
+    from pipeline.aot.preprocess import WebGPUBackend
 
     with pytest.raises(ValueError, match="exactly one native_layer_norm, got 2"):
         WebGPUBackend.preprocess(edge_program(TwoNorms(), torch.randn(2, 4)), [])
@@ -345,7 +345,7 @@ def test_preprocess_raises_on_what_it_cannot_serialize():
 
 
 def test_preprocess_serializes_a_single_layer_norm():
-    from pipeline.backend.webgpu import describe_partition
+    from pipeline.aot.preprocess import describe_partition
 
     model = nn.LayerNorm((2, 3), eps=1e-6)
     with torch.no_grad():

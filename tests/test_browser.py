@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from pipeline.browser import BrowserError, BrowserKernel, Launch, Outcome, find_chromium, open_browser_kernel
-from pipeline.browser.native_layer_norm import float64_reference
+from pipeline.browser.page import float64_reference
 from tests.conftest import REQUIRE_GPU_ENV
 
 ATEN = torch.ops.aten.native_layer_norm.default

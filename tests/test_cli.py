@@ -190,11 +190,11 @@ def test_bench_bad_usage_exits_2_before_benchmarking(argv, message, capsys, monk
     ],
 )
 def test_run_pte_etdump_bad_usage_exits_2_before_running(argv, message, capsys, monkeypatch, tmp_path):
-    import pipeline.artifact
+    import pipeline.evaluation.artifact
 
     run_pte = load_script("run_pte")
     (tmp_path / "file").write_text("")
-    monkeypatch.setattr(pipeline.artifact, "run_artifact", lambda *a, **k: pytest.fail("ran despite bad usage"))
+    monkeypatch.setattr(pipeline.evaluation.artifact, "run_artifact", lambda *a, **k: pytest.fail("ran despite bad usage"))
     argv = [a.format(file=tmp_path / "file", dir=tmp_path) for a in argv]
     assert message in exits_2_before_work(run_pte.main, argv, capsys)
 

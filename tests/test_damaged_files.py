@@ -11,14 +11,13 @@ import dataclasses
 import re
 import struct
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 import torch
 
 import pipeline
 from damage import damage, sweep
-from pipeline.executor.pte import PteFile
+from pipeline.pte.file import PteFile
 from tests.test_pte import Block, randn  # a linear, an affine LayerNorm, a GroupNorm
 
 pytestmark = pytest.mark.usefixtures("gpu_info")
@@ -252,7 +251,7 @@ def test_run_pte_and_reports_refuse_a_named_pipe(tmp_path):
     import json
     import os
 
-    from pipeline.artifact import ArtifactError, read_artifact, run_artifact
+    from pipeline.evaluation.artifact import ArtifactError, read_artifact, run_artifact
 
     fifo = tmp_path / "model.pte"
     os.mkfifo(fifo)

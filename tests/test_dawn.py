@@ -22,7 +22,7 @@ from pipeline.runtime import device as runtime_device
 from tests.conftest import REQUIRE_GPU_ENV
 from tests.test_native_layer_norm import assert_close_to_reference
 
-kernel = importlib.import_module("pipeline.runtime.native_layer_norm")
+kernel = importlib.import_module("pipeline.runtime.launch")
 pytestmark = pytest.mark.usefixtures("gpu_info")
 
 DTYPE_PAIRS = [(torch.float32, None), (torch.float16, None), (torch.float16, torch.float32),
@@ -100,7 +100,7 @@ def test_probes_run_on_dawn(dawn):
     # The probes ran when the device was made; they run again here and agree.
     assert runtime_device._probe_subgroup_size(dawn) == dawn.subgroup_size
     assert dawn.subgroup_size & (dawn.subgroup_size - 1) == 0
-    assert runtime_device._probe_f16_pack(dawn) == dawn.native_f16_pack
+    assert runtime_device._probe_f16_pack(dawn) == dawn.pack2x16float
     if os.environ.get(REQUIRE_GPU_ENV) == "1":
         assert dawn.subgroup_size > 0, "CI's Dawn adapter must have subgroups: both reduction paths run"
 

@@ -1,4 +1,4 @@
-"""Constant folding at load (`pipeline.executor.fold`): instructions that read only constants
+"""Constant folding at load (`pipeline.interpreter.fold`): instructions that read only constants
 run once when a program is built, and what every call computes stays bit for bit the same."""
 
 from collections import Counter
@@ -12,9 +12,10 @@ from torch.export import Dim
 
 import pipeline
 from pipeline import runtime
-from pipeline.executor import fold, verify
-from pipeline.executor.program import Program
-from pipeline.executor.pte import PteFile
+from pipeline.interpreter import fold
+from pipeline.pte import verify
+from pipeline.interpreter.program import Program
+from pipeline.pte.file import PteFile
 from test_executor import Block, Decoder, TinyViT, randn, seeded
 
 pytestmark = pytest.mark.usefixtures("gpu_info")

@@ -11,7 +11,6 @@ import copy
 import itertools
 import importlib
 import random
-import re
 import struct
 import zlib
 from pathlib import Path
@@ -23,11 +22,11 @@ from torch import nn
 from torch.export import Dim
 
 import pipeline
-from pipeline import blob
-from pipeline.blob import CONSTANT, DYNAMIC, INPUT, NONE, DelegateBlob, LayerNormParams, Operand
+from pipeline.pte import blob
+from pipeline.pte.blob import CONSTANT, DYNAMIC, INPUT, NONE, DelegateBlob, LayerNormParams, Operand
 from pipeline.native import build as native_build
-from pipeline.runtime.device import ShaderFiles
-from pipeline.runtime.native_layer_norm import choose_config
+from pipeline.wgsl import ShaderFiles
+from pipeline.runtime.launch import choose_config
 from tests.lowering import TOLERANCE
 
 WIDTHS = [*range(1, 71), 384, 766, 768, 1023, 1024, 1280, 3072, 4096, 4098, 100000, 400000]
@@ -84,10 +83,10 @@ def test_changed_kernel_file_changes_the_build(tmp_path, monkeypatch):
 
 
 def _python_source(width: int, has_weight: bool, has_bias: bool, subgroup_size: int, dtype: str = "float32",
-                   affine_dtype: str | None = None, native_f16_pack: bool = False, rows: int = 0,
+                   affine_dtype: str | None = None, pack2x16float: bool = False, rows: int = 0,
                    write_stats: bool = True, compiler: str = "naga") -> str:
     return choose_config(width, has_weight, has_bias, subgroup_size, dtype, affine_dtype,
-                         native_f16_pack, rows=rows, write_stats=write_stats).source(ShaderFiles(compiler))
+                         pack2x16float, rows=rows, write_stats=write_stats).source(ShaderFiles(compiler))
 
 
 # (dtype, affine dtype): float32, and each half dtype with weight and bias like x or float32.
@@ -100,7 +99,7 @@ def test_device_probes_agree_with_pythons(native):
 
     info = runtime.device_info()
     assert native.subgroup_size() == info["subgroup_size"]
-    assert native.native_f16_pack() == int(info["native_f16_pack"])
+    assert native.pack2x16float() == int(info["pack2x16float"])
 
 
 @pytest.mark.parametrize("dtype, affine_dtype", DTYPE_PAIRS)
@@ -115,7 +114,7 @@ def test_wgsl_module_is_pythons(native, width, dtype, affine_dtype):
                 want = _python_source(width, has_weight, has_bias, subgroup_size, dtype, affine_dtype, pack,
                                       compiler=compiler)
                 assert got == want, (f"width {width} weight {has_weight} bias {has_bias} subgroups "
-                                     f"{subgroup_size} {dtype}/{affine_dtype} native_f16_pack {pack} {compiler}")
+                                     f"{subgroup_size} {dtype}/{affine_dtype} pack2x16float {pack} {compiler}")
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
@@ -363,7 +362,7 @@ class WideLaunchModel(nn.Module):
 
 def test_wide_launches_with_and_without_stats_run_in_executorch_runtime(native_runtime, tmp_path):
     from pipeline.runtime import device_info
-    from pipeline.runtime.native_layer_norm import WIDE_LAUNCH_THREADS
+    from pipeline.runtime.launch import WIDE_LAUNCH_THREADS
 
     lanes = device_info()["subgroup_size"]
     rows = WIDE_LAUNCH_THREADS // choose_config(128, True, True, lanes).threads_per_row
@@ -385,7 +384,7 @@ def test_inputs_past_the_staged_upload_size_run_in_executorch_runtime(native_run
     # An odd count of half values (the last word padded), past the size where the Python
     # launch switches to its staging buffer (the C++ launch always stages); the Python
     # runtime's delegate launches from Python here.
-    from pipeline.runtime.native_layer_norm import STAGED_UPLOAD_BYTES
+    from pipeline.runtime.launch import STAGED_UPLOAD_BYTES
 
     torch.manual_seed(0)
     model = nn.LayerNorm(15).eval().half()
@@ -457,10 +456,10 @@ def _lower_with_xnnpack(model: nn.Module, inputs: tuple, path) -> None:
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import to_edge_transform_and_lower
 
-    from pipeline.backend.webgpu import NATIVE_LAYER_NORM
-    from pipeline.executor import count_layer_norms
-    from pipeline.partitioner import LayerNormPartitioner
-    from pipeline.passes import reframe_group_norm
+    from pipeline.aot.preprocess import NATIVE_LAYER_NORM
+    from pipeline.aot.lowering import count_layer_norms
+    from pipeline.aot.partitioner import LayerNormPartitioner
+    from pipeline.aot.passes import reframe_group_norm
 
     exported = reframe_group_norm(torch.export.export(model, inputs))
     total = count_layer_norms(exported)
@@ -554,7 +553,6 @@ def test_backend_refuses_bad_calls_without_crashing(native_runtime, tmp_path):
     compile specs, argument counts, non-tensors, dtypes and shapes, then one good call."""
     import ctypes
     import subprocess
-    from pathlib import Path
 
     wheels = native_build.find_wheels()
     registry = wheels.libraries[1]

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline import blob, runtime
+from pipeline import runtime
+from pipeline.pte import blob
 from pipeline.native import build as native_build
 from pipeline.runtime import delegate as delegate_module
 from pipeline.runtime import device as runtime_device

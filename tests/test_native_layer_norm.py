@@ -12,11 +12,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import pipeline
-from pipeline import runtime
+from pipeline import runtime, wgsl
 from pipeline.runtime import device as runtime_device
 
 pytestmark = pytest.mark.usefixtures("gpu_info")
-kernel = importlib.import_module("pipeline.runtime.native_layer_norm")
+kernel = importlib.import_module("pipeline.runtime.launch")
 
 WIDTHS = [1, 2, 3, 5, 6, 7, 32, 128, 132, 384, 766, 768, 1023, 1024, 1280, 3072, 4097, 4098]
 AFFINE = [(False, False), (True, False), (False, True), (True, True)]
@@ -527,10 +527,10 @@ def f16_store(request, monkeypatch):
     """float16 stores both ways: pack2x16float where the device probe passed it, and the
     kernel's integer rounding (what every other adapter runs)."""
     g = runtime_device.gpu()
-    if request.param == "native_pack" and not g.native_f16_pack:
+    if request.param == "native_pack" and not g.pack2x16float:
         pytest.skip("pack2x16float did not pass the device probe on this adapter")
     if request.param == "integer_rounding":
-        monkeypatch.setattr(g, "native_f16_pack", False)
+        monkeypatch.setattr(g, "pack2x16float", False)
     return request.param
 
 
@@ -676,17 +676,17 @@ def test_half_launches_split_at_the_binding_limit(dtype, monkeypatch):
 
 
 def test_pack_probe_refuses_a_conversion_that_does_not_round_as_aten():
-    values = runtime_device.f16_pack_cases()
+    values = wgsl.f16_pack_cases()
     with np.errstate(over="ignore"):
         right = values.astype(np.float16).view(np.uint16)
-    assert runtime_device.pack_matches_aten(values, right)
+    assert wgsl.pack_matches_aten(values, right)
     truncated = (values.view(np.uint32) >> 13).astype(np.uint16)  # no rounding at all: garbage bits
-    assert not runtime_device.pack_matches_aten(values, truncated)
+    assert not wgsl.pack_matches_aten(values, truncated)
     toward_zero = np.where(right & 1, right - 1, right).astype(np.uint16)  # one ulp off on odd results
-    assert not runtime_device.pack_matches_aten(values, toward_zero)
+    assert not wgsl.pack_matches_aten(values, toward_zero)
     no_nan = right.copy()
     no_nan[np.isnan(values)] = 0x7C00  # NaN packed as infinity
-    assert not runtime_device.pack_matches_aten(values, no_nan)
+    assert not wgsl.pack_matches_aten(values, no_nan)
 
 
 def test_half_pipelines_use_no_shader_f16():

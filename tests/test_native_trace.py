@@ -12,8 +12,8 @@ from torch import nn
 
 import pipeline
 from pipeline.evaluation import executorch_verdict
-from pipeline.executor.lowering import lower_to_edge
-from pipeline.executor.pte import PteFile
+from pipeline.aot.lowering import lower_to_edge
+from pipeline.pte.file import PteFile
 from pipeline.native import build as native_build
 
 
@@ -146,13 +146,13 @@ def test_verdict_fails_a_file_less_accurate_than_its_reference(block_files, monk
 def test_accuracy_report_in_executorch_runtime_writes_the_verdict(block_files, monkeypatch, tmp_path, capsys):
     import json
 
-    import pipeline.artifact
+    import pipeline.evaluation.artifact
     from pipeline.evaluation import runner
 
     spec, _, xnnpack = block_files
     summary = {"pte_sha256": "0" * 64, "seed": 0, "cpu_backend": "xnnpack"}
-    monkeypatch.setattr(pipeline.artifact, "read_artifact", lambda pte: summary)
-    monkeypatch.setattr(pipeline.artifact, "build_for_artifact",
+    monkeypatch.setattr(pipeline.evaluation.artifact, "read_artifact", lambda pte: summary)
+    monkeypatch.setattr(pipeline.evaluation.artifact, "build_for_artifact",
                         lambda s: types.SimpleNamespace(**vars(spec), name="block", variant="small"))
     assert runner.run_reports("accuracy", None, output_dir=tmp_path, pte=xnnpack, runtime="executorch") == 0
     data = json.loads((tmp_path / "block-xnnpack.pte.executorch.accuracy.json").read_text())

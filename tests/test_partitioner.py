@@ -8,9 +8,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.export import Dim
 
-from pipeline.backend.webgpu import NATIVE_LAYER_NORM
-from pipeline.partitioner import TAG_PREFIX, LayerNormPartitioner
-from pipeline.passes import reframe_group_norm
+from pipeline.aot.preprocess import NATIVE_LAYER_NORM
+from pipeline.aot.partitioner import TAG_PREFIX, LayerNormPartitioner
+from pipeline.aot.passes import reframe_group_norm
 
 
 def edge_program(module, inputs, dynamic_shapes=None):
@@ -60,7 +60,7 @@ def test_layer_norms_of_other_dtypes_are_refused_with_a_reason(dtype, reason, ca
     model = nn.LayerNorm(8).to(dtype)
     program = edge_program(model, (torch.randn(3, 8, dtype=dtype),))
     partitioner = LayerNormPartitioner()
-    with caplog.at_level(logging.WARNING, logger="pipeline.partitioner"):
+    with caplog.at_level(logging.WARNING, logger="pipeline.aot.partitioner"):
         result = partitioner.partition(program)
     assert result.partition_tags == {}
     assert not any("delegation_tag" in n.meta for n in program.graph.nodes)

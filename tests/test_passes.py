@@ -5,7 +5,7 @@ import torch
 from torch import nn
 from torch.export import Dim
 
-from pipeline.passes import (
+from pipeline.aot.passes import (
     group_norm_as_layer_norm,
     linears_over_rows,
     native_group_norm_as_layer_norm,
@@ -148,7 +148,7 @@ def test_linears_over_rows_lets_xnnpack_take_window_attention():
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import to_edge_transform_and_lower
 
-    from pipeline.partitioner import LayerNormPartitioner
+    from pipeline.aot.partitioner import LayerNormPartitioner
 
     model = WindowAttention().eval()
     x = randn(8, 9, 32)

@@ -11,10 +11,11 @@ from torch import nn
 
 import pipeline
 from lowering import assert_same_outputs
-from pipeline.artifact import ArtifactError, read_artifact, same_outputs
-from pipeline.executor import Program, PteError
-from pipeline.executor.pte import PteFile
-from pipeline.export import ArtifactCheckError, export_model
+from pipeline.evaluation.artifact import ArtifactError, read_artifact, same_outputs
+from pipeline.interpreter import Program
+from pipeline.pte.file import PteError
+from pipeline.pte.file import PteFile
+from pipeline.aot.export import ArtifactCheckError, export_model
 from tiny_models import write_checkpoint
 
 pytestmark = pytest.mark.usefixtures("gpu_info")
@@ -51,13 +52,13 @@ def block(tmp_path_factory):
 
 
 def test_private_executorch_reader_is_the_pinned_one():
-    # pipeline.executor.pte relies on executorch's private flatbuffer reader: a new
+    # pipeline.pte.file relies on executorch's private flatbuffer reader: a new
     # executorch must be checked by hand before this pin moves.
     from importlib import metadata
 
     from executorch.exir._serialize import _flatbuffer_program
 
-    assert metadata.version("executorch") == "1.4.1", "executorch changed: recheck pipeline/executor/pte.py"
+    assert metadata.version("executorch") == "1.4.1", "executorch changed: recheck pipeline/pte/file.py"
     assert callable(_flatbuffer_program._flatbuffer_to_program)
 
 

@@ -11,8 +11,8 @@ import os
 import pytest
 
 from pipeline.runtime import device as runtime_device
-from pipeline.runtime.device import ShaderFiles
-from pipeline.runtime.native_layer_norm import choose_config
+from pipeline.wgsl import ShaderFiles
+from pipeline.runtime.launch import choose_config
 from tests.conftest import REQUIRE_GPU_ENV
 
 pytestmark = pytest.mark.usefixtures("gpu_info")

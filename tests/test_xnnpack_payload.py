@@ -1,5 +1,5 @@
 """XNNPACK payloads are checked before ExecuTorch's runtime sees them
-(`pipeline.executor.xnnpack_payload`): the files we export pass, damaged payloads are
+(`pipeline.pte.xnnpack_payload`): the files we export pass, damaged payloads are
 refused with a reason, and a sweep of damaged payloads never crashes ExecuTorch's runtime
 (each case in a worker process, so a crash fails the case, not the run)."""
 
@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from damage import sweep
-from pipeline.executor import xnnpack_payload as xp
-from pipeline.executor.pte import PteError, PteFile
+from pipeline.pte import xnnpack_payload as xp
+from pipeline.pte.file import PteError, PteFile
 from tests.test_pte import Block, randn  # a linear, an affine LayerNorm, a GroupNorm
 
 
@@ -21,7 +21,7 @@ from tests.test_pte import Block, randn  # a linear, an affine LayerNorm, a Grou
 def xnnpack_file(tmp_path_factory):
     """The block lowered with XNNPACK: a payload with a linear and its named weights, one
     with reshapes, a clamp and a scalar input, between two WebGPU LayerNorms."""
-    from pipeline.executor.lowering import lower_to_edge
+    from pipeline.aot.lowering import lower_to_edge
 
     folder = tmp_path_factory.mktemp("xnnpack")
     inputs = (randn(2, 5, 12), randn(2, 6, 7, seed=1))
@@ -93,7 +93,7 @@ def test_an_exported_xnnpack_file_passes(xnnpack_file):
 @pytest.mark.parametrize("model", ["whisper", "florence2", "bart"])
 def test_the_models_xnnpack_files_pass(model, tmp_path):
     import pipeline
-    from pipeline.executor.lowering import lower_to_edge
+    from pipeline.aot.lowering import lower_to_edge
 
     spec = pipeline.models.build(model, variant="tiny" if model == "whisper" else None)
     edge, _ = lower_to_edge(spec.module.eval(), spec.example_inputs, spec.dynamic_shapes, "xnnpack")

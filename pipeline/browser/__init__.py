@@ -3,6 +3,6 @@ WebGPU (`navigator.gpu`), fed from Python through a headless Chromium driven ove
 DevTools protocol (chromium.py). tests/test_browser.py holds its results to float64."""
 
 from pipeline.browser.chromium import BrowserError, Chromium, find_chromium
-from pipeline.browser.native_layer_norm import BrowserKernel, Launch, Outcome, open_browser_kernel
+from pipeline.browser.page import BrowserKernel, Launch, Outcome, open_browser_kernel
 
 __all__ = ["BrowserError", "BrowserKernel", "Chromium", "Launch", "Outcome", "find_chromium", "open_browser_kernel"]

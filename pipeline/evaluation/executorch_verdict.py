@@ -41,7 +41,7 @@ def reference_buffer(spec, cpu_backend: str) -> bytes:
     delegate: the same export and graph passes, the CPU backend's partitioners only."""
     from executorch.exir import to_edge_transform_and_lower
 
-    from pipeline.executor.lowering import export_for_cpu_backend
+    from pipeline.aot.lowering import export_for_cpu_backend
 
     exported, partitioners = export_for_cpu_backend(spec.module, spec.example_inputs, spec.dynamic_shapes,
                                                     cpu_backend)
@@ -117,7 +117,7 @@ def evaluate_in_executorch(pte_path, summary: dict, spec, inputs: Sequence | Non
     float64, on the example inputs of `spec` (or `inputs`); return the errors, the
     per-LayerNorm identity and the verdict (`passed`, `why` when not). `eager` passes the
     two eager outputs when the caller has them already."""
-    from pipeline.executor.pte import PteFile
+    from pipeline.pte.file import PteFile
     from pipeline.native.trace import TracedProgram
 
     inputs = tuple(spec.example_inputs if inputs is None else inputs)

@@ -83,7 +83,7 @@ def accuracy_for(spec, program, seed: int) -> dict:
 
 def _build_and_load(pte: str | Path):
     import pipeline
-    from pipeline.artifact import build_for_artifact, read_artifact
+    from pipeline.evaluation.artifact import build_for_artifact, read_artifact
 
     summary = read_artifact(pte)
     torch.manual_seed(summary.get("seed", 0))
@@ -164,7 +164,7 @@ def run_reports(
 
 def _executorch_accuracy(pte: str | Path, output_dir: str | Path, progress: Callable[[str], None]) -> int:
     """The accuracy report of `pte` run in ExecuTorch's runtime; returns the exit status."""
-    from pipeline.artifact import build_for_artifact, read_artifact
+    from pipeline.evaluation.artifact import build_for_artifact, read_artifact
     from pipeline.evaluation import executorch_verdict
 
     summary = read_artifact(pte)

@@ -24,7 +24,7 @@ from transformers import PretrainedConfig
 from pipeline.models import bart, florence2, whisper
 from pipeline.models.checkpoint import config_from_dict, load_weights, read_config
 from pipeline.models.spec import CheckpointError, ModelFamily, ModelSpec
-from pipeline.runtime.native_layer_norm import DTYPES
+from pipeline.runtime.launch import DTYPES
 
 __all__ = ["NAMES", "CheckpointError", "ModelFamily", "ModelSpec", "build", "default_variant", "family", "variants"]
 

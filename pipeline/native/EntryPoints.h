@@ -1,5 +1,5 @@
-// What the two libraries' extern "C" entry points share (PythonEntryPoints.cpp,
-// RuntimeEntryPoints.cpp): both are built with hidden visibility, and report failures as
+// What the two libraries' extern "C" entry points share (BackendLibrary.cpp,
+// CallLibrary.cpp): both are built with hidden visibility, and report failures as
 // text in a caller's buffer.
 #pragma once
 

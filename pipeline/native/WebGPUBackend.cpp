@@ -1,6 +1,6 @@
 // WebGPUBackend: ExecuTorch's BackendInterface for our delegate blobs. A thin adapter:
 // blob rules live in WebGPUDelegateHeader, the device in WebGPUDevice, the kernel launch
-// in NativeLayerNorm. No exception and no abort crosses this boundary.
+// in LayerNormLaunch. No exception and no abort crosses this boundary.
 #include <executorch/runtime/backend/interface.h>
 #include <executorch/runtime/core/error.h>
 #include <executorch/runtime/core/evalue.h>
@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "NativeLayerNorm.h"
+#include "LayerNormLaunch.h"
 #include "WebGPUDelegateHeader.h"
 #include "WebGPUDelegateTrace.h"
 #include "WebGPUDevice.h"
@@ -55,7 +55,7 @@ struct WebGPUDelegate {
   explicit WebGPUDelegate(WebGPUDevice* device) : device(device), op(device) {}
   WebGPUDevice* device;
   LayerNormBlob blob;  // constant pointers cleared once `processed` is freed
-  NativeLayerNorm op;
+  LayerNormLaunch op;
 };
 
 // The blob's dtype codes as ExecuTorch's scalar types.

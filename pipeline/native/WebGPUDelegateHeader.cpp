@@ -15,7 +15,7 @@ constexpr uint16_t kVersion = 3;
 constexpr uint32_t kHeaderSize = 40;
 constexpr uint32_t kByteOrderMark = 0x01020304;
 constexpr uint32_t kParamsFixedSize = 64;
-constexpr uint32_t kOpNativeLayerNorm = 1;
+constexpr uint32_t kOpLayerNormLaunch = 1;
 constexpr uint64_t kAlign = 16;
 
 // Header field offsets.
@@ -197,7 +197,7 @@ bool decode_blob(const uint8_t* data, size_t size, LayerNormBlob* blob, std::str
   }
 
   // Params.
-  if (u32(params + kOp) != kOpNativeLayerNorm) {
+  if (u32(params + kOp) != kOpLayerNormLaunch) {
     return fail(reason, "op %u is not 1 (native_layer_norm)", u32(params + kOp));
   }
   blob->dtype = u32(params + kDtype);

@@ -1,4 +1,4 @@
-// The delegate blob (format version 3, docs/blob_format.md; pipeline/blob.py is the
+// The delegate blob (format version 3, docs/blob_format.md; pipeline/pte/blob.py is the
 // Python side of the same contract): a 40-byte header, binary LayerNorm params, constants.
 // Decoding depends on nothing but the C++ standard library, so the rules can be checked
 // against Python's from a test without a device.

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "HostCopy.h"
-#include "NativeLayerNormConfig.h"
+#include "LayerNormConfig.h"
 #include "wgsl_sources.h"
 
 namespace executorch {
@@ -21,7 +21,7 @@ namespace {
 // Same switches as the Python runtime (pipeline/runtime/device.py).
 constexpr const char* kAdapterEnv = "PIPELINE_WGPU_ADAPTER";
 constexpr const char* kSubgroupsEnv = "PIPELINE_WGPU_SUBGROUPS";
-constexpr const char* kF16PackEnv = "PIPELINE_WGPU_NATIVE_F16_PACK";
+constexpr const char* kF16PackEnv = "PIPELINE_WGPU_PACK2X16FLOAT";
 // Poll rounds before a wait is declared stuck (each round blocks on the GPU first).
 constexpr int kMaxPollRounds = 100000;
 // How long a wait spins on non-blocking polls before it blocks, on a GPU: a blocked poll's
@@ -349,7 +349,7 @@ void WebGPUDevice::probe_f16_pack() {
     const bool nan = (bits & 0x7fffffffu) > 0x7f800000u;
     all = nan ? ((got[i] & 0x7c00u) == 0x7c00u && (got[i] & 0x03ffu) != 0) : got[i] == kF16PackExpected[i];
   }
-  native_f16_pack_ = all;
+  pack2x16float_ = all;
 }
 
 // Runs subgroup_size.wgsl once, as the Python runtime does: the smallest subgroup size

@@ -30,7 +30,7 @@ class WebGPUDevice {
   // The smallest subgroup size the kernel may rely on; 0 when subgroups are not used.
   uint32_t subgroup_size() const { return subgroup_size_; }
   // Whether pack2x16float rounds as aten does here (f16_pack_probe.wgsl): float16 stores use it.
-  bool native_f16_pack() const { return native_f16_pack_; }
+  bool pack2x16float() const { return pack2x16float_; }
   const std::string& adapter_name() const { return adapter_name_; }
   // Whether the device has timestamp queries (a delegate call's GPU time for ETDump).
   bool has_timestamps() const { return has_timestamps_; }
@@ -127,7 +127,7 @@ class WebGPUDevice {
   WGPUQueue queue_ = nullptr;
   WGPULimits limits_ = WGPU_LIMITS_INIT;
   uint32_t subgroup_size_ = 0;
-  bool native_f16_pack_ = false;
+  bool pack2x16float_ = false;
   bool has_subgroups_ = false;
   bool has_timestamps_ = false;
   bool cpu_adapter_ = false;  // lavapipe, SwiftShader: waits never spin

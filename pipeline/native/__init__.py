@@ -5,7 +5,7 @@
     program = pipeline.native.load("model.pte")
     outputs = program(*inputs)          # a list of tensors, as ExecuTorch's runtime returns
 
-The backend (C++ in this folder) decodes the same blob as `pipeline.blob`, runs the same
+The backend (C++ in this folder) decodes the same blob as `pipeline.pte.blob`, runs the same
 WGSL files with the same configuration rule as `pipeline.runtime`, and is built against
 the installed executorch and wgpu wheels by `python -m pipeline.native.build`.
 """
@@ -48,7 +48,7 @@ def library() -> ctypes.CDLL:
             lib.pipeline_webgpu_probe.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
             lib.pipeline_webgpu_probe.restype = ctypes.c_int
             lib.pipeline_webgpu_subgroup_size.restype = ctypes.c_int
-            lib.pipeline_webgpu_native_f16_pack.restype = ctypes.c_int
+            lib.pipeline_webgpu_pack2x16float.restype = ctypes.c_int
             lib.pipeline_webgpu_wgsl_source.argtypes = [
                 ctypes.c_uint64, ctypes.c_int, ctypes.c_int, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_uint32,
                 ctypes.c_int, ctypes.c_uint64, ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t,
@@ -86,23 +86,23 @@ def subgroup_size() -> int:
     return library().pipeline_webgpu_subgroup_size()
 
 
-def native_f16_pack() -> int:
+def pack2x16float() -> int:
     """1 when the backend's float16 stores use pack2x16float (its device probe passed), 0
     when not; -1 without a device."""
-    return library().pipeline_webgpu_native_f16_pack()
+    return library().pipeline_webgpu_pack2x16float()
 
 
 def wgsl_source(width: int, has_weight: bool, has_bias: bool, subgroup_size: int, dtype: str = "float32",
-                affine_dtype: str | None = None, native_f16_pack: bool = False, rows: int = 0,
+                affine_dtype: str | None = None, pack2x16float: bool = False, rows: int = 0,
                 write_stats: bool = True, compiler: str = "naga") -> str:
     """The WGSL module the backend compiles for this configuration (no device needed), as
     `compiler` ("naga" or "tint") takes it; `affine_dtype` (of weight and bias) defaults to
     `dtype`; `rows` is the launch's (0: the rule by width alone)."""
-    from pipeline.blob import DTYPE_CODES
+    from pipeline.pte.blob import DTYPE_CODES
 
     lib = library()
     args = (width, int(has_weight), int(has_bias), subgroup_size, DTYPE_CODES[dtype], DTYPE_CODES[affine_dtype or dtype],
-            int(native_f16_pack), rows, int(write_stats), int(compiler == "tint"))
+            int(pack2x16float), rows, int(write_stats), int(compiler == "tint"))
     size = lib.pipeline_webgpu_wgsl_source(*args, None, 0)
     if size < 0:
         raise ValueError(f"no WGSL for width={width!r}")
@@ -138,9 +138,9 @@ class NativeProgram:
 
     def __init__(self, path: str | os.PathLike | bytes, method: str = "forward", *,
                  enable_etdump: bool = False) -> None:
-        from pipeline.executor import inputs
-        from pipeline.executor.pte import PteError, PteFile
-        from pipeline.executor.verify import CheckError, check_program
+        from pipeline.pte import inputs
+        from pipeline.pte.file import PteError, PteFile
+        from pipeline.pte.verify import CheckError, check_program
 
         if isinstance(path, (bytes, bytearray, memoryview)):
             self.path = None
@@ -171,7 +171,7 @@ class NativeProgram:
         out, so a later call does not overwrite them)."""
         from executorch.exir import schema
 
-        from pipeline.executor import inputs as checks
+        from pipeline.pte import inputs as checks
 
         plan = self._plan
         flat = checks.flatten(inputs, self._in_spec, len(plan.inputs))

@@ -1,7 +1,7 @@
 """Build the native libraries: `python -m pipeline.native.build [--force] [--runtime-only]`.
 
 Compiles pipeline/native/*.cpp with the system C++ compiler against what `pip install`
-put on disk, nothing else. Two libraries share the launch code (NativeLayerNorm, the
+put on disk, nothing else. Two libraries share the launch code (LayerNormLaunch, the
 device, the blob decoder, the configuration rule):
 - libpipeline_webgpu.so, the WebGPUBackend for ExecuTorch's runtime: ExecuTorch's runtime
   headers (`executorch/include`), its `_portable_lib` (resize_tensor_impl) and
@@ -33,6 +33,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline import wgsl
+
 # The wheels this build was written and tested against (RUNTIME_NOTES, issue 12): which
 # library exports the registry and which exports resize_tensor_impl is not an API promise.
 PINNED_VERSIONS = {"executorch": "1.4.1", "wgpu": "0.32.0"}
@@ -48,10 +50,10 @@ LIBRARY_NAME = "libpipeline_webgpu.so"
 RUNTIME_LIBRARY_NAME = "libpipeline_layer_norm.so"
 # The runtime library's sources (the backend takes every other file and not its entry points).
 RUNTIME_SOURCES = (
-    "HostCopy.cpp", "NativeLayerNorm.cpp", "NativeLayerNormConfig.cpp", "WebGPUDelegateHeader.cpp",
-    "WebGPUDevice.cpp", "RuntimeEntryPoints.cpp",
+    "HostCopy.cpp", "LayerNormLaunch.cpp", "LayerNormConfig.cpp", "WebGPUDelegateHeader.cpp",
+    "WebGPUDevice.cpp", "CallLibrary.cpp",
 )
-RUNTIME_ENTRY_POINTS = "RuntimeEntryPoints.cpp"
+CALL_LIBRARY_SOURCE = "CallLibrary.cpp"
 # The runtime library brings its own C++ runtime; wgpu-native's symbols come from the process.
 RUNTIME_LINK_FLAGS = ("-static-libstdc++", "-static-libgcc", "-Wl,--exclude-libs,ALL")
 BUILD_DIR_ENV = "PIPELINE_NATIVE_BUILD_DIR"
@@ -167,13 +169,11 @@ def wgsl_header() -> str:
 
 def _f16_pack_cases() -> str:
     """The float16 pack probe's values (float32 bits) and their aten rounding (float16 bits),
-    the very cases the Python runtime's probe checks (`device.f16_pack_cases`)."""
+    the very cases the Python runtime's probe checks (`pipeline.wgsl.f16_pack_cases`)."""
     import numpy as np
 
-    from pipeline.runtime.device import aten_f16_bits, f16_pack_cases
-
-    values = f16_pack_cases()
-    want = aten_f16_bits(values)
+    values = wgsl.f16_pack_cases()
+    want = wgsl.aten_f16_bits(values)
 
     def table(kind: str, name: str, items) -> str:
         body = ",".join(f"0x{int(v):x}" for v in items)
@@ -187,7 +187,7 @@ def _f16_pack_cases() -> str:
 def _sources(runtime: bool = False) -> list[Path]:
     if runtime:
         return [SOURCE_DIR / name for name in RUNTIME_SOURCES]
-    return [p for p in sorted(SOURCE_DIR.glob("*.cpp")) if p.name != RUNTIME_ENTRY_POINTS]
+    return [p for p in sorted(SOURCE_DIR.glob("*.cpp")) if p.name != CALL_LIBRARY_SOURCE]
 
 
 def _fingerprint(compiler: str, wheels: Wheels, header: str, runtime: bool = False) -> str:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.runtime.device import ADAPTER_ENV, Pipeline, no_adapter_help
+from pipeline.runtime.webgpu import ADAPTER_ENV, Pipeline, no_adapter_help
 
 NAME = "dawn"
 COMPILER = "tint"

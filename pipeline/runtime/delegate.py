@@ -3,7 +3,7 @@
 On wgpu the call crosses into C++ once (native_call: the native backend's launch, built
 without ExecuTorch); on Dawn, or with PIPELINE_NATIVE_CALL=0, it launches from Python
 (native_layer_norm). Same WGSL, same configuration, the same bits either way.
-Shares only `pipeline.blob` with the ahead-of-time side; never imports ExecuTorch.
+Shares only `pipeline.pte.blob` with the ahead-of-time side; never imports ExecuTorch.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import math
 import numpy as np
 import torch
 
-from pipeline import blob as blob_format
+from pipeline.pte import blob as blob_format
 from pipeline.runtime import native_call
-from pipeline.runtime.native_layer_norm import _STORED, DTYPES, check_arguments, native_layer_norm
+from pipeline.runtime.launch import _STORED, DTYPES, check_arguments, native_layer_norm
 
 
 class LayerNormDelegate:

@@ -10,24 +10,24 @@ the chosen compiler takes them, pipeline and buffer caches, the device probes, c
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import threading
 import weakref
 from dataclasses import dataclass, field
-from importlib import resources
 from typing import Any
 
 import numpy as np
 import torch
 
+from pipeline import wgsl
+from pipeline.runtime.webgpu import Pipeline
+
 IMPLEMENTATION_ENV = "PIPELINE_WEBGPU"
 IMPLEMENTATIONS = ("wgpu", "dawn")
-ADAPTER_ENV = "PIPELINE_WGPU_ADAPTER"
 # "0" turns subgroup reductions off (the workgroup-memory path is used, as without the feature).
 SUBGROUPS_ENV = "PIPELINE_WGPU_SUBGROUPS"
 # "0" keeps float16 stores on the kernel's integer rounding even where pack2x16float passed its probe.
-F16_PACK_ENV = "PIPELINE_WGPU_NATIVE_F16_PACK"
+F16_PACK_ENV = "PIPELINE_WGPU_PACK2X16FLOAT"
 
 # Buffer usages, as WebGPU numbers them (wgpu and webgpu.h alike).
 MAP_READ, COPY_SRC, COPY_DST, UNIFORM, STORAGE_USAGE, QUERY_RESOLVE = 0x1, 0x4, 0x8, 0x40, 0x80, 0x200
@@ -51,21 +51,6 @@ def _forked() -> None:
 
 os.register_at_fork(after_in_child=_forked)
 
-# The shader compilers that need an `enable` directive before a module may use subgroup
-# operations: Tint does (WGSL's rule); naga in wgpu 0.32 refuses the directive. The one
-# place that decides it (the C++ backend's kernel_source mirrors it, tested byte for byte).
-NEEDS_ENABLE_SUBGROUPS = {"tint": True, "naga": False}
-
-
-def no_adapter_help(implementation: str) -> str:
-    if implementation == "dawn":
-        return ("Dawn found no GPU adapter. On a machine without a GPU it needs SwiftShader's Vulkan "
-                "driver (Debian's chromium-common: /usr/lib/chromium/vk_swiftshader_icd.json): run "
-                f"`make setup`. Set {ADAPTER_ENV} to part of an adapter's name to require one.")
-    return ("wgpu found no GPU adapter. On a machine without a GPU install Mesa's lavapipe "
-            "(Vulkan on the CPU): `apt-get install mesa-vulkan-drivers`, or run `make setup`. "
-            f"Set {ADAPTER_ENV} to part of an adapter's name to choose among several.")
-
 
 def implementation() -> str:
     """The WebGPU implementation PIPELINE_WEBGPU names (default wgpu)."""
@@ -74,33 +59,6 @@ def implementation() -> str:
         raise RuntimeError(f"{IMPLEMENTATION_ENV}={name!r} is not a WebGPU implementation of ours; "
                            f"use one of {', '.join(IMPLEMENTATIONS)}")
     return name
-
-
-@dataclass(frozen=True)
-class Pipeline:
-    """A compute pipeline and the layout its bind groups follow."""
-
-    pipeline: Any
-    layout: Any
-
-
-@dataclass(frozen=True)
-class ShaderFiles:
-    """The package's WGSL files, and modules assembled from them as `compiler` takes them."""
-
-    compiler: str  # "naga" or "tint"
-
-    def shader_source(self, name: str) -> str:
-        return _wgsl_file(name)
-
-    def module(self, body: str, subgroups: bool) -> str:
-        """A complete module: the directives `compiler` needs for what `body` uses, then `body`."""
-        return ("enable subgroups;\n" if subgroups and NEEDS_ENABLE_SUBGROUPS[self.compiler] else "") + body
-
-
-@functools.cache
-def _wgsl_file(name: str) -> str:
-    return resources.files("pipeline.wgsl").joinpath(name).read_text()
 
 
 def _padded(size: int) -> int:
@@ -138,14 +96,14 @@ class Gpu:
     # What the kernel's Params buffer holds: (buffer, rows, eps) of the last write.
     params_written: tuple = ()
     subgroup_size: int = 0  # smallest subgroup size seen; 0 when subgroups are not used
-    native_f16_pack: bool = False  # pack2x16float rounds as aten does (f16_pack_probe.wgsl)
+    pack2x16float: bool = False  # pack2x16float rounds as aten does (f16_pack_probe.wgsl)
     # Held for a whole launch (uploads, dispatch, read-back): the buffer pool and the
     # staging buffer's mapping are shared, so launches from several threads take turns.
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
-    def files(self) -> ShaderFiles:
-        return ShaderFiles(self.impl.compiler)
+    def files(self) -> wgsl.ShaderFiles:
+        return wgsl.ShaderFiles(self.impl.compiler)
 
     @property
     def limits(self) -> dict[str, int]:
@@ -294,7 +252,7 @@ def gpu() -> Gpu:
             if "subgroups" in g.features and os.environ.get(SUBGROUPS_ENV, "1") != "0":
                 g.subgroup_size = _probe_subgroup_size(g)
             if os.environ.get(F16_PACK_ENV, "1") != "0":
-                g.native_f16_pack = _probe_f16_pack(g)
+                g.pack2x16float = _probe_f16_pack(g)
             _gpus[name] = g
         return _gpus[name]
 
@@ -307,7 +265,7 @@ def _run_probe(g: Gpu, shader: str, contents: list[np.ndarray], groups: int, rea
     buffers = [impl.buffer(data.nbytes, STORAGE) for data in contents]
     for buffer, data in zip(buffers, contents):
         impl.write(buffer, data)
-    code = g.files.module(_wgsl_file(shader), subgroups)
+    code = g.files.module(wgsl.source(shader), subgroups)
     pipeline = g.pipeline((shader,), code, None, shader)
     staging = impl.buffer(buffers[read].size, STAGING)
     encoder = impl.encoder()
@@ -327,40 +285,13 @@ def _probe_subgroup_size(g: Gpu) -> int:
     return size if 0 < size <= 256 and size & (size - 1) == 0 else 0
 
 
-def f16_pack_cases() -> np.ndarray:
-    """float32 values whose float16 rounding the pack probe checks: ties to even in every
-    binade's shape, the edges of float16's range (65504, 65519.99, 65520, subnormal
-    halves, underflow), infinities, NaN, and seeded random values over the whole range."""
-    edges = [0.0, 1.0, 1 + 2**-11, 1 + 3 * 2**-11, 1 + 2**-10 + 2**-11, 2049.0, 2051.0, 0.1, 1 / 3,
-             65504.0, 65519.99, 65520.0, 1e5, 3.4e38, float("inf"), float("nan"),
-             6.103515625e-05, 6.1e-5, 5.9604645e-08, 2.9802322e-08, 2.98e-8, 8.940697e-08, 1e-9]
-    rng = np.random.default_rng(0)
-    spread = rng.standard_normal(4000) * np.exp2(rng.uniform(-26, 17, 4000))
-    values = np.concatenate([edges, np.negative(edges), spread]).astype(np.float32)
-    return values if values.size % 2 == 0 else np.append(values, np.float32(0))
-
-
-def aten_f16_bits(values: np.ndarray) -> np.ndarray:
-    """float32 `values` rounded to float16 as aten (and numpy, IEEE) rounds them, as bits."""
-    with np.errstate(over="ignore"):
-        return values.astype(np.float16).view(np.uint16)
-
-
 def _probe_f16_pack(g: Gpu) -> bool:
-    """Run f16_pack_probe.wgsl on `f16_pack_cases()`: True when every value came back as
+    """Run f16_pack_probe.wgsl on `wgsl.f16_pack_cases()`: True when every value came back as
     aten rounds it, NaN as a NaN."""
-    values = f16_pack_cases()
+    values = wgsl.f16_pack_cases()
     packed = _run_probe(g, "f16_pack_probe.wgsl", [values, np.zeros(values.size, dtype=np.uint16)],
                         (values.size // 2 + 63) // 64, 1)
-    return pack_matches_aten(values, np.frombuffer(packed, dtype=np.uint16))
-
-
-def pack_matches_aten(values: np.ndarray, got: np.ndarray) -> bool:
-    """Whether float16 bits `got` are `values` rounded as aten (and numpy, IEEE) rounds them."""
-    want = aten_f16_bits(values)
-    nan = np.isnan(values)
-    got_nan = ((got & 0x7C00) == 0x7C00) & ((got & 0x03FF) != 0)
-    return bool(np.array_equal(got[~nan], want[~nan]) and got_nan[nan].all())
+    return wgsl.pack_matches_aten(values, np.frombuffer(packed, dtype=np.uint16))
 
 
 def device_info() -> dict[str, object]:
@@ -373,24 +304,6 @@ def device_info() -> dict[str, object]:
         "shader_compiler": g.impl.compiler,
         "features": sorted(g.features),
         "subgroup_size": g.subgroup_size,
-        "native_f16_pack": g.native_f16_pack,
+        "pack2x16float": g.pack2x16float,
         "limits": dict(g.limits),
     }
-
-
-def stats() -> dict[str, int]:
-    """Counters since start (or the last `reset_stats()`): dispatches, bytes moved, ...;
-    those of delegate calls made in C++ (native_call) included."""
-    from pipeline.runtime import native_call
-
-    counts = gpu().stats.as_dict()
-    for key, value in native_call.counters().items():
-        counts[key] += value
-    return counts
-
-
-def reset_stats() -> None:
-    from pipeline.runtime import native_call
-
-    gpu().stats = Stats()
-    native_call.reset_counters()

@@ -1,5 +1,5 @@
 """A delegate's call in one crossing into C++: upload, launch and read-back made by the
-native backend's own launch code (pipeline/native: NativeLayerNorm, the same WGSL and
+native backend's own launch code (pipeline/native: LayerNormLaunch, the same WGSL and
 configuration rule), built without ExecuTorch as libpipeline_layer_norm.so.
 
 A call from Python through wgpu-py pays its wrappers and our bookkeeping around some twenty

@@ -13,7 +13,7 @@ import numpy as np
 import wgpu
 from wgpu.backends.wgpu_native import _api as native
 
-from pipeline.runtime.device import ADAPTER_ENV, Pipeline, no_adapter_help
+from pipeline.runtime.webgpu import ADAPTER_ENV, Pipeline, no_adapter_help
 
 NAME = "wgpu"
 COMPILER = "naga"

@@ -7,7 +7,7 @@
 // quiet NaN, in integer arithmetic: pack2x16float leaves both the rounding direction and
 // values past float16's range to the implementation, and the output must be rounded once,
 // as aten rounds it, on every adapter. Where the device probe (f16_pack_probe.wgsl) saw
-// pack2x16float round exactly so, NATIVE_F16_PACK stores float16 with it instead: one
+// pack2x16float round exactly so, PACK2X16FLOAT stores float16 with it instead: one
 // conversion instruction, 25-36% faster on the H200 (benchmarks/NOTES.md).
 
 fn unpack_pair(word: u32) -> vec2<f32> {
@@ -18,7 +18,7 @@ fn unpack_pair(word: u32) -> vec2<f32> {
 }
 
 fn pack_pair(v: vec2<f32>) -> u32 {
-    if (HALF == 1u && NATIVE_F16_PACK) {
+    if (HALF == 1u && PACK2X16FLOAT) {
         return pack2x16float(v);
     }
     return half_bits(v.x) | (half_bits(v.y) << 16u);
@@ -29,7 +29,7 @@ fn half_bits(v: f32) -> u32 {
     if (HALF == 2u) {
         return bfloat16_bits(v);
     }
-    if (NATIVE_F16_PACK) {
+    if (PACK2X16FLOAT) {
         return pack2x16float(vec2<f32>(v, 0.0)) & 0xffffu;
     }
     return float16_bits(v);

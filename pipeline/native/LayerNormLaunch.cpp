@@ -1,4 +1,4 @@
-#include "NativeLayerNorm.h"
+#include "LayerNormLaunch.h"
 
 #include "HostCopy.h"
 
@@ -35,7 +35,7 @@ uint64_t align16(uint64_t n) { return (n + 15) / 16 * 16; }
 
 }  // namespace
 
-void NativeLayerNorm::write_words(WGPUBuffer buffer, const void* data, uint64_t bytes) {
+void LayerNormLaunch::write_words(WGPUBuffer buffer, const void* data, uint64_t bytes) {
   const uint64_t whole = bytes / 4 * 4;
   if (whole > 0) {
     wgpuQueueWriteBuffer(device_->queue(), buffer, 0, data, whole);
@@ -47,7 +47,7 @@ void NativeLayerNorm::write_words(WGPUBuffer buffer, const void* data, uint64_t 
   }
 }
 
-NativeLayerNorm::~NativeLayerNorm() {
+LayerNormLaunch::~LayerNormLaunch() {
   for (Buffer* b : {&stamps_read_, &stamps_, &params_, &bias_, &weight_}) {
     if (b->buffer != nullptr) {
       wgpuBufferDestroy(b->buffer);
@@ -67,7 +67,7 @@ NativeLayerNorm::~NativeLayerNorm() {
   if (bind_layout_ != nullptr) wgpuBindGroupLayoutRelease(bind_layout_);
 }
 
-bool NativeLayerNorm::ensure(Buffer* b, uint64_t size, WGPUBufferUsage usage, std::string* reason) {
+bool LayerNormLaunch::ensure(Buffer* b, uint64_t size, WGPUBufferUsage usage, std::string* reason) {
   bool replaced = false;
   const bool ok = device_->grow(&b->buffer, &b->size, size, usage, &replaced, reason);
   // A new buffer may reuse the old handle's address: the kept bind group and the Params
@@ -82,7 +82,7 @@ bool NativeLayerNorm::ensure(Buffer* b, uint64_t size, WGPUBufferUsage usage, st
   return ok;
 }
 
-bool NativeLayerNorm::prepare(const LayerNormBlob& blob, std::string* reason) {
+bool LayerNormLaunch::prepare(const LayerNormBlob& blob, std::string* reason) {
   has_weight_ = blob.weight.source != OperandSource::kNone;
   has_bias_ = blob.bias.source != OperandSource::kNone;
   dtype_ = blob.dtype;
@@ -144,12 +144,12 @@ bool NativeLayerNorm::prepare(const LayerNormBlob& blob, std::string* reason) {
   return device_->finish(reason);
 }
 
-KernelConfig NativeLayerNorm::config_for(uint64_t width, uint64_t rows, bool write_stats) const {
+KernelConfig LayerNormLaunch::config_for(uint64_t width, uint64_t rows, bool write_stats) const {
   return choose_config(width, has_weight_, has_bias_, device_->subgroup_size(), dtype_, affine_dtype_,
-                       device_->native_f16_pack(), rows, write_stats);
+                       device_->pack2x16float(), rows, write_stats);
 }
 
-WGPUComputePipeline NativeLayerNorm::pipeline_for(const KernelConfig& config, std::string* reason) {
+WGPUComputePipeline LayerNormLaunch::pipeline_for(const KernelConfig& config, std::string* reason) {
   const auto key = std::make_tuple(config.width, config.threads_per_row, config.write_stats);
   auto known = pipelines_.find(key);
   if (known != pipelines_.end()) {
@@ -163,7 +163,7 @@ WGPUComputePipeline NativeLayerNorm::pipeline_for(const KernelConfig& config, st
   return pipeline;
 }
 
-bool NativeLayerNorm::run(const void* x, uint64_t rows, uint64_t width, const void* weight,
+bool LayerNormLaunch::run(const void* x, uint64_t rows, uint64_t width, const void* weight,
                           const void* bias, const LayerNormOutputs& outputs, std::string* reason,
                           GpuTime* gpu_time) {
   const uint64_t value_bytes = dtype_bytes(dtype_);
@@ -208,7 +208,7 @@ bool NativeLayerNorm::run(const void* x, uint64_t rows, uint64_t width, const vo
   return true;
 }
 
-bool NativeLayerNorm::launch(WGPUComputePipeline pipeline, const KernelConfig& config,
+bool LayerNormLaunch::launch(WGPUComputePipeline pipeline, const KernelConfig& config,
                              const uint8_t* x, uint64_t rows, uint64_t width,
                              const LayerNormOutputs& outputs, std::string* reason, GpuTime* gpu_time) {
   // Workgroups in x and y; y carries what does not fit under 65,535 in x. Checked here:

@@ -1,22 +1,22 @@
-"""The operator table's faster paths (`pipeline.executor.kernels`) give what torch's own out
+"""The operator table's faster paths (`pipeline.pte.operators`) give what torch's own out
 variants give, bit for bit: `*_copy` views as a view and one copy, `full_like` as a fill,
 `any` over bools as a max."""
 
 import pytest
 import torch
 
-from pipeline.executor import kernels
+from pipeline.pte import operators
 
 
 def run(name: str, overload: str, args: list, out: torch.Tensor) -> torch.Tensor:
     """Run the table's kernel for `name.overload` on `args`, writing `out` (also the return)."""
     values = [*args, out, out]
-    kernels.resolve(name, overload)(values, list(range(len(values))))
+    operators.resolve(name, overload)(values, list(range(len(values))))
     return out
 
 
 def reference(name: str, overload: str, args: list, out: torch.Tensor, **named) -> torch.Tensor:
-    kernels.find_overload(name, overload)(*args, **named, out=out)
+    operators.find_overload(name, overload)(*args, **named, out=out)
     return out
 
 
@@ -51,7 +51,7 @@ def test_expand_copy_passes_implicit_by_name():
     x = x_of(1, 4, 1)
     want = reference("aten::expand_copy", "out", [x, [2, 4, 3]], torch.empty(0), implicit=False)
     values = [x, [2, 4, 3], False, torch.empty(2, 4, 3), None]
-    kernels.resolve("aten::expand_copy", "out")(values, [0, 1, 2, 3, 4])
+    operators.resolve("aten::expand_copy", "out")(values, [0, 1, 2, 3, 4])
     assert torch.equal(values[3], want)
 
 
@@ -69,7 +69,7 @@ def test_full_like_is_one_fill(fill, dtype):
     x = x_of(4, 7).to(dtype)
     want = reference("aten::full_like", "out", [x, fill], torch.empty(0, dtype=dtype))
     values = [x, fill, None, torch.empty(4, 7, dtype=dtype), None]
-    kernels.resolve("aten::full_like", "out")(values, [0, 1, 2, 3, 4])
+    operators.resolve("aten::full_like", "out")(values, [0, 1, 2, 3, 4])
     assert values[3].dtype == want.dtype and torch.equal(values[3], want)
 
 

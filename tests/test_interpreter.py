@@ -8,7 +8,7 @@ from torch.export import Dim
 
 from lowering import assert_same_outputs, lower_and_compare
 import pipeline
-from pipeline import blob
+from pipeline.pte import blob
 from pipeline.runtime import stats
 
 pytestmark = pytest.mark.usefixtures("gpu_info")
@@ -261,7 +261,7 @@ class MixedPrecision(nn.Module):
 
 def test_unsupported_layer_norms_are_reported_and_still_run(caplog):
     model = seeded(MixedPrecision())
-    with caplog.at_level("WARNING", logger="pipeline.partitioner"):
+    with caplog.at_level("WARNING", logger="pipeline.aot.partitioner"):
         prog = lower_and_compare(model, (randn(3, 8),), [(randn(5, 8, seed=1),)], complete=False,
                                  dynamic_shapes=({0: Dim("rows", max=32)},), layer_norms=4)
     cov = prog.coverage

@@ -16,12 +16,12 @@ from executorch.exir.dialects._ops import ops as exir_ops
 from executorch.exir.lowered_backend_module import LoweredBackendModule
 from torch.export import ExportedProgram
 
-from pipeline.backend import WebGPUBackend
-from pipeline.backend.webgpu import NATIVE_LAYER_NORM
-from pipeline.executor.program import Coverage, Program
-from pipeline.executor.pte import PteFile
-from pipeline.partitioner import LayerNormPartitioner
-from pipeline.passes import linears_over_rows, reframe_group_norm
+from pipeline.aot.preprocess import WebGPUBackend
+from pipeline.aot.preprocess import NATIVE_LAYER_NORM
+from pipeline.interpreter.program import Coverage, Program
+from pipeline.pte.file import PteFile
+from pipeline.aot.partitioner import LayerNormPartitioner
+from pipeline.aot.passes import linears_over_rows, reframe_group_norm
 
 # A group norm counts as a LayerNorm: the reframe makes one of each at the top level; one
 # the reframe does not reach (inside control flow) stays a group norm.

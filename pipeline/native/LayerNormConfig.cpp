@@ -1,4 +1,4 @@
-#include "NativeLayerNormConfig.h"
+#include "LayerNormConfig.h"
 
 #include <map>
 #include <vector>
@@ -116,13 +116,13 @@ const char* boolean(bool b) { return b ? "true" : "false"; }
 }  // namespace
 
 KernelConfig choose_config(uint64_t width, bool has_weight, bool has_bias, uint32_t subgroup_size,
-                           uint32_t dtype, uint32_t affine_dtype, bool native_f16_pack,
+                           uint32_t dtype, uint32_t affine_dtype, bool pack2x16float,
                            uint64_t rows, bool write_stats) {
   KernelConfig config;
   config.write_stats = write_stats;
   config.dtype = dtype;
   config.affine_dtype = affine_dtype;
-  config.native_f16_pack = native_f16_pack && dtype == 1;
+  config.pack2x16float = pack2x16float && dtype == 1;
   config.width = width;
   config.has_weight = has_weight;
   config.has_bias = has_bias;
@@ -202,7 +202,7 @@ std::string kernel_source(const KernelConfig& config, ShaderCompiler compiler) {
     const bool params_half = config.affine_dtype != 0;
     prelude += "const HALF: u32 = " + std::to_string(config.dtype) + "u;\n";
     prelude += std::string("const PARAMS_HALF: bool = ") + boolean(params_half) + ";\n";
-    prelude += std::string("const NATIVE_F16_PACK: bool = ") + boolean(config.native_f16_pack) + ";\n";
+    prelude += std::string("const PACK2X16FLOAT: bool = ") + boolean(config.pack2x16float) + ";\n";
     if (vec == 1) {
       prelude += std::string("alias PW = ") + (params_half ? "u32" : "f32") + ";\n";
       prelude += std::string("fn param_at(w: PW, at: u32) -> f32 { return ") +

@@ -1,6 +1,6 @@
 // extern "C" entry points of libpipeline_layer_norm.so, the Python runtime's delegate call
 // in one crossing (pipeline/runtime/native_call.py): a delegate opened from its blob, then
-// each call uploads, launches and reads back in C++ (NativeLayerNorm, the native backend's
+// each call uploads, launches and reads back in C++ (LayerNormLaunch, the native backend's
 // own launch). No ExecuTorch here: the library links nothing but what wgpu-py has loaded.
 // Each function returns a status instead of throwing.
 #include <cstdint>
@@ -11,7 +11,7 @@
 #include <string>
 
 #include "EntryPoints.h"
-#include "NativeLayerNorm.h"
+#include "LayerNormLaunch.h"
 #include "WebGPUDelegateHeader.h"
 #include "WebGPUDevice.h"
 
@@ -24,7 +24,7 @@ namespace {
 struct Delegate {
   explicit Delegate(webgpu::WebGPUDevice* d) : device(d), op(d) {}
   webgpu::WebGPUDevice* device;
-  webgpu::NativeLayerNorm op;
+  webgpu::LayerNormLaunch op;
 };
 
 }  // namespace

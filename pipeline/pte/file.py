@@ -1,5 +1,5 @@
 """Read a `.pte` file: check its framing, parse the program flatbuffer, check it
-(`pipeline.executor.verify`), and address its segments in place — constants are views of
+(`pipeline.pte.verify`), and address its segments in place — constants are views of
 the program's bytes, never copies.
 
 A file is read once into private memory: truncating or overwriting it afterwards cannot
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from executorch.exir import schema
 from executorch.exir._serialize._flatbuffer_program import _flatbuffer_to_program
 
-from pipeline.executor import verify
+from pipeline.pte import verify
 
 IDENTIFIER = b"ET12"
 EXTENDED_MAGIC = b"eh00"

@@ -1,6 +1,6 @@
 """Build a zoo model, lower it with every LayerNorm delegated, write the `.pte` and its coverage.
 
-The library side of `scripts/export_model.py`; `import pipeline.export` stays light (the
+The library side of `scripts/export_model.py`; `import pipeline.aot.export` stays light (the
 model zoo and ExecuTorch load on the first export).
 """
 
@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pipeline.artifact import same_outputs
+from pipeline.evaluation.artifact import same_outputs
 from pipeline.ioutil import write_bytes_atomic, write_json_atomic
 
 
@@ -31,7 +31,7 @@ def write_checked(buffer: bytes, path: Path, example_inputs: tuple, expected,
     (default `pipeline.load`) and run on `example_inputs`, gives `expected` bit for bit;
     otherwise nothing appears under `path`."""
     if load is None:
-        from pipeline.executor import Program
+        from pipeline.interpreter import Program
 
         load = Program.load
 
@@ -70,9 +70,9 @@ def export_model(
     ExecuTorch's runtime (`pipeline.native`), which then does the check above.
     """
     from pipeline import models
-    from pipeline.executor import Program
-    from pipeline.executor.lowering import lower_to_edge
-    from pipeline.executor.pte import PteFile
+    from pipeline.interpreter import Program
+    from pipeline.aot.lowering import lower_to_edge
+    from pipeline.pte.file import PteFile
 
     say = progress or (lambda line: None)
     start = time.perf_counter()

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from pipeline.blob import DTYPE_CODES
-from pipeline.runtime.device import STAGING, STORAGE, UNIFORM_BUFFER as UNIFORM, Gpu, Pipeline, ShaderFiles, gpu
+from pipeline.pte.blob import DTYPE_CODES
+from pipeline.runtime.device import STAGING, STORAGE, UNIFORM_BUFFER as UNIFORM, Gpu, Pipeline, gpu
+from pipeline.wgsl import ShaderFiles
 
 SHADER = "native_layer_norm.wgsl"
 MIN_WORKGROUP = 64
@@ -80,7 +81,7 @@ class KernelConfig:
     dtype: str = "float32"  # of x and out
     affine_dtype: str = "float32"  # of weight and bias: dtype, or float32 with a half dtype
     # float16 stores through pack2x16float: only where the device probe saw it round as aten
-    native_f16_pack: bool = False
+    pack2x16float: bool = False
     # mean and rstd stored (a delegate whose program uses only the output does without)
     write_stats: bool = True
 
@@ -134,7 +135,7 @@ class KernelConfig:
         params_half = self.affine_dtype != "float32"
         lines = [f"const HALF: u32 = {DTYPE_CODES[self.dtype]}u;",
                  f"const PARAMS_HALF: bool = {str(params_half).lower()};",
-                 f"const NATIVE_F16_PACK: bool = {str(self.native_f16_pack).lower()};"]
+                 f"const PACK2X16FLOAT: bool = {str(self.pack2x16float).lower()};"]
         if self.vec == 1:
             lines += [f"alias PW = {'u32' if params_half else 'f32'};",
                       "fn param_at(w: PW, at: u32) -> f32 { return "
@@ -183,7 +184,7 @@ def _written_out(source: str, marker: str, count: int) -> str:
 @functools.lru_cache(maxsize=4096)  # a pure rule, asked once per launch
 def choose_config(width: int, has_weight: bool, has_bias: bool, subgroup_size: int = 0,
                   dtype: str = "float32", affine_dtype: str | None = None,
-                  native_f16_pack: bool = False, *, rows: int = 0, write_stats: bool = True) -> KernelConfig:
+                  pack2x16float: bool = False, *, rows: int = 0, write_stats: bool = True) -> KernelConfig:
     """Loads as wide as the rows stay aligned (4, 2 or 1 floats). Rows held in registers
     when they fit: the most threads per row (a power of two) that leave each at least
     MIN_HOLD loads (MIN_HOLD_NARROW_LOADS for scalar float32 rows and half rows), weight and
@@ -193,7 +194,7 @@ def choose_config(width: int, has_weight: bool, has_bias: bool, subgroup_size: i
     for each of MAX_THREADS_PER_ROW threads are streamed, 4 loads a loop step. Workgroups
     of at least MIN_WORKGROUP threads (narrow rows share one). Half dtypes take the same
     shapes: a V of 4 half values is 8 bytes, and rows stay aligned to whole u32 pairs.
-    `affine_dtype` defaults to `dtype`. `native_f16_pack` (the device probe's verdict on
+    `affine_dtype` defaults to `dtype`. `pack2x16float` (the device probe's verdict on
     pack2x16float) matters for float16 only. `write_stats` False leaves mean and rstd unwritten.
 
     Chosen from the H200 sweeps (benchmarks/NOTES.md; with v5's row sums, 3 vec4 a thread
@@ -220,7 +221,7 @@ def choose_config(width: int, has_weight: bool, has_bias: bool, subgroup_size: i
         unroll=1 if hold <= MAX_HOLD else STREAM_UNROLL,
         dtype=dtype,
         affine_dtype=dtype if affine_dtype is None else affine_dtype,
-        native_f16_pack=native_f16_pack and dtype == "float16",
+        pack2x16float=pack2x16float and dtype == "float16",
         write_stats=write_stats,
     )
 
@@ -229,7 +230,7 @@ def device_config(g: Gpu, width: int, has_weight: bool, has_bias: bool, dtype: s
                   affine_dtype: str | None = None, *, rows: int = 0, write_stats: bool = True) -> KernelConfig:
     """`choose_config` with what the device's probes found (subgroup size, float16 packing):
     the configuration a launch of `rows` rows on `g` uses."""
-    return choose_config(width, has_weight, has_bias, g.subgroup_size, dtype, affine_dtype, g.native_f16_pack,
+    return choose_config(width, has_weight, has_bias, g.subgroup_size, dtype, affine_dtype, g.pack2x16float,
                          rows=rows, write_stats=write_stats)
 
 

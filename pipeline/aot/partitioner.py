@@ -11,8 +11,8 @@ from executorch.exir.backend.partitioner import DelegationSpec, Partitioner, Par
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
-from pipeline.backend import WebGPUBackend
-from pipeline.backend.webgpu import NATIVE_LAYER_NORM, layer_norm_args
+from pipeline.aot.preprocess import WebGPUBackend
+from pipeline.aot.preprocess import NATIVE_LAYER_NORM, layer_norm_args
 
 logger = logging.getLogger(__name__)
 

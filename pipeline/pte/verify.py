@@ -32,7 +32,7 @@ from functools import cache
 import torch
 from executorch.exir import schema
 
-from pipeline.executor import kernels
+from pipeline.pte import operators
 
 # The largest file a tensor could describe: sizes beyond it are damage, not a model.
 MAX_NUMEL = 2**48
@@ -211,7 +211,7 @@ def planned(plan: schema.ExecutionPlan) -> dict[int, tuple[int, int, int]]:
         if isinstance(t, schema.Tensor) and t.allocation_info is not None:
             a = t.allocation_info
             start = a.memory_offset_low | (a.memory_offset_high << 32)
-            nbytes = math.prod(t.sizes) * kernels.DTYPES[int(t.scalar_type)].itemsize
+            nbytes = math.prod(t.sizes) * operators.DTYPES[int(t.scalar_type)].itemsize
             placed[j] = (a.memory_id, start, start + nbytes)
     return placed
 
@@ -291,7 +291,7 @@ def _named(a) -> list[int]:
 
 
 def _check_tensor(i: int, t: schema.Tensor, arenas: list[int]) -> None:
-    dtype = kernels.DTYPES.get(int(t.scalar_type))
+    dtype = operators.DTYPES.get(int(t.scalar_type))
     if dtype is None:
         raise CheckError(f"value {i}: tensor dtype {t.scalar_type!r} is not supported")
     sizes = list(t.sizes)
@@ -333,7 +333,7 @@ def check_constants(program: schema.Program, segment_size: int | None) -> None:
     for ev in program.execution_plan[0].values:
         t = ev.val
         if isinstance(t, schema.Tensor) and t.allocation_info is None and t.data_buffer_idx > 0:
-            dtype = kernels.DTYPES[int(t.scalar_type)]
+            dtype = operators.DTYPES[int(t.scalar_type)]
             nbytes = math.prod(t.sizes) * dtype.itemsize
             used[t.data_buffer_idx] = max(used.get(t.data_buffer_idx, 0), nbytes)
     # The alignment the serializer used: the largest power of two dividing every offset.
@@ -468,7 +468,7 @@ def accesses(plan: schema.ExecutionPlan, a, delegates: Delegates) -> tuple[list[
     FreeCall writes its value (it unbinds it)."""
     if isinstance(a, schema.KernelCall):
         op = plan.operators[a.op_index]
-        overload = kernels.find_overload(op.name, op.overload)
+        overload = operators.find_overload(op.name, op.overload)
         ids = list(a.args)
         if overload is None:  # ExecuTorch's own primitives: the result is the last value
             outs = {len(ids) - 1}
@@ -517,7 +517,7 @@ def _meta_value(val, values: list, data: bool = False):
     if isinstance(val, schema.Tensor):
         if not data and val.allocation_info is None and val.data_buffer_idx == 0:
             return None  # no memory of its own until an instruction (or the caller) sets it
-        dtype = kernels.DTYPES[int(val.scalar_type)]
+        dtype = operators.DTYPES[int(val.scalar_type)]
         return _meta_tensor(list(val.sizes), list(val.dim_order), dtype)
     plain = plain_value(val, values)
     return None if plain is NotImplemented else plain
@@ -567,7 +567,7 @@ def _check_kernel(plan: schema.ExecutionPlan, a: schema.KernelCall, values: list
         val = plan.values[j].val
         if isinstance(val, (schema.IntList, schema.TensorList, schema.OptionalTensorList)):
             values[j] = gather(val, values)
-    overload = kernels.find_overload(op.name, op.overload)
+    overload = operators.find_overload(op.name, op.overload)
     functional = _functional(overload) if overload is not None else None
     if overload is not None:
         # Every argument, then the return: one value, a tensor list when there are several.
@@ -582,7 +582,7 @@ def _check_kernel(plan: schema.ExecutionPlan, a: schema.KernelCall, values: list
     if functional is not None:
         fn, keep, outs = functional
         args = overload._schema.arguments
-        vals = [kernels.convert(args[i], values[ids[i]]) for i in keep]
+        vals = [operators.convert(args[i], values[ids[i]]) for i in keep]
         positional = [v for i, v in zip(keep, vals) if not args[i].kwarg_only]
         named = {args[i].name: v for i, v in zip(keep, vals) if args[i].kwarg_only}
         results = _meta_call(fn, positional, named)
@@ -599,7 +599,7 @@ def _check_kernel(plan: schema.ExecutionPlan, a: schema.KernelCall, values: list
             _hold(plan, j, got)
             values[j] = got
         return
-    kernel = kernels.resolve(op.name, op.overload, True)
+    kernel = operators.resolve(op.name, op.overload, True)
     if kernel is None:
         return  # an operator this runtime does not know (another runtime's file): not checked
     try:
@@ -676,7 +676,7 @@ def _hold(plan: schema.ExecutionPlan, j: int, got: torch.Tensor) -> None:
         raise CheckError(f"value {j} receives a tensor but is a {type(declared).__name__}")
     if not isinstance(got, torch.Tensor):
         raise CheckError(f"value {j} is declared a tensor, the instruction makes a {type(got).__name__}")
-    dtype = kernels.DTYPES[int(declared.scalar_type)]
+    dtype = operators.DTYPES[int(declared.scalar_type)]
     bound = list(declared.sizes)
     shape = list(got.shape)
     static = declared.shape_dynamism == schema.TensorShapeDynamism.STATIC
@@ -701,7 +701,7 @@ def _check_delegate(plan: schema.ExecutionPlan, a: schema.DelegateCall, values: 
 def layer_norm_outputs(params, args: list) -> list[torch.Tensor]:
     """What a WebGPU LayerNorm delegate with `params` returns when called with `args`
     (inputs, then outputs), as meta tensors; CheckError when the inputs do not fit it."""
-    from pipeline.blob import INPUT
+    from pipeline.pte.blob import INPUT
 
     n_in, n_out = params.arguments, len(params.outputs)
     if len(args) != n_in + n_out:
@@ -738,8 +738,8 @@ def check_program(pte, backend_id: str) -> None:
     backends too (ExecuTorch's): our delegates' blobs are decoded and their outputs
     derived, XNNPACK's payloads checked (`xnnpack_payload`), others' outputs taken as
     declared. CheckError otherwise."""
-    from pipeline import blob
-    from pipeline.executor import xnnpack_payload
+    from pipeline.pte import blob
+    from pipeline.pte import xnnpack_payload
 
     params = {}
     for i, d in enumerate(pte.plan.delegates):

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 from executorch.exir import schema
 
-from pipeline.executor import kernels, verify
+from pipeline.pte import operators, verify
 
 # LayerNorms left to CPU kernels are what coverage counts as missed: they stay visible.
 _KEEP = ("aten::native_layer_norm", "aten::layer_norm", "aten::native_group_norm", "aten::group_norm")
@@ -118,7 +118,7 @@ def _pure(op: schema.Operator) -> bool:
     is not a LayerNorm (those stay where coverage sees them)."""
     if op.name in _KEEP:
         return False
-    overload = kernels.find_overload(op.name, op.overload)
+    overload = operators.find_overload(op.name, op.overload)
     return overload is None or torch.Tag.nondeterministic_seeded not in overload.tags
 
 

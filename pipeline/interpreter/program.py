@@ -3,14 +3,14 @@
 Follows ExecuTorch's method.cpp: values are parsed in order (tensors become views of
 the planned memory arenas or of the file's constant segment), delegates are initialised
 in order, then each call copies the inputs into planned memory and runs the chain:
-`KernelCall` through `pipeline.executor.kernels`, `DelegateCall` through our WebGPU
+`KernelCall` through `pipeline.pte.operators`, `DelegateCall` through our WebGPU
 runtime with the decoded blob, `MoveCall`, `JumpFalseCall` and `FreeCall` as ExecuTorch
 defines them. Tensors that share planned memory share it here too (static reshapes
 are values at the same offset), so the file's memory plan is what runs.
 
 Instructions that read only constants (the transposes of linear weights, above all) run
 once at load, after every check, and their outputs become constants of the program
-(`pipeline.executor.fold`); the chain a call runs is the rest.
+(`pipeline.interpreter.fold`); the chain a call runs is the rest.
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ import torch
 import torch.utils._pytree as pytree
 from executorch.exir import schema
 
-from pipeline.executor import fold as _fold
-from pipeline.executor import inputs as _inputs
-from pipeline.executor import kernels, verify
-from pipeline.executor.pte import PteError, PteFile
+from pipeline.interpreter import fold as _fold
+from pipeline.pte import inputs as _inputs
+from pipeline.pte import operators, verify
+from pipeline.pte.file import PteError, PteFile
 from pipeline.ioutil import write_bytes_atomic
 from pipeline.runtime.delegate import LayerNormDelegate
 
@@ -68,7 +68,7 @@ class Program:
     """A serialized program, ready to run: `program(*inputs)` returns what the module returns.
 
     `coverage` counts the file's LayerNorms: one per WebGPU delegate, plus LayerNorm
-    operators left to CPU kernels. `save(path)` writes the same bytes that run.
+    operators left to CPU operators. `save(path)` writes the same bytes that run.
     """
 
     def __init__(self, pte: PteFile, *, coverage: Coverage | None = None,
@@ -161,7 +161,7 @@ class Program:
 
     def _tensor(self, i: int, t: schema.Tensor) -> torch.Tensor | None:
         # dtype, dim order and place in planned memory are checked (verify.check_plan).
-        dtype = kernels.DTYPES[int(t.scalar_type)]
+        dtype = operators.DTYPES[int(t.scalar_type)]
         sizes = list(t.sizes)
         numel = math.prod(sizes)
         nbytes = numel * dtype.itemsize
@@ -208,7 +208,7 @@ class Program:
                 ids = list(a.args)
                 op = plan.operators[a.op_index]
                 name = f"{op.name}.{op.overload}" if op.overload else op.name
-                kernel = kernels.resolve(op.name, op.overload, self._dynamic)
+                kernel = operators.resolve(op.name, op.overload, self._dynamic)
                 if kernel is None:
                     missing.add(name)
                     continue
@@ -295,7 +295,7 @@ class Program:
                 if out is None:
                     values[j] = result
                 else:
-                    kernels.resized(out, result.shape).copy_(result)
+                    operators.resized(out, result.shape).copy_(result)
             if hook is not None:
                 hook(name, tuple(inputs), tuple(results))
         return step
@@ -350,7 +350,7 @@ class Program:
         if slot is None or declared.allocation_info is None:
             values[j] = given.detach()
         else:
-            kernels.resized(slot, given.shape).copy_(given)
+            operators.resized(slot, given.shape).copy_(given)
 
     def _check_dynamic_shapes(self, flat: list) -> None:
         """A shape the program has not run at yet: within the sizes it was exported for
@@ -402,7 +402,7 @@ def load(path: str | os.PathLike) -> Program:
 
     Raises PteError (a ValueError) naming the problem for a file that is not a regular
     file or not a program, is truncated or corrupt, contradicts itself (shapes, dtypes,
-    planned memory: `pipeline.executor.verify`), holds a delegate of another backend or an
+    planned memory: `pipeline.pte.verify`), holds a delegate of another backend or an
     operator without a kernel here; OSError as the OS reports a missing or unreadable file.
     The file is read once: changing it afterwards does not reach the program.
     """
@@ -410,12 +410,12 @@ def load(path: str | os.PathLike) -> Program:
 
 
 def _nbytes(t: schema.Tensor) -> int:
-    return math.prod(t.sizes) * kernels.DTYPES[int(t.scalar_type)].itemsize
+    return math.prod(t.sizes) * operators.DTYPES[int(t.scalar_type)].itemsize
 
 
 def _over(memory: torch.Tensor, t: schema.Tensor) -> torch.Tensor:
     """Tensor `t` as the file declares it (dtype, sizes, dim order) over bytes `memory`."""
-    return _strided(memory[: _nbytes(t)].view(kernels.DTYPES[int(t.scalar_type)]), list(t.sizes), list(t.dim_order))
+    return _strided(memory[: _nbytes(t)].view(operators.DTYPES[int(t.scalar_type)]), list(t.sizes), list(t.dim_order))
 
 
 def _label(plan: schema.ExecutionPlan, a) -> str:

@@ -1,5 +1,5 @@
 // The native_layer_norm kernel's configuration rule and WGSL module, ported from
-// pipeline/runtime/native_layer_norm.py (`choose_config`, `KernelConfig.source`,
+// pipeline/runtime/launch.py (`choose_config`, `KernelConfig.source`,
 // `_written_out`). The .wgsl files themselves are embedded at build time from
 // pipeline/wgsl/; tests/test_native.py holds the generated module byte for byte
 // against Python's over many widths, so the two rules cannot drift apart unseen.
@@ -35,7 +35,7 @@ struct KernelConfig {
   uint32_t unroll = 1;
   uint32_t dtype = 0;  // of x and out: 0 float32, 1 float16, 2 bfloat16 (the blob's codes)
   uint32_t affine_dtype = 0;  // of weight and bias: dtype, or 0 with a half dtype
-  bool native_f16_pack = false;  // float16 stores through pack2x16float (the device probe's verdict)
+  bool pack2x16float = false;  // float16 stores through pack2x16float (the device probe's verdict)
   bool write_stats = true;  // mean and rstd stored (not where the delegate returns only out)
 
   uint32_t vec() const { return width % 4 == 0 ? 4 : width % 2 == 0 ? 2 : 1; }
@@ -50,7 +50,7 @@ struct KernelConfig {
 
 // `rows`: the launch's (0: the rule by width alone).
 KernelConfig choose_config(uint64_t width, bool has_weight, bool has_bias, uint32_t subgroup_size,
-                           uint32_t dtype, uint32_t affine_dtype, bool native_f16_pack,
+                           uint32_t dtype, uint32_t affine_dtype, bool pack2x16float,
                            uint64_t rows = 0, bool write_stats = true);
 
 // The shader compiler a module is written for: Tint (Dawn) needs `enable subgroups;` before

@@ -93,7 +93,7 @@ def runtime_loader(runtime: str = "python"):
     """`load(path)` of a runtime: ours in Python (`pipeline.load`), or ExecuTorch's own C++
     runtime with the native WebGPU backend registered (`pipeline.native.load`)."""
     if runtime == "python":
-        from pipeline.executor import load
+        from pipeline.interpreter import load
 
         return load
     if runtime == "executorch":

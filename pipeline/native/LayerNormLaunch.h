@@ -1,6 +1,6 @@
 // The native_layer_norm op of one delegate: its compute pipeline(s), constant weight/bias
 // on the GPU, and the launch of a (rows, width) tensor of the blob's dtype, as
-// pipeline/runtime/native_layer_norm.py launches it (same WGSL, same configuration, same
+// pipeline/runtime/launch.py launches it (same WGSL, same configuration, same
 // split into launches under the binding limit, same 2D grid past 65,535 workgroups).
 #pragma once
 
@@ -11,7 +11,7 @@
 #include <string>
 #include <tuple>
 
-#include "NativeLayerNormConfig.h"
+#include "LayerNormConfig.h"
 #include "WebGPUDelegateHeader.h"
 #include "WebGPUDevice.h"
 
@@ -34,12 +34,12 @@ struct GpuTime {
   uint64_t ns = 0;
 };
 
-class NativeLayerNorm {
+class LayerNormLaunch {
  public:
-  explicit NativeLayerNorm(WebGPUDevice* device) : device_(device) {}
-  ~NativeLayerNorm();
-  NativeLayerNorm(const NativeLayerNorm&) = delete;
-  NativeLayerNorm& operator=(const NativeLayerNorm&) = delete;
+  explicit LayerNormLaunch(WebGPUDevice* device) : device_(device) {}
+  ~LayerNormLaunch();
+  LayerNormLaunch(const LayerNormLaunch&) = delete;
+  LayerNormLaunch& operator=(const LayerNormLaunch&) = delete;
 
   // Creates the layouts, compiles the pipeline when the width is static and uploads the
   // blob's constants (so the blob may be freed afterwards). Call with the device locked.

@@ -1,4 +1,4 @@
-"""WebGPUBackend.preprocess: one native_layer_norm partition -> a `pipeline.blob` delegate blob."""
+"""WebGPUBackend.preprocess: one native_layer_norm partition -> a `pipeline.pte.blob` delegate blob."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from executorch.exir.dialects._ops import ops as exir_ops
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
-from pipeline import blob as blob_format
+from pipeline.pte import blob as blob_format
 
 NATIVE_LAYER_NORM = exir_ops.edge.aten.native_layer_norm.default
 

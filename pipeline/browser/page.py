@@ -21,8 +21,8 @@ import numpy as np
 import torch
 
 from pipeline.browser.chromium import BrowserError, Chromium, Page, find_chromium
-from pipeline.runtime.device import ShaderFiles, f16_pack_cases, pack_matches_aten
-from pipeline.runtime.native_layer_norm import (
+from pipeline.wgsl import ShaderFiles, f16_pack_cases, pack_matches_aten
+from pipeline.runtime.launch import (
     BINDINGS, DTYPES, KernelConfig, _STORED, _stored, _words, choose_config, grid, pack_params,
 )
 
@@ -91,7 +91,7 @@ class BrowserKernel:
         self.page = page
         self.adapter: dict = page.evaluate("nativeLayerNorm.open()")
         self.subgroup_size = self._probe_subgroup_size() if self.adapter["subgroups"] else 0
-        self.native_f16_pack = self._probe_f16_pack()
+        self.pack2x16float = self._probe_f16_pack()
 
     def _probe(self, shader: str, contents: list[np.ndarray], groups: int, read: int, subgroups: bool) -> bytes:
         """Run one of the runtime's probe shaders in the page, as the runtime runs it."""
@@ -127,7 +127,7 @@ class BrowserKernel:
         affine = next((t.dtype for t in (launch.weight, launch.bias) if t is not None), x.dtype)
         return choose_config(x.shape[-1], launch.weight is not None, launch.bias is not None,
                              self.subgroup_size if launch.subgroups else 0, _dtype_name(x.dtype),
-                             _dtype_name(affine), self.native_f16_pack, rows=x.shape[0],
+                             _dtype_name(affine), self.pack2x16float, rows=x.shape[0],
                              write_stats=launch.write_stats)
 
     def request(self, launch: Launch) -> dict:

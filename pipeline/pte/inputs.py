@@ -8,7 +8,7 @@ import torch
 import torch.utils._pytree as pytree
 from executorch.exir import schema
 
-from pipeline.executor import kernels
+from pipeline.pte import operators
 
 
 class SignatureError(ValueError):
@@ -82,7 +82,7 @@ def check_tensor(k: int, declared: schema.Tensor, given) -> None:
     if given.device.type != "cpu":
         what = "a meta tensor, without data" if given.device.type == "meta" else f"on {given.device}"
         raise TypeError(f"input {k} is {what}; the program takes CPU tensors")
-    dtype = kernels.DTYPES[int(declared.scalar_type)]
+    dtype = operators.DTYPES[int(declared.scalar_type)]
     if given.dtype != dtype:
         raise TypeError(f"input {k} must be {dtype}, got {given.dtype}")
     bound = list(declared.sizes)

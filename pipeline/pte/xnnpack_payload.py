@@ -668,7 +668,7 @@ def check_named_data(payload: Payload, sizes: dict[str, int]) -> None:
 
 
 def check_program_delegates(pte) -> None:
-    """Every XNNPACK delegate of a parsed `.pte` (pipeline.executor.pte.PteFile): its payload,
+    """Every XNNPACK delegate of a parsed `.pte` (pipeline.pte.file.PteFile): its payload,
     its named data, and each call of it. PayloadError naming the delegate otherwise."""
     plan = pte.plan
     if not any(d.id == BACKEND_ID for d in plan.delegates):

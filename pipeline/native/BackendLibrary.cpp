@@ -8,7 +8,7 @@
 #include <string>
 
 #include "EntryPoints.h"
-#include "NativeLayerNormConfig.h"
+#include "LayerNormConfig.h"
 #include "WebGPUDelegateHeader.h"
 #include "WebGPUDevice.h"
 
@@ -51,23 +51,23 @@ PIPELINE_EXPORT int pipeline_webgpu_subgroup_size() {
 }
 
 // 1 when the device's float16 stores use pack2x16float, 0 when not, -1 without a device.
-PIPELINE_EXPORT int pipeline_webgpu_native_f16_pack() {
+PIPELINE_EXPORT int pipeline_webgpu_pack2x16float() {
   webgpu::WebGPUDevice* device = webgpu::WebGPUDevice::get(nullptr);
-  return device ? (device->native_f16_pack() ? 1 : 0) : -1;
+  return device ? (device->pack2x16float() ? 1 : 0) : -1;
 }
 
 // The WGSL module for a configuration; returns its length (copy into `out` when it fits
 // `capacity` including the NUL), or -1 on failure.
 PIPELINE_EXPORT long long pipeline_webgpu_wgsl_source(uint64_t width, int has_weight, int has_bias,
                                       uint32_t subgroup_size, uint32_t dtype, uint32_t affine_dtype,
-                                      int native_f16_pack, uint64_t rows, int write_stats, int tint,
+                                      int pack2x16float, uint64_t rows, int write_stats, int tint,
                                       char* out, size_t capacity) {
   try {
     if (width == 0 || dtype > webgpu::kBFloat16 || affine_dtype > webgpu::kBFloat16) {
       return -1;
     }
     const std::string source = webgpu::kernel_source(webgpu::choose_config(
-        width, has_weight != 0, has_bias != 0, subgroup_size, dtype, affine_dtype, native_f16_pack != 0,
+        width, has_weight != 0, has_bias != 0, subgroup_size, dtype, affine_dtype, pack2x16float != 0,
         rows, write_stats != 0), tint != 0 ? webgpu::ShaderCompiler::kTint : webgpu::ShaderCompiler::kNaga);
     if (source.size() < capacity) {
       copy_out(source, out, capacity);
