@@ -16,7 +16,7 @@ from pipeline.interpreter import fold
 from pipeline.pte import verify
 from pipeline.interpreter.program import Program
 from pipeline.pte.file import PteFile
-from test_executor import Block, Decoder, TinyViT, randn, seeded
+from test_interpreter import Block, Decoder, TinyViT, randn, seeded
 
 pytestmark = pytest.mark.usefixtures("gpu_info")
 
