@@ -1,4 +1,4 @@
-"""The kernel in a real browser: native_layer_norm.html on headless Chromium's own WebGPU
+"""The kernel in a real browser: page.html on headless Chromium's own WebGPU
 (`navigator.gpu`; without a GPU, SwiftShader's Vulkan through Dawn), on both reduction
 paths, held against float64 with eager as the yardstick, NaN and infinite rows like aten.
 

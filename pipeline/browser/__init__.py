@@ -1,4 +1,4 @@
-"""The kernel in a real browser: native_layer_norm.html runs it on the browser's own
+"""The kernel in a real browser: page.html runs it on the browser's own
 WebGPU (`navigator.gpu`), fed from Python through a headless Chromium driven over the
 DevTools protocol (chromium.py). tests/test_browser.py holds its results to float64."""
 

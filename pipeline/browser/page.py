@@ -1,6 +1,6 @@
 """The native_layer_norm kernel on a browser's own WebGPU (`navigator.gpu`).
 
-native_layer_norm.html runs WebGPU's lifecycle and nothing else; everything it runs comes
+page.html runs WebGPU's lifecycle and nothing else; everything it runs comes
 from here: each WGSL module as the runtime assembles it for Tint (the compiler Chromium's
 Dawn runs), chosen by the runtime's own rule for the browser adapter's subgroup size and
 float16 packing (both probed in the page with the runtime's probe shaders), the rows as
@@ -26,7 +26,7 @@ from pipeline.runtime.launch import (
     BINDINGS, DTYPES, KernelConfig, _STORED, _stored, _words, choose_config, grid, pack_params,
 )
 
-PAGE = "native_layer_norm.html"
+PAGE = "page.html"
 # Chromium runs Dawn, whose shader compiler is Tint.
 FILES = ShaderFiles("tint")
 ATEN = torch.ops.aten.native_layer_norm.default
