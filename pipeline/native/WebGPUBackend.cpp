@@ -97,27 +97,15 @@ bool check_tensor(EValue* value, const char* what, uint32_t index, uint32_t dtyp
   return true;
 }
 
-Error run_delegate(WebGPUDelegate* d, Span<EValue*> args, EventTracer* tracer, std::string* reason) {
-  const LayerNormBlob& blob = d->blob;
-  const size_t n_args = static_cast<size_t>(blob.arguments) + blob.outputs.size();
-  if (args.size() != n_args) {
-    *reason = "expected " + std::to_string(blob.arguments) + " inputs and " +
-              std::to_string(blob.outputs.size()) + " outputs, got " + std::to_string(args.size()) +
-              " arguments";
-    return Error::InvalidArgument;
-  }
-
-  // x: its trailing dims are the normalized dims (dynamic ones read from it), the rest rows.
-  if (!check_tensor(args[blob.input_index], "input", blob.input_index, blob.dtype, reason)) {
-    return Error::InvalidArgument;
-  }
-  const Tensor& x = args[blob.input_index]->toTensor();
+// x's row width (the product of its trailing, normalized dims; dynamic ones read from x),
+// or 0 with the reason x does not fit the blob.
+uint64_t row_width(const LayerNormBlob& blob, const Tensor& x, std::string* reason) {
   const size_t ndim = blob.dims.size();
   const size_t rank = static_cast<size_t>(x.dim());
   if (rank < ndim) {
     *reason = "input of rank " + std::to_string(rank) + " has fewer dims than the " +
               std::to_string(ndim) + " normalized ones";
-    return Error::InvalidArgument;
+    return 0;
   }
   uint64_t width = 1;
   for (size_t i = 0; i < ndim; ++i) {
@@ -125,23 +113,23 @@ Error run_delegate(WebGPUDelegate* d, Span<EValue*> args, EventTracer* tracer, s
     if (blob.dims[i] != kDynamicDim && size != blob.dims[i]) {
       *reason = "input dim " + std::to_string(rank - ndim + i) + " is " + std::to_string(size) +
                 ", the normalized shape says " + std::to_string(blob.dims[i]);
-      return Error::InvalidArgument;
+      return 0;
     }
     if (size < 1) {
       *reason = "normalized dim " + std::to_string(i) + " of the input is empty";
-      return Error::InvalidArgument;
+      return 0;
     }
     width *= static_cast<uint64_t>(size);  // bounded: it is a factor of numel
   }
-  const uint64_t rows = static_cast<uint64_t>(x.numel()) / width;
-  // Switched on from Python: an ETDump event around the call, a copy of its tensors after it.
-  std::optional<DelegateTraceScope> trace;
-  if (tracing_enabled()) {
-    trace.emplace(tracer, rows, width, dtype_name(blob.dtype));
-  }
+  return width;
+}
 
-  // Input-sourced weight and bias: the affine dtype, shaped like the normalized dims.
-  const void* operands[2] = {nullptr, nullptr};
+// Input-sourced weight and bias (the affine dtype, shaped like the normalized dims) into
+// `operands`; constant ones stay null (the launch holds them).
+bool affine_operands(const LayerNormBlob& blob, Span<EValue*> args, const Tensor& x, const void* operands[2],
+                     std::string* reason) {
+  const size_t ndim = blob.dims.size();
+  const size_t rank = static_cast<size_t>(x.dim());
   const Operand* roles[2] = {&blob.weight, &blob.bias};
   for (int i = 0; i < 2; ++i) {
     if (roles[i]->source != OperandSource::kInput) {
@@ -149,7 +137,7 @@ Error run_delegate(WebGPUDelegate* d, Span<EValue*> args, EventTracer* tracer, s
     }
     const char* what = i == 0 ? "weight" : "bias";
     if (!check_tensor(args[roles[i]->index], what, roles[i]->index, blob.affine_dtype, reason)) {
-      return Error::InvalidArgument;
+      return false;
     }
     const Tensor& t = args[roles[i]->index]->toTensor();
     bool same = static_cast<size_t>(t.dim()) == ndim;
@@ -158,17 +146,23 @@ Error run_delegate(WebGPUDelegate* d, Span<EValue*> args, EventTracer* tracer, s
     }
     if (!same) {
       *reason = std::string(what) + " does not have the normalized shape";
-      return Error::InvalidArgument;
+      return false;
     }
     operands[i] = t.const_data_ptr();
   }
+  return true;
+}
 
-  // Outputs follow the inputs: resized to out = x's shape, mean/rstd = rows then 1s.
+// Outputs follow the inputs: each resized (out = x's shape, mean/rstd = rows then 1s), and
+// the first tensor of each kind recorded in `first`.
+Error resize_outputs(const LayerNormBlob& blob, Span<EValue*> args, const Tensor& x, std::array<void*, 3>* first,
+                     std::string* reason) {
+  const size_t ndim = blob.dims.size();
+  const size_t rank = static_cast<size_t>(x.dim());
   std::array<SizesType, kTensorDimensionLimit> stat_sizes{};
   for (size_t i = 0; i < rank; ++i) {
     stat_sizes[i] = i < rank - ndim ? static_cast<SizesType>(x.size(i)) : 1;
   }
-  std::array<void*, 3> first{nullptr, nullptr, nullptr};  // first tensor of each kind
   for (size_t i = 0; i < blob.outputs.size(); ++i) {
     const uint32_t at = blob.arguments + static_cast<uint32_t>(i);
     const uint32_t dtype = blob.outputs[i] == kOut ? blob.dtype : blob.affine_dtype;
@@ -188,13 +182,19 @@ Error run_delegate(WebGPUDelegate* d, Span<EValue*> args, EventTracer* tracer, s
       *reason = "resizing output " + std::to_string(i) + " failed";
       return resized;
     }
-    if (first[kind] == nullptr) {
-      first[kind] = t.mutable_data_ptr();
+    if ((*first)[kind] == nullptr) {
+      (*first)[kind] = t.mutable_data_ptr();
     }
   }
+  return Error::Ok;
+}
 
-  // The kernel gives mean and rstd in float32; half ones are rounded here, once.
-  const bool half_stats = blob.affine_dtype != kFloat32;
+// One launch into the first output of each kind. The kernel gives mean and rstd in float32;
+// half ones are rounded here, once.
+bool launch(WebGPUDelegate* d, const Tensor& x, uint64_t rows, uint64_t width, const void* const operands[2],
+            const std::array<void*, 3>& first, std::string* reason) {
+  const uint32_t affine_dtype = d->blob.affine_dtype;
+  const bool half_stats = affine_dtype != kFloat32;
   std::vector<float> stats(half_stats ? 2 * rows : 0);
   float* mean = half_stats ? (first[kMean] ? stats.data() : nullptr) : static_cast<float*>(first[kMean]);
   float* rstd = half_stats ? (first[kRstd] ? stats.data() + rows : nullptr) : static_cast<float*>(first[kRstd]);
@@ -204,15 +204,53 @@ Error run_delegate(WebGPUDelegate* d, Span<EValue*> args, EventTracer* tracer, s
     GpuTime gpu_time;
     if (!d->op.run(x.const_data_ptr(), rows, width, operands[0], operands[1], outputs, reason,
                    gpu_time_wanted() ? &gpu_time : nullptr)) {
-      return Error::Internal;
+      return false;
     }
     if (gpu_time.measured) {
       add_gpu_time(gpu_time.ns);
     }
   }
   if (half_stats) {
-    if (first[kMean] != nullptr) round_to(blob.affine_dtype, mean, first[kMean], rows);
-    if (first[kRstd] != nullptr) round_to(blob.affine_dtype, rstd, first[kRstd], rows);
+    if (first[kMean] != nullptr) round_to(affine_dtype, mean, first[kMean], rows);
+    if (first[kRstd] != nullptr) round_to(affine_dtype, rstd, first[kRstd], rows);
+  }
+  return true;
+}
+
+Error run_delegate(WebGPUDelegate* d, Span<EValue*> args, EventTracer* tracer, std::string* reason) {
+  const LayerNormBlob& blob = d->blob;
+  const size_t n_args = static_cast<size_t>(blob.arguments) + blob.outputs.size();
+  if (args.size() != n_args) {
+    *reason = "expected " + std::to_string(blob.arguments) + " inputs and " +
+              std::to_string(blob.outputs.size()) + " outputs, got " + std::to_string(args.size()) +
+              " arguments";
+    return Error::InvalidArgument;
+  }
+  if (!check_tensor(args[blob.input_index], "input", blob.input_index, blob.dtype, reason)) {
+    return Error::InvalidArgument;
+  }
+  const Tensor& x = args[blob.input_index]->toTensor();
+  const uint64_t width = row_width(blob, x, reason);
+  if (width == 0) {
+    return Error::InvalidArgument;
+  }
+  const uint64_t rows = static_cast<uint64_t>(x.numel()) / width;
+  // Switched on from Python: an ETDump event around the call, a copy of its tensors after it.
+  std::optional<DelegateTraceScope> trace;
+  if (tracing_enabled()) {
+    trace.emplace(tracer, rows, width, dtype_name(blob.dtype));
+  }
+  const void* operands[2] = {nullptr, nullptr};
+  if (!affine_operands(blob, args, x, operands, reason)) {
+    return Error::InvalidArgument;
+  }
+  std::array<void*, 3> first{nullptr, nullptr, nullptr};
+  Error resized = resize_outputs(blob, args, x, &first, reason);
+  if (resized != Error::Ok) {
+    return resized;
+  }
+  if (!launch(d, x, rows, width, operands, first, reason)) {
+    return Error::Internal;
   }
   // An output the delegate returns twice is copied from its first tensor.
   for (size_t i = 0; i < blob.outputs.size(); ++i) {
