@@ -14,6 +14,9 @@ import argparse
 import logging
 import warnings
 
+# The model registry's names (pipeline.models.NAMES, which imports transformers), known to
+# argument parsing before anything heavy is imported; tests/test_models.py holds them equal.
+MODEL_NAMES = ("bart", "florence2", "whisper")
 SEED_LIMIT = 2**64  # torch generators take seeds below this; numpy's take none below 0
 
 

@@ -32,12 +32,9 @@ from pipeline import cli  # noqa: E402
 from pipeline.aot.export import export_model  # noqa: E402
 from pipeline.ioutil import check_output_dir  # noqa: E402
 
-MODELS = ("bart", "florence2", "whisper")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("model", choices=MODELS, help="which model to export")
+    parser.add_argument("model", choices=cli.MODEL_NAMES, help="which model to export")
     parser.add_argument("--variant", help="bart: base, large; florence2: base, large; "
                         "whisper: tiny, base, small, medium, large-v3 (default: base)")
     parser.add_argument("--checkpoint", metavar="DIR", help="local Hugging Face directory (config.json + safetensors)")

@@ -354,3 +354,11 @@ def test_preprocess_serializes_a_single_layer_norm():
     assert described.params.normalized_shape == (2, 3) and described.params.eps == 1e-6
     assert described.params.weight.source == CONSTANT and described.params.outputs == (0,)
     np.testing.assert_array_equal(described.constants["weight"], model.weight.detach().numpy())
+
+
+def test_blob_names_the_backend_and_dtypes_the_kernel_has():
+    from pipeline import wgsl
+    from pipeline.aot.preprocess import WebGPUBackend
+
+    assert WebGPUBackend.__name__ == blob.BACKEND_ID
+    assert tuple(blob.DTYPE_CODES) == wgsl.DTYPES

@@ -166,3 +166,9 @@ def test_every_variant_exports(name, variant, layer_norms):
     spec = models.build(name, variant, dynamic=name == "bart")
     count, out_shape = export(spec)
     assert count == layer_norms and out_shape[-1] == models.family(name).hidden_size(spec.config)
+
+
+def test_the_cli_knows_the_registry_names():
+    from pipeline import cli
+
+    assert cli.MODEL_NAMES == models.NAMES

@@ -13,13 +13,14 @@ from torch.export.graph_signature import InputKind
 
 from pipeline.aot.preprocess import WebGPUBackend
 from pipeline.aot.preprocess import NATIVE_LAYER_NORM, layer_norm_args
+from pipeline.wgsl import DTYPES
 
 logger = logging.getLogger(__name__)
 
 # WebGPU's guaranteed maxStorageBufferBindingSize: one row must fit in one binding on any adapter.
 MAX_ROW_BYTES = 128 * 1024 * 1024
 TAG_PREFIX = "webgpu_layer_norm_"
-KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+KERNEL_DTYPES = tuple(getattr(torch, name) for name in DTYPES)
 
 
 def unsupported_reason(node: torch.fx.Node) -> str | None:

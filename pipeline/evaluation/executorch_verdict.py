@@ -60,7 +60,7 @@ def run_in_executorch(buffer: bytes, inputs: Sequence) -> list:
 def webgpu_call_order(pte) -> list[int]:
     """The plan's WebGPU delegate indices in the order its instructions call them. Raises
     ValueError when the order is not fixed (jumps or several chains)."""
-    from pipeline.native import BACKEND_NAME
+    from pipeline.pte.blob import BACKEND_ID
 
     plan = pte.plan
     if len(plan.chains) != 1 or any(hasattr(i.instr_args, "destination_instruction")
@@ -68,7 +68,7 @@ def webgpu_call_order(pte) -> list[int]:
         raise ValueError("the program's delegate calls have no fixed order (control flow): LayerNorm outputs "
                          "cannot be paired with the Python runtime's")
     return [i.instr_args.delegate_index for i in plan.chains[0].instructions
-            if hasattr(i.instr_args, "delegate_index") and plan.delegates[i.instr_args.delegate_index].id == BACKEND_NAME]
+            if hasattr(i.instr_args, "delegate_index") and plan.delegates[i.instr_args.delegate_index].id == BACKEND_ID]
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:

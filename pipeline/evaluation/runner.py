@@ -23,7 +23,6 @@ from pipeline.evaluation.render import (
 from pipeline.evaluation.report import write_report
 from pipeline.ioutil import check_output_dir
 
-MODEL_NAMES = ("bart", "florence2", "whisper")
 DEFAULT_OUTPUT_DIR = Path("out/reports")
 
 
@@ -45,9 +44,9 @@ def environment(seed: int) -> dict:
 def resolve_models(name: str) -> list[str]:
     """`all` or one model name; ValueError naming the argument otherwise."""
     if name == "all":
-        return list(MODEL_NAMES)
-    if name not in MODEL_NAMES:
-        raise ValueError(f"model must be one of {', '.join(MODEL_NAMES)} or 'all', got {name!r}")
+        return list(cli.MODEL_NAMES)
+    if name not in cli.MODEL_NAMES:
+        raise ValueError(f"model must be one of {', '.join(cli.MODEL_NAMES)} or 'all', got {name!r}")
     return [name]
 
 
@@ -194,7 +193,7 @@ def report_main(kind: str, description: str, argv: list[str] | None = None) -> i
     import argparse
 
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("model", nargs="?", choices=[*MODEL_NAMES, "all"],
+    parser.add_argument("model", nargs="?", choices=[*cli.MODEL_NAMES, "all"],
                         help="which model, or all of them (none with --pte)")
     parser.add_argument("--pte", metavar="FILE", help="report on this exported file instead of a fresh lowering "
                         "(its model, variant and seed come from the .coverage.json beside it)")

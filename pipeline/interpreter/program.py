@@ -29,12 +29,11 @@ from executorch.exir import schema
 
 from pipeline.interpreter import fold as _fold
 from pipeline.pte import inputs as _inputs
-from pipeline.pte import operators, verify
+from pipeline.pte import blob, operators, verify
 from pipeline.pte.file import PteError, PteFile
 from pipeline.ioutil import write_bytes_atomic
 from pipeline.runtime.delegate import LayerNormDelegate
 
-BACKEND_ID = "WebGPUBackend"
 MAX_INSTRUCTIONS = 10_000_000  # ExecuTorch's cap on one run
 MAX_CHECKED_SHAPES = 1024  # input shapes of a dynamic program remembered as checked
 # Operators that are a LayerNorm left outside the delegate (what coverage counts as missed).
@@ -184,10 +183,10 @@ class Program:
     def _init_delegates(self) -> list[LayerNormDelegate]:
         delegates = []
         for i, d in enumerate(self._plan.delegates):
-            if d.id != BACKEND_ID:
-                raise self._fail(f"delegate {i} is for backend {d.id!r}; this runtime runs only {BACKEND_ID}")
+            if d.id != blob.BACKEND_ID:
+                raise self._fail(f"delegate {i} is for backend {d.id!r}; this runtime runs only {blob.BACKEND_ID}")
             if d.compile_specs:
-                raise self._fail(f"delegate {i}: {BACKEND_ID} takes no compile specs, got "
+                raise self._fail(f"delegate {i}: {blob.BACKEND_ID} takes no compile specs, got "
                                  f"{[s.key for s in d.compile_specs]}")
             try:
                 delegates.append(LayerNormDelegate(self._pte.delegate_bytes(d)))

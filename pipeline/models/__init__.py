@@ -24,7 +24,7 @@ from transformers import PretrainedConfig
 from pipeline.models import bart, florence2, whisper
 from pipeline.models.checkpoint import config_from_dict, load_weights, read_config
 from pipeline.models.spec import CheckpointError, ModelFamily, ModelSpec
-from pipeline.runtime.launch import DTYPES
+from pipeline.wgsl import DTYPES
 
 __all__ = ["NAMES", "CheckpointError", "ModelFamily", "ModelSpec", "build", "default_variant", "family", "variants"]
 
@@ -119,7 +119,7 @@ def build(
     module = fam.make_module(config)
     if directory is not None:
         load_weights(module, directory, fam)
-    module.eval().to(DTYPES[dtype])
+    module.eval().to(getattr(torch, dtype))
 
     preprocessor = _embedded(name, variant if variant != CUSTOM_VARIANT else fam.default_variant).get("preprocessor", {})
     return ModelSpec(
@@ -135,7 +135,7 @@ def build(
 
 def cast_inputs(inputs, dtype: str):
     """The floating-point tensors of `inputs` cast to `dtype`; others (token ids) as they are."""
-    return [x.to(DTYPES[dtype]) if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs]
+    return [x.to(getattr(torch, dtype)) if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs]
 
 
 def _check_variant(fam: ModelFamily, variant: str) -> None:

@@ -17,9 +17,10 @@ import os
 import threading
 from pathlib import Path
 
-__all__ = ["BACKEND_NAME", "NativeProgram", "check_blob", "load", "register", "wgsl_source"]
+from pipeline.pte.blob import BACKEND_ID
 
-BACKEND_NAME = "WebGPUBackend"
+__all__ = ["NativeProgram", "check_blob", "load", "register", "wgsl_source"]
+
 _REASON_BYTES = 512
 
 _lib: ctypes.CDLL | None = None
@@ -71,7 +72,7 @@ def register() -> None:
     """
     error = library().pipeline_webgpu_register()
     if error != 0:
-        raise RuntimeError(f"registering {BACKEND_NAME} failed: executorch error 0x{error:x}")
+        raise RuntimeError(f"registering {BACKEND_ID} failed: executorch error 0x{error:x}")
 
 
 def device() -> tuple[bool, str]:
@@ -149,7 +150,7 @@ class NativeProgram:
             self.path = Path(path)
             pte = PteFile.read(self.path)
         try:
-            check_program(pte, BACKEND_NAME)
+            check_program(pte, BACKEND_ID)
             self._in_spec, _ = inputs.specs(pte.plan)
         except (CheckError, inputs.SignatureError) as exc:
             raise PteError(f"{pte.source}: {exc}") from None

@@ -57,6 +57,9 @@ MAX_NDIM = 16
 U32_MAX = 2**32 - 1
 
 OP_NATIVE_LAYER_NORM = 1
+# The delegate id of our blobs in a program: the name of the backend class that wrote them
+# (pipeline.aot.preprocess.WebGPUBackend), as ExecuTorch records it.
+BACKEND_ID = "WebGPUBackend"
 DTYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2}
 # How constants of each dtype are held as numpy arrays (numpy has no bfloat16: its bits).
 CONSTANT_ARRAYS = {"float32": np.dtype("<f4"), "float16": np.dtype("<f2"), "bfloat16": np.dtype("<u2")}

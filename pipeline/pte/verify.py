@@ -710,8 +710,8 @@ def layer_norm_outputs(params, args: list) -> list[torch.Tensor]:
     x = inputs[params.input_index]
     if not isinstance(x, torch.Tensor):
         raise CheckError(f"its input is a {type(x).__name__}, not a tensor")
-    dtype = _DTYPES[params.dtype]
-    affine = _DTYPES[params.affine_dtype]
+    dtype = getattr(torch, params.dtype)
+    affine = getattr(torch, params.affine_dtype)
     if x.dtype != dtype:
         raise CheckError(f"its input is {x.dtype}, the delegate was built for {dtype}")
     normalized = params.resolve(tuple(x.shape))
@@ -729,8 +729,6 @@ def layer_norm_outputs(params, args: list) -> list[torch.Tensor]:
     dtypes = (dtype, affine, affine)
     return [torch.empty(shapes[i], dtype=dtypes[i], device="meta") for i in params.outputs]
 
-
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 def check_program(pte, backend_id: str) -> None:

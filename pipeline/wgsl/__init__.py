@@ -14,6 +14,9 @@ from importlib import resources
 
 import numpy as np
 
+# The kernel's storage types, as torch names them (the blob numbers them: pipeline.pte.blob).
+DTYPES = ("float32", "float16", "bfloat16")
+
 # The shader compilers that need an `enable` directive before a module may use subgroup
 # operations: Tint does (WGSL's rule); naga in wgpu 0.32 refuses the directive. The one
 # place that decides it (the C++ backend's kernel_source mirrors it, tested byte for byte).
