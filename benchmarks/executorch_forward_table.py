@@ -32,7 +32,6 @@ import pipeline.native
 from pipeline.evaluation.eager import run_eager, to_float64
 from pipeline.evaluation.executorch_verdict import reference_buffer
 from pipeline.evaluation.metrics import compare, flatten_output
-from pipeline.aot.lowering import lower_to_edge
 from pipeline.ioutil import write_json_atomic
 from pipeline.native.trace import TracedProgram  # with nothing traced: ExecuTorch's runtime as it stands
 from executorch_runtime import native_machine  # benchmarks/, the script's own directory
@@ -42,6 +41,8 @@ COLUMNS = ("eager", "python runtime", "executorch + xnnpack + webgpu", "executor
 
 def build_columns(name: str, say) -> tuple[object, dict[str, object], dict[str, float]]:
     """The model's spec, a callable per column, and each column's build seconds."""
+    from pipeline.aot.lowering import lower_to_edge  # imports ExecuTorch: not before --help
+
     spec = pipeline.models.build(name)
     model = spec.module.eval()
     calls, seconds = {}, {}

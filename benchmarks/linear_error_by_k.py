@@ -14,9 +14,6 @@ import argparse
 import sys
 
 import torch
-from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-from executorch.exir import to_edge_transform_and_lower
-from executorch.runtime import Runtime
 
 from pipeline.evaluation.metrics import compare
 
@@ -27,6 +24,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=256)
     parser.add_argument("--out-features", type=int, default=256)
     args = parser.parse_args(argv)
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner  # after --help
+    from executorch.exir import to_edge_transform_and_lower
+    from executorch.runtime import Runtime
+
     print("K     run        rel L2    x eager   max abs   x eager")
     for k in map(int, args.ks.split(",")):
         torch.manual_seed(k)

@@ -6,9 +6,9 @@ held rows as a small launch and as a large one holds them ("wide_launch").
 
     python benchmarks/stats_accuracy.py [OUT.json]
 """
+import argparse
 import dataclasses
 import importlib
-import sys
 
 import numpy as np
 import torch
@@ -71,15 +71,18 @@ def summarize(rows: list[dict], names: list[str]) -> list[dict]:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("json", nargs="?", metavar="OUT.json", help="where to write the results (printed only without it)")
+    args = parser.parse_args()
     gen = torch.Generator().manual_seed(0)
     rows = measure(WIDTHS, {"held": chosen, "streamed": streamed}, gen)
     summary = summarize(rows, ["eager", "held", "streamed"])
     wide_rows = measure(WIDE_WIDTHS, {"held": chosen, "held_wide_launch": wide}, gen)
     wide_summary = summarize(wide_rows, ["eager", "held", "held_wide_launch"])
-    if len(sys.argv) > 1:
-        write_json_atomic(sys.argv[1], {"adapter": device_info()["adapter"], "summary": summary, "cases": rows,
-                                        "wide_launch": {"widths": WIDE_WIDTHS, "summary": wide_summary,
-                                                        "cases": wide_rows}})
+    if args.json:
+        write_json_atomic(args.json, {"adapter": device_info()["adapter"], "summary": summary, "cases": rows,
+                                      "wide_launch": {"widths": WIDE_WIDTHS, "summary": wide_summary,
+                                                      "cases": wide_rows}})
 
 
 if __name__ == "__main__":

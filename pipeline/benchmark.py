@@ -53,7 +53,7 @@ OUTPUTS = ("rotating", "shared")  # each launch its own output, or all of them o
 # Every timing starts after this long of the GPU kept busy (a large WGSL copy, back to back):
 # after a pause on the host of a second or two (a float64 check, a compile) the H200 timed
 # everything, a copy included, 2.5-3x slower, and 0.1 s of the timed launches themselves,
-# synchronised one small batch at a time, did not bring it back (benchmarks/NOTES.md).
+# synchronised one small batch at a time, did not bring it back (docs/measurements.md).
 WARM_SECONDS = 0.25
 WARM_BYTES = 64 << 20  # copied by each warm-up dispatch
 COPY_SHADER = "bench_copy.wgsl"

@@ -15,7 +15,7 @@ namespace webgpu {
 constexpr uint32_t kMinWorkgroup = 64;
 constexpr uint32_t kMaxThreadsPerRow = 256;
 constexpr uint32_t kMaxHold = 8;  // values of a row one thread holds in registers at most
-// Loads a thread holds at least, where the row has them (launch.py's MIN_HOLD and
+// Loads a thread holds at least, where the row has them (runtime/launch.py's MIN_HOLD and
 // MIN_HOLD_NARROW_LOADS): 3 for float32 rows loaded as vec4 or vec2, else 4.
 constexpr uint32_t kMinHold = 3;
 constexpr uint32_t kMinHoldNarrowLoads = 4;

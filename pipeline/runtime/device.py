@@ -38,7 +38,7 @@ STAGING = MAP_READ | COPY_DST
 UPLOAD_STAGING = MAP_WRITE | COPY_SRC
 # Copies between host arrays and mapped memory of at least THREADED_COPY_BYTES run over
 # torch's CPU threads where the machine has cores to spare (THREADED_COPIES): one thread's
-# memcpy is what a multi-MB call waited on (benchmarks/NOTES.md, "The host path").
+# memcpy is what a multi-MB call waited on (docs/measurements.md, "The host path").
 THREADED_COPY_BYTES = 1 << 20
 THREADED_COPIES = len(os.sched_getaffinity(0)) >= 4
 

@@ -29,20 +29,20 @@ MAX_THREADS_PER_ROW = 256
 MAX_HOLD = 8
 # Loads a thread holds at least, where the row has them: the most threads per row that
 # leave each this many. 3 for float32 rows loaded as vec4 or vec2 (3 to 6 each), 4 for
-# scalar float32 rows and half rows (4 to 8 each): measured on the H200 (benchmarks/NOTES.md).
+# scalar float32 rows and half rows (4 to 8 each): measured on the H200 (docs/measurements.md).
 MIN_HOLD = 3
 MIN_HOLD_NARROW_LOADS = 4
 # A float32 launch whose rows split into exactly 4 vec4 loads a thread, and that has
 # at least this many threads at that rule, takes twice the threads per row, 2 loads each:
 # 1-8% faster on the H200 from 3 x 2^16 threads, 2-8% slower at 2^17 and fewer
-# (benchmarks/NOTES.md, "Threads by the launch's size").
+# (docs/measurements.md, "How the kernel got here").
 WIDE_LAUNCH_THREADS = 3 << 16
 # Values a streaming thread loads in one loop step.
 STREAM_UNROLL = 4
 MAX_GRID_X = 65535
 PARAMS_BYTES = 16
 # Inputs of at least this many bytes go to the GPU through a mapped staging buffer, copied
-# over threads, instead of the queue's write (one thread's copy): benchmarks/NOTES.md, "The
+# over threads, instead of the queue's write (one thread's copy): docs/measurements.md, "The
 # host path".
 STAGED_UPLOAD_BYTES = 1 << 20
 
@@ -197,7 +197,7 @@ def choose_config(width: int, has_weight: bool, has_bias: bool, subgroup_size: i
     `affine_dtype` defaults to `dtype`. `pack2x16float` (the device probe's verdict on
     pack2x16float) matters for float16 only. `write_stats` False leaves mean and rstd unwritten.
 
-    Chosen from the H200 sweeps (benchmarks/NOTES.md; with v5's row sums, 3 vec4 a thread
+    Chosen from the H200 sweeps (docs/measurements.md; with v5's row sums, 3 vec4 a thread
     where the rule gave 6 took 3-11% off the 384- and 768-wide float32 shapes, while 4 instead
     of 8 scalars or 3 instead of 6 half vec4 lost 6-10%). `subgroup_size` 0 means the adapter
     has no subgroup operations (workgroup-memory merges).

@@ -4,7 +4,7 @@ configuration rule), built without ExecuTorch as libpipeline_layer_norm.so.
 
 A call from Python through wgpu-py pays its wrappers and our bookkeeping around some twenty
 device operations: 150-250 µs of a small call's 330-450 µs on the H200 host, where one
-submit and map cost ~95 µs (benchmarks/NOTES.md, "The host path"). Here Python checks the
+submit and map cost ~95 µs (docs/measurements.md, "The host path"). Here Python checks the
 arguments, makes the output tensors and calls once; the device work runs in C++ with the
 GIL released.
 

@@ -8,7 +8,7 @@
 // values past float16's range to the implementation, and the output must be rounded once,
 // as aten rounds it, on every adapter. Where the device probe (f16_pack_probe.wgsl) saw
 // pack2x16float round exactly so, PACK2X16FLOAT stores float16 with it instead: one
-// conversion instruction, 25-36% faster on the H200 (benchmarks/NOTES.md).
+// conversion instruction, 25-36% faster on the H200 (docs/measurements.md).
 
 fn unpack_pair(word: u32) -> vec2<f32> {
     if (HALF == 2u) {

@@ -2,7 +2,7 @@
 // in one launch, matching aten.native_layer_norm for float32, float16 and bfloat16 rows
 // (statistics in f32 whatever the dtype; each output value rounded once to its dtype).
 //
-// The runtime prepends the pipeline's constants (see pipeline/runtime/native_layer_norm.py):
+// The runtime prepends the pipeline's constants (see pipeline/runtime/launch.py):
 //   alias V                 vec4<f32> when width % 4 == 0, vec2<f32> when width % 2 == 0,
 //                           else f32 (one load = one V: loads as wide as rows stay aligned)
 //   const VEC: u32          components in one V (4, 2 or 1)
@@ -20,7 +20,7 @@
 // and writes out the lines marked `// each held value` HOLD times and those marked
 // `// each step value` STEP times, K (and the suffix _K of names) becoming 0, 1, ...:
 // loops over a private array, which Naga bounds with a counter of its own, were measured
-// much slower than the same statements written out (benchmarks/NOTES.md, v4).
+// much slower than the same statements written out (docs/measurements.md, v4).
 //
 // Each thread first takes the mean of its own share, and the row's mean is the sum over
 // its threads of mean x count / width (row_mean):
@@ -42,7 +42,7 @@
 // merge costs each thread a division and a dozen more instructions at each butterfly
 // level, a sum a shuffle and an add. On the H200 the sums are 1% faster in float32 and 4%
 // in float16 over the model shapes (up to 13%), and rstd comes out 2-4x closer to float64
-// (benchmarks/NOTES.md).
+// (docs/measurements.md).
 
 struct Params {
     rows: u32,  // rows in this launch

@@ -10,7 +10,7 @@
 // The subgroup size comes down from the entry point's subgroup_size builtin as a parameter
 // (`lanes`), which it proves uniform; a private variable holding it, it cannot. A constant
 // (the probe's size) would do for Tint too, but on the H200 it made rows of several
-// subgroups 1-6% slower than the builtin (benchmarks/NOTES.md, "Dawn and Tint").
+// subgroups 1-6% slower than the builtin (docs/measurements.md, "wgpu and Dawn").
 
 // One slot of parts per step, so that a row's second sum never writes over parts its
 // first is still reading.
@@ -52,7 +52,7 @@ fn row_sum(value: vec2<f32>, tid: u32, lane: u32, step: u32, lanes: u32) -> vec2
     // halve in a tree in workgroup memory until `span` remain, so that no part is added
     // after a long run of others (16 in sequence at 4 lanes took a mean at 1e4 2 ulp off).
     // Elsewhere the tree is not compiled: its loop, never run, made rows of 8 parts 1-3%
-    // slower on the H200 (benchmarks/NOTES.md, "Dawn and Tint").
+    // slower on the H200 (docs/measurements.md, "wgpu and Dawn").
     let row_parts = THREADS_PER_ROW / lanes;
     let first = slot + (tid / THREADS_PER_ROW) * row_parts;
     let span = min(row_parts, lanes);

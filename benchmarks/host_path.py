@@ -1,11 +1,11 @@
-"""A delegate's call from host tensors to host tensors, step by step, same run: which part
-of the host path each change of the runtime takes off (issue 21).
+"""A delegate's call from host tensors to host tensors, step by step, same run: what each
+part of the host path costs.
 
 Variants of the Python runtime's call (native_layer_norm, resident weight and bias, no
 mean/rstd: as the models' delegates make it), on wgpu unless named:
 - poll_thread   wgpu's map_sync (an empty submit before each read mapping, the wait handed to
                 wgpu's poll thread), one-thread copies, the input written through the queue:
-                the runtime before this change
+                the Python call as it was before 8d30518
 - map_here      our map request, polled on the calling thread; copies as poll_thread
 - threaded_read map_here, the read-back copied over torch's threads
 - product       threaded_read, large inputs through a mapped staging buffer copied over threads
@@ -26,7 +26,7 @@ And, same run, the CUDA round trip (F.layer_norm(x.cuda()).cpu(), weights on the
 pageable memory) and torch on the CPU. Each variant's output is checked against the
 product's, bit for bit. Interleaved per shape (A B C ... C B A, the mean of both kept).
 
-    OUT=dir python benchmarks/probe_host_path.py [--shapes 16x768,model]
+    OUT=dir python benchmarks/host_path.py [--shapes 16x768,model]
 """
 from __future__ import annotations
 
