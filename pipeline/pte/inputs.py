@@ -53,7 +53,7 @@ def flatten(inputs: tuple, spec: pytree.TreeSpec | None, count: int) -> list:
 
 
 def _depth(spec: pytree.TreeSpec) -> int:
-    children = spec.children_specs
+    children = spec.children()
     return 1 + max((_depth(c) for c in children), default=0) if children else 0
 
 
