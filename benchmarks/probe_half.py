@@ -26,6 +26,7 @@ import torch
 import pipeline
 from pipeline.benchmark import parse_shapes, time_kernel, time_torch, time_torch_compiled
 from pipeline.runtime.device import gpu
+from pipeline.wgsl.config import MIN_WORKGROUP
 
 kernel = importlib.import_module("pipeline.runtime.launch")  # the module, not the function
 
@@ -52,7 +53,7 @@ def variants(width: int, subgroup_size: int) -> dict:
         threads = product.threads_per_row // divisor
         if product.hold and threads >= 1:
             found[name] = replace(product, threads_per_row=threads, hold=math.ceil(product.row_vecs / threads),
-                                  workgroup=max(kernel.MIN_WORKGROUP, threads))
+                                  workgroup=max(MIN_WORKGROUP, threads))
     return found
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from pipeline.benchmark import parse_shapes, time_copy, time_kernel
 from pipeline.runtime.device import device_info, gpu
+from pipeline.wgsl.config import MAX_THREADS_PER_ROW, MIN_WORKGROUP
 import probe_reduction  # benchmarks/, the script's own directory
 
 kernel = importlib.import_module("pipeline.runtime.launch")  # the module, not the function
@@ -46,10 +47,10 @@ def no_stats(config: kernel.KernelConfig) -> kernel.KernelConfig:
 def doubled(config: kernel.KernelConfig) -> kernel.KernelConfig | None:
     """Twice the threads per row, half the loads each, where the row still splits evenly."""
     threads = 2 * config.threads_per_row
-    if (config.hold < 2 or config.row_vecs % threads or threads > kernel.MAX_THREADS_PER_ROW):
+    if (config.hold < 2 or config.row_vecs % threads or threads > MAX_THREADS_PER_ROW):
         return None
     return replace(config, threads_per_row=threads, hold=config.row_vecs // threads,
-                   workgroup=max(kernel.MIN_WORKGROUP, threads))
+                   workgroup=max(MIN_WORKGROUP, threads))
 
 
 def check(rows: int, width: int, dtype: str, config, stats: bool) -> float:

@@ -58,18 +58,8 @@ from pipeline.benchmark import (
     time_torch_copy,
 )
 from pipeline.runtime.device import device_info, gpu, read_bytes
-from pipeline.runtime.launch import (
-    PARAMS_BYTES,
-    STAGING,
-    STORAGE,
-    UNIFORM,
-    KernelConfig,
-    _written_out,
-    choose_config,
-    compile_pipeline,
-    grid,
-    pack_params,
-)
+from pipeline.runtime.launch import PARAMS_BYTES, STAGING, STORAGE, UNIFORM, compile_pipeline, grid, pack_params
+from pipeline.wgsl.config import EACH_HELD_VALUE, KernelConfig, choose_config, written_out
 
 # The model shapes where the kernel loses most to torch.compile (issue 15); the three largest
 # first, then the two where a persistent grid takes most turns, so a cut-short call keeps them.
@@ -247,7 +237,7 @@ class Persistent(KernelConfig):
         if self.hold < 1:
             raise ValueError("persistent rows are held rows (hold >= 1)")
         source = _edit(super().source(g), "fn normalize_rows(", "fn normalize_rows_one_launch_grid(")
-        persistent = _written_out(PERSISTENT_SOURCE.read_text(), "each held value", self.hold)
+        persistent = written_out(PERSISTENT_SOURCE.read_text(), {EACH_HELD_VALUE: self.hold})
         return source + _edit(persistent, "        HELD_STATISTICS\n", _held_statistics(source))
 
 

@@ -26,7 +26,7 @@ from pipeline.pte import blob
 from pipeline.pte.blob import CONSTANT, DYNAMIC, INPUT, NONE, DelegateBlob, LayerNormParams, Operand
 from pipeline.native import build as native_build
 from pipeline.wgsl import ShaderFiles
-from pipeline.runtime.launch import choose_config
+from pipeline.wgsl.config import choose_config
 from tests.lowering import TOLERANCE
 
 WIDTHS = [*range(1, 71), 384, 766, 768, 1023, 1024, 1280, 3072, 4096, 4098, 100000, 400000]
@@ -362,7 +362,7 @@ class WideLaunchModel(nn.Module):
 
 def test_wide_launches_with_and_without_stats_run_in_executorch_runtime(native_runtime, tmp_path):
     from pipeline.runtime import device_info
-    from pipeline.runtime.launch import WIDE_LAUNCH_THREADS
+    from pipeline.wgsl.config import WIDE_LAUNCH_THREADS
 
     lanes = device_info()["subgroup_size"]
     rows = WIDE_LAUNCH_THREADS // choose_config(128, True, True, lanes).threads_per_row

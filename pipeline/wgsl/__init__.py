@@ -1,7 +1,7 @@
 """The kernel: WGSL files shipped as package data (importlib.resources), and the few
 decisions about their text that every runtime shares (the Python launch, the C++ backend
 built from it, the browser page): the directives each shader compiler needs, and the cases
-of the float16 pack probe.
+of the float16 pack probe; `config` holds the kernel's configuration rule and module text.
 
 Imports numpy only: the C++ build reads it without a device.
 """
