@@ -16,7 +16,7 @@ import numpy as np
 
 # The shader compilers that need an `enable` directive before a module may use subgroup
 # operations: Tint does (WGSL's rule); naga in wgpu 0.32 refuses the directive. The one
-# place that decides it (the C++ backend's kernel_source mirrors it, tested byte for byte).
+# place that decides it (the C++ backend's directive is generated from it).
 NEEDS_ENABLE_SUBGROUPS = {"tint": True, "naga": False}
 
 
