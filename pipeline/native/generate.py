@@ -5,7 +5,8 @@ decides is written once (the ExecuTorch Vulkan backend's way with its shader var
   the float16 pack probe's cases (pipeline.wgsl);
 - kernel_config.h: the configuration rule's numbers and the pieces of every WGSL module
   (pipeline.wgsl.config): the C++ picks pieces by the configuration and writes only the
-  per-pipeline constants itself, as `constant` formats them.
+  per-pipeline constants itself, as `constant` formats them;
+- blob_layout.h: the delegate blob's byte layout and codes (pipeline.pte.blob).
 
 Imports no torch and no WebGPU implementation (`pipeline.native.build` runs it before
 anything is compiled).
@@ -14,10 +15,12 @@ anything is compiled).
 from __future__ import annotations
 
 import re
+import struct
 
 import numpy as np
 
 from pipeline import wgsl
+from pipeline.pte import blob
 from pipeline.wgsl import config
 
 # The kernel files the backend embeds (pipeline/wgsl/ also holds benchmark-only shaders).
@@ -31,13 +34,15 @@ RULE_CONSTANTS = (
     ("MIN_HOLD", "uint32_t"), ("MIN_HOLD_NARROW_LOADS", "uint32_t"), ("STREAM_UNROLL", "uint32_t"),
     ("WIDE_LAUNCH_THREADS", "uint64_t"), ("THREADED_COPY_BYTES", "size_t"),
 )
+# C++ types of struct formats.
+_CPP_TYPES = {"H": "uint16_t", "I": "uint32_t", "d": "double", "q": "int64_t", "s": "char"}
 _NAMESPACE = ("namespace executorch {\nnamespace backends {\nnamespace webgpu {\n\n",
               "\n}  // namespace webgpu\n}  // namespace backends\n}  // namespace executorch\n")
 
 
 def headers() -> dict[str, str]:
     """Each generated header's name and text."""
-    return {"wgsl_sources.h": wgsl_header(), "kernel_config.h": kernel_header()}
+    return {"wgsl_sources.h": wgsl_header(), "kernel_config.h": kernel_header(), "blob_layout.h": blob_header()}
 
 
 def wgsl_header() -> str:
@@ -101,6 +106,59 @@ def kernel_header() -> str:
             + f"enum class Marker : uint32_t {{ kNone, {', '.join(cpp_name(m) for m in markers)} }};\n"
             + "struct KernelPart {\n  Marker marker;\n  uint32_t value;\n  const char* text;\n};\n"
             + "inline constexpr KernelPart kKernelParts[] = {\n" + "".join(parts) + "};\n" + _NAMESPACE[1])
+
+
+def blob_header() -> str:
+    """The blob's codes, framing constants and each field's offset and type."""
+    codes = "".join(f"constexpr uint32_t {cpp_name(name)} = {code};\n" for name, code in blob.DTYPE_CODES.items())
+    itemsizes = ", ".join(str(blob.CONSTANT_ARRAYS[name].itemsize) for name in blob.DTYPE_CODES)
+    names = ", ".join(f'"{name}"' for name in blob.DTYPE_CODES)
+    sources = ", ".join(f"{cpp_name(name)} = {code}" for name, code in blob.SOURCE_CODES.items())
+    outputs = ", ".join(f"{cpp_name(name)} = {i}" for i, name in enumerate(blob.OUTPUT_NAMES))
+    return (_preamble("pipeline/pte/blob.py") + _NAMESPACE[0]
+            + "// Dtype codes of the params' dtype and affine_dtype fields, and each one's bytes and name.\n"
+            + codes + f"inline constexpr uint32_t kDtypeBytes[] = {{{itemsizes}}};\n"
+            + f"inline constexpr const char* kDtypeNames[] = {{{names}}};\n"
+            + "// Where a weight or bias comes from (the *_source fields).\n"
+            + f"enum class OperandSource : uint32_t {{ {sources} }};\n"
+            + "// What a delegate returns (the entries of the outputs field).\n"
+            + f"enum Output : uint32_t {{ {outputs} }};\n"
+            + f"constexpr int64_t kDynamicDim = {blob.DYNAMIC};  // a normalized dim read from the input\n"
+            + f"constexpr uint32_t kMaxNormalizedDims = {blob.MAX_NDIM};\n\n"
+            + "namespace blob_layout {\n\n"
+            + f'constexpr char kMagic[] = "{blob.MAGIC.decode("ascii")}";\n'
+            + f"constexpr uint16_t kVersion = {blob.VERSION};\n"
+            + f"constexpr uint32_t kByteOrderMark = 0x{blob.BYTE_ORDER_MARK:08x};\n"
+            + f"constexpr uint32_t kOpNativeLayerNorm = {blob.OP_NATIVE_LAYER_NORM};\n"
+            + f"constexpr uint64_t kAlign = {blob.ALIGN};  // of the data section and each constant in it\n"
+            + f"constexpr uint32_t kHeaderSize = {blob.HEADER.size};\n"
+            + f"constexpr uint32_t kParamsSize = {blob.PARAMS.size};  // the fixed fields; ndim dims follow\n"
+            + f"constexpr uint32_t kDimSize = {blob.DIM.size};\n\n"
+            + "// A field of a section: its offset, and `count` values of T (little-endian) there.\n"
+            + "template <typename T>\nstruct Field {\n  size_t offset;\n  size_t count = 1;\n};\n\n"
+            + "// The header's fields, from the start of the blob.\n"
+            + _fields("header_field", blob.HEADER_FIELDS)
+            + "// The params' fields, from the start of the params section; the dims follow them.\n"
+            + _fields("params_field", [*blob.PARAMS_FIELDS, ("dims", blob.DIM.format[1:])], blob.PARAMS.size)
+            + "\n}  // namespace blob_layout\n" + _NAMESPACE[1])
+
+
+def _fields(namespace: str, fields, last_offset: int | None = None) -> str:
+    """`namespace` of a Field per (name, struct format); with `last_offset`, the last field is
+    an array of any length starting there."""
+    lines, offset = [], 0
+    for i, (name, fmt) in enumerate(fields):
+        count, code = re.fullmatch(r"(\d*)(\w)", fmt).groups()
+        count = int(count or 1)
+        if code == "s":
+            kind, count = f"char[{count}]", 1
+        else:
+            kind = _CPP_TYPES[code]
+        if last_offset is not None and i == len(fields) - 1:
+            offset, count = last_offset, 0
+        lines.append(f"inline constexpr Field<{kind}> {cpp_name(name)}{{{offset}, {count}}};\n")
+        offset += struct.calcsize("<" + fmt)
+    return f"namespace {namespace} {{\n" + "".join(lines) + f"}}  // namespace {namespace}\n"
 
 
 def _selector(signature: str, cases: list[tuple[str, str]]) -> str:
