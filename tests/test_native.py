@@ -73,9 +73,10 @@ def test_changed_kernel_file_changes_the_build(monkeypatch):
     before = generate.headers()
     stamp = native_build._fingerprint("g++", wheels, before)
     read = wgsl.source
-    monkeypatch.setattr(wgsl, "source", lambda name: read(name) + ("// an edit\n" if name == "half.wgsl" else ""))
+    monkeypatch.setattr(wgsl, "source",
+                        lambda name: read(name) + ("// an edit\n" if name == "native_layer_norm.wgsl" else ""))
     after = generate.headers()
-    assert after["wgsl_sources.h"] != before["wgsl_sources.h"]
+    assert after["wgsl_sources.h"] != before["wgsl_sources.h"] and after["kernel_config.h"] != before["kernel_config.h"]
     assert native_build._fingerprint("g++", wheels, after) != stamp
 
 

@@ -138,24 +138,18 @@ def blob_header() -> str:
             + "template <typename T>\nstruct Field {\n  size_t offset;\n  size_t count = 1;\n};\n\n"
             + "// The header's fields, from the start of the blob.\n"
             + _fields("header_field", blob.HEADER_FIELDS)
-            + "// The params' fields, from the start of the params section; the dims follow them.\n"
-            + _fields("params_field", [*blob.PARAMS_FIELDS, ("dims", blob.DIM.format[1:])], blob.PARAMS.size)
+            + "// The params' fields, from the start of the params section; ndim dims follow them.\n"
+            + _fields("params_field", [*blob.PARAMS_FIELDS, ("dims", "0" + blob.DIM.format.lstrip("<"))])
             + "\n}  // namespace blob_layout\n" + _NAMESPACE[1])
 
 
-def _fields(namespace: str, fields, last_offset: int | None = None) -> str:
-    """`namespace` of a Field per (name, struct format); with `last_offset`, the last field is
-    an array of any length starting there."""
+def _fields(namespace: str, fields) -> str:
+    """`namespace` of a Field per (name, struct format), at the offsets the formats give (a
+    count of 0: as many as another field says)."""
     lines, offset = [], 0
-    for i, (name, fmt) in enumerate(fields):
+    for name, fmt in fields:
         count, code = re.fullmatch(r"(\d*)(\w)", fmt).groups()
-        count = int(count or 1)
-        if code == "s":
-            kind, count = f"char[{count}]", 1
-        else:
-            kind = _CPP_TYPES[code]
-        if last_offset is not None and i == len(fields) - 1:
-            offset, count = last_offset, 0
+        kind, count = (f"char[{count}]", 1) if code == "s" else (_CPP_TYPES[code], int(count or 1))
         lines.append(f"inline constexpr Field<{kind}> {cpp_name(name)}{{{offset}, {count}}};\n")
         offset += struct.calcsize("<" + fmt)
     return f"namespace {namespace} {{\n" + "".join(lines) + f"}}  // namespace {namespace}\n"
