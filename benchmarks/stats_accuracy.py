@@ -15,6 +15,7 @@ import torch
 
 from pipeline.ioutil import write_json_atomic
 from pipeline.runtime.device import device_info
+from pipeline.wgsl.config import STREAM_UNROLL
 
 kernel = importlib.import_module("pipeline.runtime.launch")
 ATEN = torch.ops.aten.native_layer_norm.default
@@ -25,7 +26,7 @@ chosen = kernel.choose_config
 
 
 def streamed(*args, **kwargs):
-    return dataclasses.replace(chosen(*args, **kwargs), hold=0, unroll=kernel.STREAM_UNROLL)
+    return dataclasses.replace(chosen(*args, **kwargs), hold=0, unroll=STREAM_UNROLL)
 
 
 def wide(*args, **kwargs):

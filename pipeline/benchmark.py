@@ -33,18 +33,17 @@ import torch
 from pipeline.runtime.device import COPY_SRC, QUERY_RESOLVE, Gpu, Pipeline, device_info, gpu, read_bytes
 from pipeline.runtime.launch import (
     DTYPES,
-    MAX_HOLD,
     PARAMS_BYTES,
     STAGING,
     STORAGE,
     UNIFORM,
-    KernelConfig,
     compile_pipeline,
     device_config,
     grid,
     native_layer_norm,
     pack_params,
 )
+from pipeline.wgsl.config import MAX_HOLD, KernelConfig
 
 # Rotate among at least this many bytes of input (the H200's L2 is 60 MB).
 ROTATE_BYTES = 256 << 20

@@ -63,7 +63,8 @@ def test_kernel_and_copy_time_with_rotating_or_shared_outputs(monkeypatch, outpu
 def test_the_kernel_is_timed_as_the_runtime_launches_it(monkeypatch, stats):
     # The launch's rows and whether mean and rstd are stored both reach the configuration.
     from pipeline.runtime.device import gpu
-    from pipeline.runtime.launch import WIDE_LAUNCH_THREADS, device_config
+    from pipeline.runtime.launch import device_config
+    from pipeline.wgsl.config import WIDE_LAUNCH_THREADS
 
     timed = []
     real = benchmark.compile_pipeline

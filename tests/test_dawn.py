@@ -19,6 +19,7 @@ import torch
 import pipeline
 from pipeline import runtime
 from pipeline.runtime import device as runtime_device
+from pipeline.wgsl.config import STREAM_UNROLL
 from tests.conftest import REQUIRE_GPU_ENV
 from tests.test_native_layer_norm import assert_close_to_reference
 
@@ -66,7 +67,7 @@ def _reduction(monkeypatch, g: runtime_device.Gpu, path: str) -> None:
     if path == "streamed":
         chosen = kernel.choose_config
         monkeypatch.setattr(kernel, "choose_config", lambda *a, **k: dataclasses.replace(
-            chosen(*a, **k), hold=0, unroll=kernel.STREAM_UNROLL))
+            chosen(*a, **k), hold=0, unroll=STREAM_UNROLL))
 
 
 def _ulps(a: torch.Tensor, b: torch.Tensor) -> float:

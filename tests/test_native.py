@@ -24,9 +24,11 @@ from torch.export import Dim
 import pipeline
 from pipeline.pte import blob
 from pipeline.pte.blob import CONSTANT, DYNAMIC, INPUT, NONE, DelegateBlob, LayerNormParams, Operand
+from pipeline import wgsl
 from pipeline.native import build as native_build
+from pipeline.native import generate
 from pipeline.wgsl import ShaderFiles
-from pipeline.runtime.launch import choose_config
+from pipeline.wgsl.config import WIDE_LAUNCH_THREADS, choose_config
 from tests.lowering import TOLERANCE
 
 WIDTHS = [*range(1, 71), 384, 766, 768, 1023, 1024, 1280, 3072, 4096, 4098, 100000, 400000]
@@ -65,18 +67,17 @@ def test_installed_wheels_are_the_pinned_ones():
     )
 
 
-def test_changed_kernel_file_changes_the_build(tmp_path, monkeypatch):
-    """An edit of pipeline/wgsl/*.wgsl changes the embedded header and so the build stamp."""
-    for name in native_build.WGSL_FILES:
-        (tmp_path / name).write_text((native_build.WGSL_DIR / name).read_text())
+def test_changed_kernel_file_changes_the_build(monkeypatch):
+    """An edit of a pipeline/wgsl/*.wgsl file changes the generated headers and so the build stamp."""
     wheels = native_build.find_wheels()
-    monkeypatch.setattr(native_build, "WGSL_DIR", tmp_path)
-    before = native_build.wgsl_header()
+    before = generate.headers()
     stamp = native_build._fingerprint("g++", wheels, before)
-    with open(tmp_path / "native_layer_norm.wgsl", "a") as f:
-        f.write("// an edit\n")
-    after = native_build.wgsl_header()
-    assert after != before and native_build._fingerprint("g++", wheels, after) != stamp
+    read = wgsl.source
+    monkeypatch.setattr(wgsl, "source",
+                        lambda name: read(name) + ("// an edit\n" if name == "native_layer_norm.wgsl" else ""))
+    after = generate.headers()
+    assert after["wgsl_sources.h"] != before["wgsl_sources.h"] and after["kernel_config.h"] != before["kernel_config.h"]
+    assert native_build._fingerprint("g++", wheels, after) != stamp
 
 
 # One source of truth for the kernel
@@ -362,7 +363,6 @@ class WideLaunchModel(nn.Module):
 
 def test_wide_launches_with_and_without_stats_run_in_executorch_runtime(native_runtime, tmp_path):
     from pipeline.runtime import device_info
-    from pipeline.runtime.launch import WIDE_LAUNCH_THREADS
 
     lanes = device_info()["subgroup_size"]
     rows = WIDE_LAUNCH_THREADS // choose_config(128, True, True, lanes).threads_per_row

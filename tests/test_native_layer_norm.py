@@ -13,6 +13,8 @@ from hypothesis import strategies as st
 
 import pipeline
 from pipeline import runtime, wgsl
+from pipeline.wgsl.config import (EACH_HELD_VALUE, MAX_HOLD, MAX_THREADS_PER_ROW, STREAM_UNROLL, WIDE_LAUNCH_THREADS,
+                                  written_out)
 from pipeline.runtime import device as runtime_device
 
 pytestmark = pytest.mark.usefixtures("gpu_info")
@@ -80,7 +82,7 @@ def reduction(request, monkeypatch):
 
         def streamed(*args, **kwargs):
             config = chosen(*args, **kwargs)
-            return dataclasses.replace(config, hold=0, unroll=kernel.STREAM_UNROLL)
+            return dataclasses.replace(config, hold=0, unroll=STREAM_UNROLL)
 
         monkeypatch.setattr(kernel, "choose_config", streamed)
     return request.param
@@ -457,15 +459,15 @@ def test_rows_are_held_where_they_fit_and_streamed_beyond():
     assert kernel.choose_config(768, True, True, 32).threads_per_row == 64
     assert kernel.choose_config(768, True, True, 32, "float16").threads_per_row == 32
     assert (kernel.choose_config(1023, True, True, 32).threads_per_row, kernel.choose_config(1022, True, True, 32).threads_per_row) == (128, 128)
-    wide = kernel.choose_config(4 * kernel.MAX_THREADS_PER_ROW * kernel.MAX_HOLD + 4, True, False, 32)
-    assert wide.hold == 0 and wide.unroll == kernel.STREAM_UNROLL
-    assert wide.threads_per_row == kernel.MAX_THREADS_PER_ROW
+    wide = kernel.choose_config(4 * MAX_THREADS_PER_ROW * MAX_HOLD + 4, True, False, 32)
+    assert wide.hold == 0 and wide.unroll == STREAM_UNROLL
+    assert wide.threads_per_row == MAX_THREADS_PER_ROW
 
 
 def test_wide_float32_launches_take_twice_the_threads_at_two_loads_each():
     base = kernel.choose_config(1024, True, True, 32)
     assert (base.threads_per_row, base.hold) == (64, 4)
-    at = kernel.WIDE_LAUNCH_THREADS // 64
+    at = WIDE_LAUNCH_THREADS // 64
     assert kernel.choose_config(1024, True, True, 32, rows=at - 1) == base
     wide = kernel.choose_config(1024, True, True, 32, rows=at)
     assert (wide.threads_per_row, wide.hold, wide.workgroup) == (128, 2, 128)
@@ -479,7 +481,7 @@ def test_wide_float32_launches_take_twice_the_threads_at_two_loads_each():
 @pytest.mark.parametrize("width", [128, 1024])
 def test_wide_launches_at_twice_the_threads(width, reduction):
     threads = kernel.choose_config(width, True, True, 8).threads_per_row
-    rows = kernel.WIDE_LAUNCH_THREADS // threads
+    rows = WIDE_LAUNCH_THREADS // threads
     assert kernel.choose_config(width, True, True, 8, rows=rows).threads_per_row == 2 * threads
     gen = torch.Generator().manual_seed(width)
     x = torch.randn(rows, width, generator=gen) * torch.rand(rows, 1, generator=gen) * 20 + 50
@@ -511,7 +513,7 @@ def test_loads_are_as_wide_as_the_width_keeps_rows_aligned():
 
 def test_marked_lines_are_written_out_once_per_value():
     source = "fn f() {\n    let v_K = g(lane + K * T);  // each held value\n}"
-    assert kernel._written_out(source, "each held value", 3) == (
+    assert written_out(source, {EACH_HELD_VALUE: 3}) == (
         "fn f() {\n    let v_0 = g(lane + 0u * T);\n    let v_1 = g(lane + 1u * T);\n"
         "    let v_2 = g(lane + 2u * T);\n}\n"
     )

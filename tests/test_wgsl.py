@@ -12,7 +12,7 @@ import pytest
 
 from pipeline.runtime import device as runtime_device
 from pipeline.wgsl import ShaderFiles
-from pipeline.runtime.launch import choose_config
+from pipeline.wgsl.config import choose_config
 from tests.conftest import REQUIRE_GPU_ENV
 
 pytestmark = pytest.mark.usefixtures("gpu_info")

@@ -22,9 +22,8 @@ import torch
 
 from pipeline.browser.chromium import BrowserError, Chromium, Page, find_chromium
 from pipeline.wgsl import ShaderFiles, f16_pack_cases, pack_matches_aten
-from pipeline.runtime.launch import (
-    BINDINGS, DTYPES, KernelConfig, _STORED, _stored, _words, choose_config, grid, pack_params,
-)
+from pipeline.runtime.launch import BINDINGS, DTYPES, _STORED, _stored, _words, grid, pack_params
+from pipeline.wgsl.config import KernelConfig, choose_config
 
 PAGE = "page.html"
 # Chromium runs Dawn, whose shader compiler is Tint.

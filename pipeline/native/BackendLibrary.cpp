@@ -63,7 +63,7 @@ PIPELINE_EXPORT long long pipeline_webgpu_wgsl_source(uint64_t width, int has_we
                                       int pack2x16float, uint64_t rows, int write_stats, int tint,
                                       char* out, size_t capacity) {
   try {
-    if (width == 0 || dtype > webgpu::kBFloat16 || affine_dtype > webgpu::kBFloat16) {
+    if (width == 0 || dtype > webgpu::kBfloat16 || affine_dtype > webgpu::kBfloat16) {
       return -1;
     }
     const std::string source = webgpu::kernel_source(webgpu::choose_config(

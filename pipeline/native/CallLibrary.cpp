@@ -11,6 +11,7 @@
 #include <string>
 
 #include "EntryPoints.h"
+#include "HostCopy.h"
 #include "LayerNormLaunch.h"
 #include "WebGPUDelegateHeader.h"
 #include "WebGPUDevice.h"
@@ -49,6 +50,10 @@ PIPELINE_EXPORT int pipeline_layer_norm_subgroup_size() {
   webgpu::WebGPUDevice* device = webgpu::WebGPUDevice::get(nullptr);
   return device ? static_cast<int>(device->subgroup_size()) : -1;
 }
+
+// The size from which host copies run over threads (HostCopy): the generated value of
+// pipeline/wgsl/config.py's THREADED_COPY_BYTES, as compiled into this library.
+PIPELINE_EXPORT uint64_t pipeline_layer_norm_threaded_copy_bytes() { return webgpu::kThreadedCopyBytes; }
 
 // Kernel launches submitted on the library's device (0 without one).
 PIPELINE_EXPORT uint64_t pipeline_layer_norm_dispatches() {

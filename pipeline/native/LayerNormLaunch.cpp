@@ -211,6 +211,24 @@ bool LayerNormLaunch::run(const void* x, uint64_t rows, uint64_t width, const vo
 bool LayerNormLaunch::launch(WGPUComputePipeline pipeline, const KernelConfig& config,
                              const uint8_t* x, uint64_t rows, uint64_t width,
                              const LayerNormOutputs& outputs, std::string* reason, GpuTime* gpu_time) {
+  LaunchPlan plan;
+  LaunchBuffers buffers;
+  if (!plan_for(config, rows, width, &plan, reason) || !acquire(plan, &buffers, reason) ||
+      !stage(x, rows, plan, buffers, reason)) {
+    return false;
+  }
+  // The pass's GPU time for the call's ETDump event, where the device has timestamps (its
+  // buffers are ensured before the bind group is kept: a new buffer drops that group).
+  const bool timed = device_->has_timestamps() && gpu_time != nullptr;
+  if (timed && !prepare_timestamps(reason)) {
+    return false;
+  }
+  return submit(pipeline, plan, buffers, timed, reason) &&
+         read_back(plan, buffers, outputs, timed ? gpu_time : nullptr, reason);
+}
+
+bool LayerNormLaunch::plan_for(const KernelConfig& config, uint64_t rows, uint64_t width, LaunchPlan* plan,
+                               std::string* reason) const {
   // Workgroups in x and y; y carries what does not fit under 65,535 in x. Checked here:
   // wgpu-native treats some submit-time errors as fatal.
   const uint64_t groups = std::max<uint64_t>(1, (rows + config.rows_per_workgroup() - 1) /
@@ -224,29 +242,38 @@ bool LayerNormLaunch::launch(WGPUComputePipeline pipeline, const KernelConfig& c
               " workgroups per dimension";
     return false;
   }
+  plan->grid_x = static_cast<uint32_t>(grid_x);
+  plan->grid_y = static_cast<uint32_t>(grid_y);
   // An odd count of 2-byte values ends mid-word: buffers, bindings and copies take whole words.
-  const uint64_t data_bytes = rows * width * dtype_bytes(dtype_);
-  const uint64_t word_bytes = align4(data_bytes);
-  const uint64_t affine_bytes = align4(width * dtype_bytes(affine_dtype_));
-  const uint64_t stat_bytes = rows * 4;
+  plan->data_bytes = rows * width * dtype_bytes(dtype_);
+  plan->word_bytes = align4(plan->data_bytes);
+  plan->affine_bytes = align4(width * dtype_bytes(affine_dtype_));
+  plan->stat_bytes = rows * 4;
   // One read-back buffer (one mapping): out, then mean, then rstd, each at a 16-byte offset.
-  const uint64_t mean_at = align16(word_bytes);
-  const uint64_t rstd_at = mean_at + align16(stat_bytes);
-  const uint64_t read_bytes = config.write_stats ? rstd_at + stat_bytes : word_bytes;
+  plan->mean_at = align16(plan->word_bytes);
+  plan->rstd_at = plan->mean_at + align16(plan->stat_bytes);
+  plan->write_stats = config.write_stats;
+  plan->read_bytes = config.write_stats ? plan->rstd_at + plan->stat_bytes : plan->word_bytes;
+  return true;
+}
+
+bool LayerNormLaunch::acquire(const LaunchPlan& plan, LaunchBuffers* b, std::string* reason) {
   using Device = WebGPUDevice;
-  Device::Scratch* x_buf = device_->scratch(Device::kScratchX, word_bytes, kStorage, reason);
-  Device::Scratch* out_buf = x_buf ? device_->scratch(Device::kScratchOut, word_bytes, kStorage, reason) : nullptr;
-  Device::Scratch* mean_buf = out_buf ? device_->scratch(Device::kScratchMean, stat_bytes, kStorage, reason) : nullptr;
-  Device::Scratch* rstd_buf = mean_buf ? device_->scratch(Device::kScratchRstd, stat_bytes, kStorage, reason) : nullptr;
-  Device::Scratch* read_buf = rstd_buf ? device_->scratch(Device::kScratchRead, read_bytes, kReadBack, reason) : nullptr;
-  Device::Scratch* upload = read_buf ? device_->scratch(Device::kScratchUpload, word_bytes, kUpload, reason) : nullptr;
-  if (upload == nullptr || !ensure(&params_, kParamsBytes, kUniform, reason)) {
-    return false;
-  }
-  const Params params{static_cast<uint32_t>(rows), eps_, std::numeric_limits<float>::quiet_NaN(), 0};
+  b->x = device_->scratch(Device::kScratchX, plan.word_bytes, kStorage, reason);
+  b->out = b->x ? device_->scratch(Device::kScratchOut, plan.word_bytes, kStorage, reason) : nullptr;
+  b->mean = b->out ? device_->scratch(Device::kScratchMean, plan.stat_bytes, kStorage, reason) : nullptr;
+  b->rstd = b->mean ? device_->scratch(Device::kScratchRstd, plan.stat_bytes, kStorage, reason) : nullptr;
+  b->read = b->rstd ? device_->scratch(Device::kScratchRead, plan.read_bytes, kReadBack, reason) : nullptr;
+  b->upload = b->read ? device_->scratch(Device::kScratchUpload, plan.word_bytes, kUpload, reason) : nullptr;
+  return b->upload != nullptr && ensure(&params_, kParamsBytes, kUniform, reason);
+}
+
+bool LayerNormLaunch::stage(const uint8_t* x, uint64_t rows, const LaunchPlan& plan, const LaunchBuffers& b,
+                            std::string* reason) {
   // The input goes through the upload buffer, whose write mapping the last launch asked
   // for after its submit: answered while that launch's read-back waited, it is ready now
   // (no queue write, which allocates a staging buffer per write, and no wait here).
+  WebGPUDevice::Scratch* upload = b.upload;
   if (upload->map == nullptr) {
     upload->map = device_->map_async(upload->buffer, WGPUMapMode_Write, upload->size);
   }
@@ -255,61 +282,67 @@ bool LayerNormLaunch::launch(WGPUComputePipeline pipeline, const KernelConfig& c
   if (staged == nullptr) {
     return false;
   }
-  copy_bytes(staged, x, data_bytes);
-  std::memset(staged + data_bytes, 0, word_bytes - data_bytes);
+  copy_bytes(staged, x, plan.data_bytes);
+  std::memset(staged + plan.data_bytes, 0, plan.word_bytes - plan.data_bytes);
   wgpuBufferUnmap(upload->buffer);
   if (params_rows_ != rows) {  // eps is the delegate's own; a delegate's calls repeat their rows
+    const Params params{static_cast<uint32_t>(rows), eps_, std::numeric_limits<float>::quiet_NaN(), 0};
     wgpuQueueWriteBuffer(device_->queue(), params_.buffer, 0, &params, sizeof params);
     params_rows_ = rows;
   }
+  return true;
+}
 
-  // The pass's GPU time for the call's ETDump event, where the device has timestamps (its
-  // buffers are ensured before the bind group is kept: a new buffer drops that group).
-  const bool timed = device_->has_timestamps() && gpu_time != nullptr;
-  if (timed && queries_ == nullptr) {
+bool LayerNormLaunch::prepare_timestamps(std::string* reason) {
+  if (queries_ == nullptr) {
     WGPUQuerySetDescriptor query_desc = WGPU_QUERY_SET_DESCRIPTOR_INIT;
     query_desc.type = WGPUQueryType_Timestamp;
     query_desc.count = 2;
     queries_ = wgpuDeviceCreateQuerySet(device_->device(), &query_desc);
   }
-  if (timed && (!ensure(&stamps_, 16, WGPUBufferUsage_QueryResolve | WGPUBufferUsage_CopySrc, reason) ||
-                !ensure(&stamps_read_, 16, kReadBack, reason))) {
-    return false;
-  }
+  return ensure(&stamps_, 16, WGPUBufferUsage_QueryResolve | WGPUBufferUsage_CopySrc, reason) &&
+         ensure(&stamps_read_, 16, kReadBack, reason);
+}
 
-  // Bind group: each binding is exactly this launch's bytes (the buffers may be larger).
-  // A delegate's calls repeat their shapes: the last one is kept while its buffers and
-  // sizes stay the same.
-  const WGPUBuffer bound[7] = {x_buf->buffer, weight_.buffer, bias_.buffer, out_buf->buffer, mean_buf->buffer,
-                               rstd_buf->buffer, params_.buffer};
-  const uint64_t sizes[7] = {word_bytes, has_weight_ ? affine_bytes : kMinBufferBytes,
-                             has_bias_ ? affine_bytes : kMinBufferBytes, word_bytes, stat_bytes,
-                             stat_bytes, kParamsBytes};
+WGPUBindGroup LayerNormLaunch::bind_group(const LaunchPlan& plan, const LaunchBuffers& b) {
+  // Each binding is exactly this launch's bytes (the buffers may be larger). A delegate's
+  // calls repeat their shapes: the last group is kept while its buffers and sizes stay the same.
+  const WGPUBuffer bound[7] = {b.x->buffer, weight_.buffer, bias_.buffer, b.out->buffer, b.mean->buffer,
+                               b.rstd->buffer, params_.buffer};
+  const uint64_t sizes[7] = {plan.word_bytes, has_weight_ ? plan.affine_bytes : kMinBufferBytes,
+                             has_bias_ ? plan.affine_bytes : kMinBufferBytes, plan.word_bytes, plan.stat_bytes,
+                             plan.stat_bytes, kParamsBytes};
   BindKey key;
   key.generation = device_->scratch_generation();
   for (uint32_t i = 0; i < 7; ++i) {
     key.buffers[i] = bound[i];
     key.sizes[i] = sizes[i];
   }
-  if (group_ == nullptr || !(key == group_key_)) {
-    WGPUBindGroupEntry entries[7];
-    for (uint32_t i = 0; i < 7; ++i) {
-      entries[i] = WGPU_BIND_GROUP_ENTRY_INIT;
-      entries[i].binding = i;
-      entries[i].buffer = bound[i];
-      entries[i].size = sizes[i];
-    }
-    WGPUBindGroupDescriptor group_desc = WGPU_BIND_GROUP_DESCRIPTOR_INIT;
-    group_desc.layout = bind_layout_;
-    group_desc.entryCount = 7;
-    group_desc.entries = entries;
-    if (group_ != nullptr) {
-      wgpuBindGroupRelease(group_);
-    }
-    group_ = wgpuDeviceCreateBindGroup(device_->device(), &group_desc);
-    group_key_ = key;
+  if (group_ != nullptr && key == group_key_) {
+    return group_;
   }
-  WGPUBindGroup group = group_;
+  WGPUBindGroupEntry entries[7];
+  for (uint32_t i = 0; i < 7; ++i) {
+    entries[i] = WGPU_BIND_GROUP_ENTRY_INIT;
+    entries[i].binding = i;
+    entries[i].buffer = bound[i];
+    entries[i].size = sizes[i];
+  }
+  WGPUBindGroupDescriptor group_desc = WGPU_BIND_GROUP_DESCRIPTOR_INIT;
+  group_desc.layout = bind_layout_;
+  group_desc.entryCount = 7;
+  group_desc.entries = entries;
+  if (group_ != nullptr) {
+    wgpuBindGroupRelease(group_);
+  }
+  group_ = wgpuDeviceCreateBindGroup(device_->device(), &group_desc);
+  group_key_ = key;
+  return group_;
+}
+
+bool LayerNormLaunch::submit(WGPUComputePipeline pipeline, const LaunchPlan& plan, const LaunchBuffers& b,
+                             bool timed, std::string* reason) {
+  WGPUBindGroup group = bind_group(plan, b);
   WGPUPassTimestampWrites writes = WGPU_PASS_TIMESTAMP_WRITES_INIT;
   writes.querySet = queries_;
   writes.beginningOfPassWriteIndex = 0;
@@ -319,18 +352,17 @@ bool LayerNormLaunch::launch(WGPUComputePipeline pipeline, const KernelConfig& c
 
   // The staged input into x, dispatch, then copy the results into the read-back buffers.
   WGPUCommandEncoder encoder = wgpuDeviceCreateCommandEncoder(device_->device(), nullptr);
-  wgpuCommandEncoderCopyBufferToBuffer(encoder, upload->buffer, 0, x_buf->buffer, 0, word_bytes);
+  wgpuCommandEncoderCopyBufferToBuffer(encoder, b.upload->buffer, 0, b.x->buffer, 0, plan.word_bytes);
   WGPUComputePassEncoder pass = wgpuCommandEncoderBeginComputePass(encoder, &pass_desc);
   wgpuComputePassEncoderSetPipeline(pass, pipeline);
   wgpuComputePassEncoderSetBindGroup(pass, 0, group, 0, nullptr);
-  wgpuComputePassEncoderDispatchWorkgroups(pass, static_cast<uint32_t>(grid_x),
-                                           static_cast<uint32_t>(grid_y), 1);
+  wgpuComputePassEncoderDispatchWorkgroups(pass, plan.grid_x, plan.grid_y, 1);
   wgpuComputePassEncoderEnd(pass);
   wgpuComputePassEncoderRelease(pass);
-  wgpuCommandEncoderCopyBufferToBuffer(encoder, out_buf->buffer, 0, read_buf->buffer, 0, word_bytes);
-  if (config.write_stats) {
-    wgpuCommandEncoderCopyBufferToBuffer(encoder, mean_buf->buffer, 0, read_buf->buffer, mean_at, stat_bytes);
-    wgpuCommandEncoderCopyBufferToBuffer(encoder, rstd_buf->buffer, 0, read_buf->buffer, rstd_at, stat_bytes);
+  wgpuCommandEncoderCopyBufferToBuffer(encoder, b.out->buffer, 0, b.read->buffer, 0, plan.word_bytes);
+  if (plan.write_stats) {
+    wgpuCommandEncoderCopyBufferToBuffer(encoder, b.mean->buffer, 0, b.read->buffer, plan.mean_at, plan.stat_bytes);
+    wgpuCommandEncoderCopyBufferToBuffer(encoder, b.rstd->buffer, 0, b.read->buffer, plan.rstd_at, plan.stat_bytes);
   }
   if (timed) {
     wgpuCommandEncoderResolveQuerySet(encoder, queries_, 0, 2, stamps_.buffer, 0);
@@ -345,19 +377,23 @@ bool LayerNormLaunch::launch(WGPUComputePipeline pipeline, const KernelConfig& c
   wgpuQueueSubmit(device_->queue(), 1, &commands);
   wgpuCommandBufferRelease(commands);
   device_->dispatches.fetch_add(1, std::memory_order_relaxed);
-  upload->map = device_->map_async(upload->buffer, WGPUMapMode_Write, upload->size);  // the next launch's
+  b.upload->map = device_->map_async(b.upload->buffer, WGPUMapMode_Write, b.upload->size);  // the next launch's
+  return true;
+}
 
-  // Read back what the delegate returns, from one mapping of whole words (an out whose
-  // bytes end mid-word takes its bytes alone).
+bool LayerNormLaunch::read_back(const LaunchPlan& plan, const LaunchBuffers& b, const LayerNormOutputs& outputs,
+                                GpuTime* gpu_time, std::string* reason) {
+  // What the delegate returns, from one mapping of whole words (an out whose bytes end
+  // mid-word takes its bytes alone).
   WebGPUDevice::Range ranges[3];
   size_t count = 0;
-  if (outputs.out != nullptr) ranges[count++] = {0, data_bytes, outputs.out};
-  if (outputs.mean != nullptr) ranges[count++] = {mean_at, stat_bytes, outputs.mean};
-  if (outputs.rstd != nullptr) ranges[count++] = {rstd_at, stat_bytes, outputs.rstd};
-  if (!device_->read_ranges(read_buf->buffer, read_bytes, ranges, count, reason)) {
+  if (outputs.out != nullptr) ranges[count++] = {0, plan.data_bytes, outputs.out};
+  if (outputs.mean != nullptr) ranges[count++] = {plan.mean_at, plan.stat_bytes, outputs.mean};
+  if (outputs.rstd != nullptr) ranges[count++] = {plan.rstd_at, plan.stat_bytes, outputs.rstd};
+  if (!device_->read_ranges(b.read->buffer, plan.read_bytes, ranges, count, reason)) {
     return false;
   }
-  if (timed) {
+  if (gpu_time != nullptr) {
     uint64_t stamps[2] = {0, 0};  // nanoseconds
     if (!device_->read_buffer(stamps_read_.buffer, sizeof stamps, stamps, reason)) {
       return false;

@@ -63,6 +63,38 @@ class LayerNormLaunch {
   bool launch(WGPUComputePipeline pipeline, const KernelConfig& config, const uint8_t* x,
               uint64_t rows, uint64_t width, const LayerNormOutputs& outputs, std::string* reason,
               GpuTime* gpu_time);
+
+  // One launch's grid and bytes: x and out in whole u32 words, mean and rstd after out in
+  // the read-back buffer.
+  struct LaunchPlan {
+    uint32_t grid_x = 0, grid_y = 0;
+    uint64_t data_bytes = 0, word_bytes = 0, affine_bytes = 0, stat_bytes = 0;
+    uint64_t mean_at = 0, rstd_at = 0, read_bytes = 0;
+    bool write_stats = false;
+  };
+  // The device's shared buffers a launch uses (WebGPUDevice::scratch).
+  struct LaunchBuffers {
+    WebGPUDevice::Scratch *x = nullptr, *out = nullptr, *mean = nullptr, *rstd = nullptr, *read = nullptr,
+                          *upload = nullptr;
+  };
+  // The steps of `launch`, in order. False with `reason` where the grid exceeds the adapter.
+  bool plan_for(const KernelConfig& config, uint64_t rows, uint64_t width, LaunchPlan* plan,
+                std::string* reason) const;
+  // The scratch buffers for `plan`, and the Params buffer.
+  bool acquire(const LaunchPlan& plan, LaunchBuffers* buffers, std::string* reason);
+  // The input into the upload buffer; Params written when the rows changed.
+  bool stage(const uint8_t* x, uint64_t rows, const LaunchPlan& plan, const LaunchBuffers& buffers,
+             std::string* reason);
+  // The timestamp query set and its buffers.
+  bool prepare_timestamps(std::string* reason);
+  // The bind group of this launch's buffers and sizes (the last one, while they repeat).
+  WGPUBindGroup bind_group(const LaunchPlan& plan, const LaunchBuffers& buffers);
+  // Encodes upload copy, dispatch and read-back copies, and submits.
+  bool submit(WGPUComputePipeline pipeline, const LaunchPlan& plan, const LaunchBuffers& buffers, bool timed,
+              std::string* reason);
+  // The outputs the delegate returns (and with `gpu_time`, the pass's time) from the read-back.
+  bool read_back(const LaunchPlan& plan, const LaunchBuffers& buffers, const LayerNormOutputs& outputs,
+                 GpuTime* gpu_time, std::string* reason);
   // Writes `bytes` at the start of `buffer`, the last partial u32 word zero-padded.
   void write_words(WGPUBuffer buffer, const void* data, uint64_t bytes);
 

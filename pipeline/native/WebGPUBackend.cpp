@@ -47,7 +47,6 @@ using executorch::runtime::Result;
 using executorch::runtime::Span;
 
 constexpr const char* kBackendName = "WebGPUBackend";
-enum Output : uint32_t { kOut = 0, kMean = 1, kRstd = 2 };
 
 // One initialised delegate: its decoded params and its op. Lives in runtime-allocator
 // memory (placement new); `destroy` runs the destructor.
@@ -60,11 +59,7 @@ struct WebGPUDelegate {
 
 // The blob's dtype codes as ExecuTorch's scalar types.
 ScalarType scalar_type(uint32_t dtype) {
-  return dtype == kFloat16 ? ScalarType::Half : dtype == kBFloat16 ? ScalarType::BFloat16 : ScalarType::Float;
-}
-
-const char* dtype_name(uint32_t dtype) {
-  return dtype == kFloat16 ? "float16" : dtype == kBFloat16 ? "bfloat16" : "float32";
+  return dtype == kFloat16 ? ScalarType::Half : dtype == kBfloat16 ? ScalarType::BFloat16 : ScalarType::Float;
 }
 
 // `n` float32 statistics rounded once to the half `dtype`, as aten rounds them.
@@ -87,7 +82,7 @@ bool check_tensor(EValue* value, const char* what, uint32_t index, uint32_t dtyp
   const Tensor& t = value->toTensor();
   if (t.scalar_type() != scalar_type(dtype)) {
     *reason = std::string(what) + " (argument " + std::to_string(index) + ") has dtype " +
-              std::to_string(static_cast<int>(t.scalar_type())) + ", not " + dtype_name(dtype);
+              std::to_string(static_cast<int>(t.scalar_type())) + ", not " + kDtypeNames[dtype];
     return false;
   }
   if (!executorch::runtime::is_contiguous_dim_order(t.dim_order().data(), t.dim_order().size())) {
@@ -238,7 +233,7 @@ Error run_delegate(WebGPUDelegate* d, Span<EValue*> args, EventTracer* tracer, s
   // Switched on from Python: an ETDump event around the call, a copy of its tensors after it.
   std::optional<DelegateTraceScope> trace;
   if (tracing_enabled()) {
-    trace.emplace(tracer, rows, width, dtype_name(blob.dtype));
+    trace.emplace(tracer, rows, width, kDtypeNames[blob.dtype]);
   }
   const void* operands[2] = {nullptr, nullptr};
   if (!affine_operands(blob, args, x, operands, reason)) {

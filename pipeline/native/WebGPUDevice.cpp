@@ -169,49 +169,16 @@ bool WebGPUDevice::wait(const bool* done) {
 }
 
 bool WebGPUDevice::open(std::string* reason) {
-  // Adapter: by name when PIPELINE_WGPU_ADAPTER is set, else the high-performance one.
   instance_ = wgpuCreateInstance(nullptr);
   if (instance_ == nullptr) {
     *reason = "wgpuCreateInstance failed";
     return false;
   }
+  // Adapter: by name when PIPELINE_WGPU_ADAPTER is set, else the high-performance one.
   const char* wanted = std::getenv(kAdapterEnv);
-  if (wanted != nullptr && *wanted != '\0') {
-    size_t count = wgpuInstanceEnumerateAdapters(instance_, nullptr, nullptr);
-    std::vector<WGPUAdapter> adapters(count);
-    if (count > 0) {
-      count = wgpuInstanceEnumerateAdapters(instance_, nullptr, adapters.data());
-    }
-    std::string seen;
-    for (size_t i = 0; i < count; ++i) {
-      std::string name = name_of(adapters[i]);
-      if (adapter_ == nullptr && lower(name).find(lower(wanted)) != std::string::npos) {
-        adapter_ = adapters[i];
-      } else {
-        wgpuAdapterRelease(adapters[i]);
-      }
-      seen += (seen.empty() ? "" : ", ") + name;
-    }
-    if (adapter_ == nullptr) {
-      *reason = std::string(kAdapterEnv) + "=" + wanted + " matches no adapter; wgpu sees: " +
-                (seen.empty() ? "none" : seen);
-      return false;
-    }
-  } else {
-    WGPURequestAdapterOptions options = WGPU_REQUEST_ADAPTER_OPTIONS_INIT;
-    options.powerPreference = WGPUPowerPreference_HighPerformance;
-    AdapterRequest request;
-    WGPURequestAdapterCallbackInfo callback = WGPU_REQUEST_ADAPTER_CALLBACK_INFO_INIT;
-    callback.mode = WGPUCallbackMode_AllowProcessEvents;
-    callback.callback = on_adapter;
-    callback.userdata1 = &request;
-    wgpuInstanceRequestAdapter(instance_, &options, callback);
-    if (!wait(&request.done) || request.adapter == nullptr) {
-      *reason = "wgpu found no GPU adapter (" + request.message +
-                "); without a GPU install Mesa's lavapipe: apt-get install mesa-vulkan-drivers";
-      return false;
-    }
-    adapter_ = request.adapter;
+  const bool found = wanted != nullptr && *wanted != '\0' ? adapter_named(wanted, reason) : request_adapter(reason);
+  if (!found) {
+    return false;
   }
   adapter_name_ = name_of(adapter_);
   WGPUAdapterInfo info = WGPU_ADAPTER_INFO_INIT;
@@ -219,8 +186,65 @@ bool WebGPUDevice::open(std::string* reason) {
     cpu_adapter_ = info.adapterType == WGPUAdapterType_CPU;
     wgpuAdapterInfoFreeMembers(info);
   }
+  if (!open_device(reason)) {
+    return false;
+  }
+  // The probes, unless the Python runtime's switches turn them off.
+  const char* subgroups = std::getenv(kSubgroupsEnv);
+  if (has_subgroups_ && !(subgroups != nullptr && std::strcmp(subgroups, "0") == 0)) {
+    probe_subgroup_size();
+  }
+  const char* f16_pack = std::getenv(kF16PackEnv);
+  if (!(f16_pack != nullptr && std::strcmp(f16_pack, "0") == 0)) {
+    probe_f16_pack();
+  }
+  return true;
+}
 
-  // Device: the adapter's full limits, subgroups when offered.
+bool WebGPUDevice::adapter_named(const char* wanted, std::string* reason) {
+  size_t count = wgpuInstanceEnumerateAdapters(instance_, nullptr, nullptr);
+  std::vector<WGPUAdapter> adapters(count);
+  if (count > 0) {
+    count = wgpuInstanceEnumerateAdapters(instance_, nullptr, adapters.data());
+  }
+  std::string seen;
+  for (size_t i = 0; i < count; ++i) {
+    std::string name = name_of(adapters[i]);
+    if (adapter_ == nullptr && lower(name).find(lower(wanted)) != std::string::npos) {
+      adapter_ = adapters[i];
+    } else {
+      wgpuAdapterRelease(adapters[i]);
+    }
+    seen += (seen.empty() ? "" : ", ") + name;
+  }
+  if (adapter_ == nullptr) {
+    *reason = std::string(kAdapterEnv) + "=" + wanted + " matches no adapter; wgpu sees: " +
+              (seen.empty() ? "none" : seen);
+    return false;
+  }
+  return true;
+}
+
+bool WebGPUDevice::request_adapter(std::string* reason) {
+  WGPURequestAdapterOptions options = WGPU_REQUEST_ADAPTER_OPTIONS_INIT;
+  options.powerPreference = WGPUPowerPreference_HighPerformance;
+  AdapterRequest request;
+  WGPURequestAdapterCallbackInfo callback = WGPU_REQUEST_ADAPTER_CALLBACK_INFO_INIT;
+  callback.mode = WGPUCallbackMode_AllowProcessEvents;
+  callback.callback = on_adapter;
+  callback.userdata1 = &request;
+  wgpuInstanceRequestAdapter(instance_, &options, callback);
+  if (!wait(&request.done) || request.adapter == nullptr) {
+    *reason = "wgpu found no GPU adapter (" + request.message +
+              "); without a GPU install Mesa's lavapipe: apt-get install mesa-vulkan-drivers";
+    return false;
+  }
+  adapter_ = request.adapter;
+  return true;
+}
+
+bool WebGPUDevice::open_device(std::string* reason) {
+  // The adapter's full limits, subgroups and timestamp queries when offered.
   WGPULimits adapter_limits = WGPU_LIMITS_INIT;
   if (wgpuAdapterGetLimits(adapter_, &adapter_limits) != WGPUStatus_Success) {
     *reason = "wgpuAdapterGetLimits failed on " + adapter_name_;
@@ -258,14 +282,6 @@ bool WebGPUDevice::open(std::string* reason) {
   if (wgpuDeviceGetLimits(device_, &limits_) != WGPUStatus_Success) {
     *reason = "wgpuDeviceGetLimits failed";
     return false;
-  }
-  const char* subgroups = std::getenv(kSubgroupsEnv);
-  if (has_subgroups_ && !(subgroups != nullptr && std::strcmp(subgroups, "0") == 0)) {
-    probe_subgroup_size();
-  }
-  const char* f16_pack = std::getenv(kF16PackEnv);
-  if (!(f16_pack != nullptr && std::strcmp(f16_pack, "0") == 0)) {
-    probe_f16_pack();
   }
   return true;
 }

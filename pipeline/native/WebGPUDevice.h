@@ -109,6 +109,11 @@ class WebGPUDevice {
  private:
   WebGPUDevice() = default;
   bool open(std::string* reason);
+  // The steps of `open`: the adapter whose name holds `wanted` (any case), or the one wgpu
+  // offers for high performance; then the device with the adapter's limits and features.
+  bool adapter_named(const char* wanted, std::string* reason);
+  bool request_adapter(std::string* reason);
+  bool open_device(std::string* reason);
   // One storage binding of a probe shader: its size, and its initial bytes (null: none).
   struct ProbeBinding {
     const void* data;

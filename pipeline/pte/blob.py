@@ -45,12 +45,16 @@ import numpy as np
 MAGIC = b"WGLN"
 VERSION = 3
 BYTE_ORDER_MARK = 0x01020304
-# magic, version, header size, BOM, params (offset, size), data (offset, size), total size,
-# checksum, reserved
-HEADER = struct.Struct("<4sHHIIIIIIII")
-# op, dtype, eps, input index, arguments, weight (source, index), bias (source, index),
-# output count, outputs[3], ndim, affine dtype; the ndim dims follow
-PARAMS = struct.Struct("<IIdIIIIIIIIIIII")
+# The sections' fields in order, as struct formats: what this module packs and unpacks, and
+# what the C++ backend's decoder reads (its offsets are generated from these at build time).
+HEADER_FIELDS = (("magic", "4s"), ("version", "H"), ("header_size", "H"), ("bom", "I"), ("params_offset", "I"),
+                 ("params_size", "I"), ("data_offset", "I"), ("data_size", "I"), ("total_size", "I"),
+                 ("checksum", "I"), ("reserved", "I"))
+PARAMS_FIELDS = (("op", "I"), ("dtype", "I"), ("eps", "d"), ("input_index", "I"), ("arguments", "I"),
+                 ("weight_source", "I"), ("weight_index", "I"), ("bias_source", "I"), ("bias_index", "I"),
+                 ("n_outputs", "I"), ("outputs", "3I"), ("ndim", "I"), ("affine_dtype", "I"))
+HEADER = struct.Struct("<" + "".join(fmt for _, fmt in HEADER_FIELDS))
+PARAMS = struct.Struct("<" + "".join(fmt for _, fmt in PARAMS_FIELDS))  # the ndim dims follow
 DIM = struct.Struct("<q")
 ALIGN = 16
 MAX_NDIM = 16

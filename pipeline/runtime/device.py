@@ -21,6 +21,7 @@ import torch
 
 from pipeline import wgsl
 from pipeline.runtime.webgpu import Pipeline
+from pipeline.wgsl.config import THREADED_COPY_BYTES
 
 IMPLEMENTATION_ENV = "PIPELINE_WEBGPU"
 IMPLEMENTATIONS = ("wgpu", "dawn")
@@ -36,10 +37,10 @@ UNIFORM_BUFFER = UNIFORM | COPY_DST
 MAP_WRITE = 0x2
 STAGING = MAP_READ | COPY_DST
 UPLOAD_STAGING = MAP_WRITE | COPY_SRC
-# Copies between host arrays and mapped memory of at least THREADED_COPY_BYTES run over
-# torch's CPU threads where the machine has cores to spare (THREADED_COPIES): one thread's
-# memcpy is what a multi-MB call waited on (docs/measurements.md, "The host path").
-THREADED_COPY_BYTES = 1 << 20
+# Copies between host arrays and mapped memory of at least THREADED_COPY_BYTES (the C++
+# launch's threshold too) run over torch's CPU threads where the machine has cores to spare
+# (THREADED_COPIES): one thread's memcpy is what a multi-MB call waited on
+# (docs/measurements.md, "The host path").
 THREADED_COPIES = len(os.sched_getaffinity(0)) >= 4
 
 

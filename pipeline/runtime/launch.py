@@ -7,38 +7,18 @@ half input): the trailing `normalized_shape` dims are flattened into one row.
 
 from __future__ import annotations
 
-import functools
 import math
 import numbers
 import operator
-import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from pipeline.pte.blob import DTYPE_CODES
 from pipeline.runtime.device import STAGING, STORAGE, UNIFORM_BUFFER as UNIFORM, Gpu, Pipeline, gpu
-from pipeline.wgsl import ShaderFiles
+from pipeline import wgsl
+from pipeline.wgsl.config import SHADER, KernelConfig, choose_config
 
-SHADER = "native_layer_norm.wgsl"
-MIN_WORKGROUP = 64
-MAX_THREADS_PER_ROW = 256
-# Values of a row one thread holds in registers at most; wider rows are streamed.
-MAX_HOLD = 8
-# Loads a thread holds at least, where the row has them: the most threads per row that
-# leave each this many. 3 for float32 rows loaded as vec4 or vec2 (3 to 6 each), 4 for
-# scalar float32 rows and half rows (4 to 8 each): measured on the H200 (docs/measurements.md).
-MIN_HOLD = 3
-MIN_HOLD_NARROW_LOADS = 4
-# A float32 launch whose rows split into exactly 4 vec4 loads a thread, and that has
-# at least this many threads at that rule, takes twice the threads per row, 2 loads each:
-# 1-8% faster on the H200 from 3 x 2^16 threads, 2-8% slower at 2^17 and fewer
-# (docs/measurements.md, "How the kernel got here").
-WIDE_LAUNCH_THREADS = 3 << 16
-# Values a streaming thread loads in one loop step.
-STREAM_UNROLL = 4
 MAX_GRID_X = 65535
 PARAMS_BYTES = 16
 # Inputs of at least this many bytes go to the GPU through a mapped staging buffer, copied
@@ -46,184 +26,13 @@ PARAMS_BYTES = 16
 # host path".
 STAGED_UPLOAD_BYTES = 1 << 20
 
-# Per components in one load: the WGSL type of V and the sum of its components.
-_V_TYPES = {4: ("vec4<f32>", "v.x + v.y + v.z + v.w"), 2: ("vec2<f32>", "v.x + v.y"), 1: ("f32", "v")}
-
 # The dtypes the kernel reads and writes, by their code in the kernel (HALF) and the blob.
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-# Half rows with an even width, per components in one V: the word type holding one V (u32
-# pairs), V from a word and a word from V (half.wgsl's unpack_pair / pack_pair).
-_HALF_WORDS = {
-    4: ("vec2<u32>", "vec4<f32>(unpack_pair(w.x), unpack_pair(w.y))", "vec2<u32>(pack_pair(v.xy), pack_pair(v.zw))"),
-    2: ("u32", "unpack_pair(w)", "pack_pair(v)"),
-}
-
+DTYPES = {name: getattr(torch, name) for name in wgsl.DTYPES}
 # The kernel's bindings: x, weight, bias, out, mean, rstd, params. With the buffer usages
-# (STORAGE, UNIFORM, STAGING), KernelConfig, choose_config, compile_pipeline, grid and
-# pack_params they are what a tool that launches the kernel itself (pipeline.benchmark) needs.
+# (STORAGE, UNIFORM, STAGING), pipeline.wgsl.config's KernelConfig and choose_config,
+# compile_pipeline, grid and pack_params they are what a tool that launches the kernel
+# itself (pipeline.benchmark) needs.
 BINDINGS = ["read-only-storage"] * 3 + ["storage"] * 3 + ["uniform"]
-
-
-@dataclass(frozen=True)
-class KernelConfig:
-    """What is fixed per pipeline: chosen from the row width and which affine parts exist."""
-
-    width: int  # elements per row, compiled in: a pipeline serves one width
-    threads_per_row: int
-    has_weight: bool
-    has_bias: bool
-    subgroup_size: int = 0  # the adapter's (0: no subgroup operations, workgroup-memory merges)
-    workgroup: int = MIN_WORKGROUP
-    # 0: rows streamed (read twice), `unroll` values a loop step; k > 0: each thread holds
-    # its k values of the row (read once), weight and bias loaded with them.
-    hold: int = 0
-    unroll: int = 1
-    dtype: str = "float32"  # of x and out
-    affine_dtype: str = "float32"  # of weight and bias: dtype, or float32 with a half dtype
-    # float16 stores through pack2x16float: only where the device probe saw it round as aten
-    pack2x16float: bool = False
-    # mean and rstd stored (a delegate whose program uses only the output does without)
-    write_stats: bool = True
-
-    @property
-    def vec(self) -> int:
-        return _vec(self.width)
-
-    @property
-    def row_vecs(self) -> int:
-        return self.width // self.vec
-
-    @property
-    def row_in_subgroup(self) -> bool:
-        """All threads of a row share one subgroup: the row merges without barriers."""
-        return 0 < self.threads_per_row <= self.subgroup_size
-
-    @property
-    def parts_tree(self) -> bool:
-        """A row has more subgroup parts than a subgroup has lanes: the parts halve in a
-        tree in workgroup memory before the last butterfly (reduce_subgroup.wgsl)."""
-        return 0 < self.subgroup_size and self.threads_per_row > self.subgroup_size ** 2
-
-    @property
-    def rows_per_workgroup(self) -> int:
-        return self.workgroup // self.threads_per_row
-
-    def prelude(self) -> str:
-        """WGSL constant declarations that specialise the kernel file."""
-        vtype, components = _V_TYPES[self.vec]
-        return (
-            f"alias V = {vtype};\n"
-            f"fn hsum(v: V) -> f32 {{ return {components}; }}\n"
-            f"const VEC: u32 = {self.vec}u;\n"
-            f"const WORKGROUP: u32 = {self.workgroup}u;\n"
-            f"const THREADS_PER_ROW: u32 = {self.threads_per_row}u;\n"
-            f"const HAS_WEIGHT: bool = {str(self.has_weight).lower()};\n"
-            f"const HAS_BIAS: bool = {str(self.has_bias).lower()};\n"
-            f"const ROW_IN_SUBGROUP: bool = {str(self.row_in_subgroup).lower()};\n"
-            f"const PARTS_TREE: bool = {str(self.parts_tree).lower()};\n"
-            f"const WIDTH: u32 = {self.width}u;\n"
-            f"const ROW_VECS: u32 = {self.row_vecs}u;\n"
-            f"const HOLD: u32 = {self.hold}u;\n"
-            f"const STEP: u32 = {self.unroll}u;\n"
-            f"const WRITE_STATS: bool = {str(self.write_stats).lower()};\n"
-        ) + self._storage_prelude()
-
-    def _storage_prelude(self) -> str:
-        """For half dtypes: which one, and the word types and conversions of the storage file."""
-        if self.dtype == "float32":
-            return ""
-        params_half = self.affine_dtype != "float32"
-        lines = [f"const HALF: u32 = {DTYPE_CODES[self.dtype]}u;",
-                 f"const PARAMS_HALF: bool = {str(params_half).lower()};",
-                 f"const PACK2X16FLOAT: bool = {str(self.pack2x16float).lower()};"]
-        if self.vec == 1:
-            lines += [f"alias PW = {'u32' if params_half else 'f32'};",
-                      "fn param_at(w: PW, at: u32) -> f32 { return "
-                      + ("unpack_pair(w)[at & 1u]" if params_half else "w") + "; }"]
-        else:
-            word, value, pack = _HALF_WORDS[self.vec]
-            lines += [f"alias XW = {word};",
-                      f"alias PW = {'XW' if params_half else 'V'};",
-                      f"fn x_value(w: XW) -> V {{ return {value}; }}",
-                      f"fn x_word(v: V) -> XW {{ return {pack}; }}",
-                      "fn p_value(w: PW) -> V { return " + ("x_value(w)" if params_half else "w") + "; }"]
-        return "\n".join(lines) + "\n"
-
-    @property
-    def storage(self) -> list[str]:
-        """The WGSL files that declare x, weight, bias and out for these dtypes."""
-        if self.dtype == "float32":
-            return ["storage_float32.wgsl"]
-        return ["half.wgsl", "storage_half.wgsl" if self.vec > 1 else "storage_half_odd.wgsl"]
-
-    def source(self, files: ShaderFiles) -> str:
-        """The WGSL module as `files.compiler` takes it: the directives it needs, the
-        reduction file (it holds the entry point), constants, kernel with its per-value
-        lines written out."""
-        reduce = "reduce_subgroup.wgsl" if self.subgroup_size else "reduce_workgroup.wgsl"
-        kernel = _written_out(files.shader_source(SHADER), "each held value", max(self.hold, 1))
-        kernel = _written_out(kernel, "each step value", self.unroll)
-        storage = "".join(files.shader_source(name) for name in self.storage)
-        body = files.shader_source(reduce) + storage + self.prelude() + kernel
-        return files.module(body, subgroups=self.subgroup_size > 0)
-
-
-def _written_out(source: str, marker: str, count: int) -> str:
-    """`source` with each line marked `// <marker>` repeated `count` times, its K (and the
-    suffix _K of names) becoming 0, 1, ...: per-value statements without a loop."""
-    lines = []
-    for line in source.splitlines():
-        if not line.endswith("// " + marker):
-            lines.append(line)
-            continue
-        code = line[: -len(marker) - 3].rstrip()
-        lines.extend(re.sub(r"_K\b", f"_{k}", re.sub(r"\bK\b", f"{k}u", code)) for k in range(count))
-    return "\n".join(lines) + "\n"
-
-
-@functools.lru_cache(maxsize=4096)  # a pure rule, asked once per launch
-def choose_config(width: int, has_weight: bool, has_bias: bool, subgroup_size: int = 0,
-                  dtype: str = "float32", affine_dtype: str | None = None,
-                  pack2x16float: bool = False, *, rows: int = 0, write_stats: bool = True) -> KernelConfig:
-    """Loads as wide as the rows stay aligned (4, 2 or 1 floats). Rows held in registers
-    when they fit: the most threads per row (a power of two) that leave each at least
-    MIN_HOLD loads (MIN_HOLD_NARROW_LOADS for scalar float32 rows and half rows), weight and
-    bias loaded with x; a float32 launch of `rows` rows that this splits into exactly 4
-    vec4 loads a thread, with at least WIDE_LAUNCH_THREADS threads, takes twice the
-    threads, 2 loads each (`rows` 0: the rule by width alone). Rows wider than MAX_HOLD loads
-    for each of MAX_THREADS_PER_ROW threads are streamed, 4 loads a loop step. Workgroups
-    of at least MIN_WORKGROUP threads (narrow rows share one). Half dtypes take the same
-    shapes: a V of 4 half values is 8 bytes, and rows stay aligned to whole u32 pairs.
-    `affine_dtype` defaults to `dtype`. `pack2x16float` (the device probe's verdict on
-    pack2x16float) matters for float16 only. `write_stats` False leaves mean and rstd unwritten.
-
-    Chosen from the H200 sweeps (docs/measurements.md; with v5's row sums, 3 vec4 a thread
-    where the rule gave 6 took 3-11% off the 384- and 768-wide float32 shapes, while 4 instead
-    of 8 scalars or 3 instead of 6 half vec4 lost 6-10%). `subgroup_size` 0 means the adapter
-    has no subgroup operations (workgroup-memory merges).
-    """
-    vec = _vec(width)
-    row_vecs = width // vec
-    least = MIN_HOLD if dtype == "float32" and vec > 1 else MIN_HOLD_NARROW_LOADS
-    threads = min(MAX_THREADS_PER_ROW, _prev_pow2(max(1, row_vecs // least)))
-    if (least == MIN_HOLD and row_vecs == 4 * threads and 2 * threads <= MAX_THREADS_PER_ROW
-            and rows * threads >= WIDE_LAUNCH_THREADS):
-        threads *= 2
-    hold = math.ceil(row_vecs / threads)
-    return KernelConfig(
-        width=width,
-        threads_per_row=threads,
-        has_weight=has_weight,
-        has_bias=has_bias,
-        subgroup_size=subgroup_size,
-        workgroup=max(MIN_WORKGROUP, threads),
-        hold=hold if hold <= MAX_HOLD else 0,
-        unroll=1 if hold <= MAX_HOLD else STREAM_UNROLL,
-        dtype=dtype,
-        affine_dtype=dtype if affine_dtype is None else affine_dtype,
-        pack2x16float=pack2x16float and dtype == "float16",
-        write_stats=write_stats,
-    )
 
 
 def device_config(g: Gpu, width: int, has_weight: bool, has_bias: bool, dtype: str = "float32",
@@ -232,15 +41,6 @@ def device_config(g: Gpu, width: int, has_weight: bool, has_bias: bool, dtype: s
     the configuration a launch of `rows` rows on `g` uses."""
     return choose_config(width, has_weight, has_bias, g.subgroup_size, dtype, affine_dtype, g.pack2x16float,
                          rows=rows, write_stats=write_stats)
-
-
-def _vec(width: int) -> int:
-    """Components in one load: the widest vector (4, 2 or 1 floats) a row start stays aligned to."""
-    return 4 if width % 4 == 0 else 2 if width % 2 == 0 else 1
-
-
-def _prev_pow2(n: int) -> int:
-    return 1 << (max(n, 1).bit_length() - 1)
 
 
 def compile_pipeline(g: Gpu, config: KernelConfig) -> Pipeline:

@@ -1,7 +1,7 @@
 """The kernel: WGSL files shipped as package data (importlib.resources), and the few
 decisions about their text that every runtime shares (the Python launch, the C++ backend
 built from it, the browser page): the directives each shader compiler needs, and the cases
-of the float16 pack probe.
+of the float16 pack probe; `config` holds the kernel's configuration rule and module text.
 
 Imports numpy only: the C++ build reads it without a device.
 """
@@ -19,7 +19,7 @@ DTYPES = ("float32", "float16", "bfloat16")
 
 # The shader compilers that need an `enable` directive before a module may use subgroup
 # operations: Tint does (WGSL's rule); naga in wgpu 0.32 refuses the directive. The one
-# place that decides it (the C++ backend's kernel_source mirrors it, tested byte for byte).
+# place that decides it (the C++ backend's directive is generated from it).
 NEEDS_ENABLE_SUBGROUPS = {"tint": True, "naga": False}
 
 

@@ -1,0 +1,190 @@
+"""The C++ headers generated at build time from the Python side, so that what Python
+decides is written once (the ExecuTorch Vulkan backend's way with its shader variants):
+
+- wgsl_sources.h: the kernel files of pipeline/wgsl/ as the Python runtime reads them, and
+  the float16 pack probe's cases (pipeline.wgsl);
+- kernel_config.h: the configuration rule's numbers and the pieces of every WGSL module
+  (pipeline.wgsl.config): the C++ picks pieces by the configuration and writes only the
+  per-pipeline constants itself, as `constant` formats them;
+- blob_layout.h: the delegate blob's byte layout and codes (pipeline.pte.blob).
+
+Imports no torch and no WebGPU implementation (`pipeline.native.build` runs it before
+anything is compiled).
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+
+import numpy as np
+
+from pipeline import wgsl
+from pipeline.pte import blob
+from pipeline.wgsl import config
+
+# The kernel files the backend embeds (pipeline/wgsl/ also holds benchmark-only shaders).
+WGSL_FILES = (
+    "native_layer_norm.wgsl", "reduce_subgroup.wgsl", "reduce_workgroup.wgsl", "subgroup_size.wgsl", "f16_pack_probe.wgsl",
+    "storage_float32.wgsl", "storage_half.wgsl", "storage_half_odd.wgsl", "half.wgsl",
+)
+# The rule's numbers the C++ configuration uses, with their C++ types.
+RULE_CONSTANTS = (
+    ("MIN_WORKGROUP", "uint32_t"), ("MAX_THREADS_PER_ROW", "uint32_t"), ("MAX_HOLD", "uint32_t"),
+    ("MIN_HOLD", "uint32_t"), ("MIN_HOLD_NARROW_LOADS", "uint32_t"), ("STREAM_UNROLL", "uint32_t"),
+    ("WIDE_LAUNCH_THREADS", "uint64_t"), ("THREADED_COPY_BYTES", "size_t"),
+)
+# C++ types of struct formats.
+_CPP_TYPES = {"H": "uint16_t", "I": "uint32_t", "d": "double", "q": "int64_t", "s": "char"}
+_NAMESPACE = ("namespace executorch {\nnamespace backends {\nnamespace webgpu {\n\n",
+              "\n}  // namespace webgpu\n}  // namespace backends\n}  // namespace executorch\n")
+
+
+def headers() -> dict[str, str]:
+    """Each generated header's name and text."""
+    return {"wgsl_sources.h": wgsl_header(), "kernel_config.h": kernel_header(), "blob_layout.h": blob_header()}
+
+
+def wgsl_header() -> str:
+    """Each embedded kernel file as the Python runtime reads it (text mode, universal
+    newlines), and the float16 pack probe's cases."""
+    entries = "".join(f'    {{"{name}", {len(wgsl.source(name).encode())},\n     {literal(wgsl.source(name), 5)}}},\n'
+                      for name in WGSL_FILES)
+    return (_preamble("pipeline/wgsl/")
+            + "struct EmbeddedWgsl {\n  const char* name;\n  size_t size;\n  const char* text;\n};\n\n"
+            + "inline constexpr EmbeddedWgsl kEmbeddedWgsl[] = {\n" + entries + "};\n\n"
+            + _f16_pack_cases())
+
+
+def _f16_pack_cases() -> str:
+    """The float16 pack probe's values (float32 bits) and their aten rounding (float16 bits),
+    the very cases the Python runtime's probe checks (`pipeline.wgsl.f16_pack_cases`)."""
+    values = wgsl.f16_pack_cases()
+    want = wgsl.aten_f16_bits(values)
+
+    def table(kind: str, name: str, items) -> str:
+        body = ",".join(f"0x{int(v):x}" for v in items)
+        return f"inline constexpr {kind} {name}[] = {{{body}}};\n"
+
+    return (table("uint32_t", "kF16PackCaseBits", values.view(np.uint32))
+            + table("uint16_t", "kF16PackExpected", want)
+            + f"constexpr size_t kF16PackCases = {values.size};\n")
+
+
+def kernel_header() -> str:
+    """The rule's numbers, the directive each shader compiler needs before subgroup
+    operations, the declarations chosen by V's width and the dtypes, and the kernel file in
+    parts: plain runs, and each marked line written out for every value up to the most
+    `choose_config` asks for (config.MOST_VALUES)."""
+    numbers = "".join(f"constexpr {kind} {cpp_name(name)} = {getattr(config, name)};\n" for name, kind in RULE_CONSTANTS)
+    compilers = list(wgsl.NEEDS_ENABLE_SUBGROUPS)
+    directive = _selector("subgroups_directive(ShaderCompiler compiler)", [
+        (f"compiler == ShaderCompiler::{cpp_name(c)}", wgsl.ShaderFiles(c).module("", subgroups=True))
+        for c in compilers])
+    vector = _selector("vector_declarations(uint32_t vec)",
+                       [(f"vec == {vec}", config.vector_declarations(vec)) for vec in (1, 2, 4)])
+    half = _selector("half_declarations(uint32_t vec, bool params_half)", [
+        (f"vec == {vec} && {'' if params_half else '!'}params_half", config.half_declarations(vec, params_half))
+        for vec in (1, 2, 4) for params_half in (False, True)])
+    markers = list(config.MOST_VALUES)
+    parts = []
+    for marker, text in config.parts(wgsl.source(config.SHADER), tuple(markers)):
+        if marker is None:
+            parts.append(f"    {{Marker::kNone, 0,\n     {literal(text, 5)}}},\n")
+            continue
+        parts += [f"    {{Marker::{cpp_name(marker)}, {k}, {literal(config.value_line(text, k), 5)}}},\n"
+                  for k in range(config.MOST_VALUES[marker])]
+    return (_preamble("pipeline/wgsl/config.py") + _NAMESPACE[0]
+            + "// The configuration rule's numbers (choose_config's).\n" + numbers
+            + "\n// The shader compilers a module is written for.\n"
+            + f"enum class ShaderCompiler {{ {', '.join(cpp_name(c) for c in compilers)} }};\n\n"
+            + "// What a module that uses subgroup operations starts with, for `compiler`.\n" + directive
+            + "\n// alias V and hsum for V's `vec` components.\n" + vector
+            + "\n// The word types and conversions of a half dtype's storage file.\n" + half
+            + f"\n// {config.SHADER} in parts: plain runs of lines, and each line marked `// <marker>` for\n"
+            + "// each value it is written out for.\n"
+            + f"enum class Marker : uint32_t {{ kNone, {', '.join(cpp_name(m) for m in markers)} }};\n"
+            + "struct KernelPart {\n  Marker marker;\n  uint32_t value;\n  const char* text;\n};\n"
+            + "inline constexpr KernelPart kKernelParts[] = {\n" + "".join(parts) + "};\n" + _NAMESPACE[1])
+
+
+def blob_header() -> str:
+    """The blob's codes, framing constants and each field's offset and type."""
+    codes = "".join(f"constexpr uint32_t {cpp_name(name)} = {code};\n" for name, code in blob.DTYPE_CODES.items())
+    itemsizes = ", ".join(str(blob.CONSTANT_ARRAYS[name].itemsize) for name in blob.DTYPE_CODES)
+    names = ", ".join(f'"{name}"' for name in blob.DTYPE_CODES)
+    sources = ", ".join(f"{cpp_name(name)} = {code}" for name, code in blob.SOURCE_CODES.items())
+    outputs = ", ".join(f"{cpp_name(name)} = {i}" for i, name in enumerate(blob.OUTPUT_NAMES))
+    return (_preamble("pipeline/pte/blob.py") + _NAMESPACE[0]
+            + "// Dtype codes of the params' dtype and affine_dtype fields, and each one's bytes and name.\n"
+            + codes + f"inline constexpr uint32_t kDtypeBytes[] = {{{itemsizes}}};\n"
+            + f"inline constexpr const char* kDtypeNames[] = {{{names}}};\n"
+            + "// Where a weight or bias comes from (the *_source fields).\n"
+            + f"enum class OperandSource : uint32_t {{ {sources} }};\n"
+            + "// What a delegate returns (the entries of the outputs field).\n"
+            + f"enum Output : uint32_t {{ {outputs} }};\n"
+            + f"constexpr int64_t kDynamicDim = {blob.DYNAMIC};  // a normalized dim read from the input\n"
+            + f"constexpr uint32_t kMaxNormalizedDims = {blob.MAX_NDIM};\n\n"
+            + "namespace blob_layout {\n\n"
+            + f'constexpr char kMagic[] = "{blob.MAGIC.decode("ascii")}";\n'
+            + f"constexpr uint16_t kVersion = {blob.VERSION};\n"
+            + f"constexpr uint32_t kByteOrderMark = 0x{blob.BYTE_ORDER_MARK:08x};\n"
+            + f"constexpr uint32_t kOpNativeLayerNorm = {blob.OP_NATIVE_LAYER_NORM};\n"
+            + f"constexpr uint64_t kAlign = {blob.ALIGN};  // of the data section and each constant in it\n"
+            + f"constexpr uint32_t kHeaderSize = {blob.HEADER.size};\n"
+            + f"constexpr uint32_t kParamsSize = {blob.PARAMS.size};  // the fixed fields; ndim dims follow\n"
+            + f"constexpr uint32_t kDimSize = {blob.DIM.size};\n\n"
+            + "// A field of a section: its offset, and `count` values of T (little-endian) there.\n"
+            + "template <typename T>\nstruct Field {\n  size_t offset;\n  size_t count = 1;\n};\n\n"
+            + "// The header's fields, from the start of the blob.\n"
+            + _fields("header_field", blob.HEADER_FIELDS)
+            + "// The params' fields, from the start of the params section; ndim dims follow them.\n"
+            + _fields("params_field", [*blob.PARAMS_FIELDS, ("dims", "0" + blob.DIM.format.lstrip("<"))])
+            + "\n}  // namespace blob_layout\n" + _NAMESPACE[1])
+
+
+def _fields(namespace: str, fields) -> str:
+    """`namespace` of a Field per (name, struct format), at the offsets the formats give (a
+    count of 0: as many as another field says)."""
+    lines, offset = [], 0
+    for name, fmt in fields:
+        count, code = re.fullmatch(r"(\d*)(\w)", fmt).groups()
+        kind, count = (f"char[{count}]", 1) if code == "s" else (_CPP_TYPES[code], int(count or 1))
+        lines.append(f"inline constexpr Field<{kind}> {cpp_name(name)}{{{offset}, {count}}};\n")
+        offset += struct.calcsize("<" + fmt)
+    return f"namespace {namespace} {{\n" + "".join(lines) + f"}}  // namespace {namespace}\n"
+
+
+def _selector(signature: str, cases: list[tuple[str, str]]) -> str:
+    """A C++ function returning the text of the first case whose condition holds (nullptr
+    when none does)."""
+    body = "".join(f"  if ({condition}) {{\n    return {literal(text, 11)};\n  }}\n" for condition, text in cases)
+    return f"inline const char* {signature} {{\n{body}  return nullptr;\n}}\n"
+
+
+def cpp_name(name: str) -> str:
+    """A Python name (or marker) as a C++ constant: THREADED_COPY_BYTES -> kThreadedCopyBytes."""
+    return "k" + "".join(word.capitalize() for word in re.split(r"[_ ]", name.lower()))
+
+
+def literal(text: str, indent: int = 0) -> str:
+    """`text` as a C++ string literal of one quoted piece per line (pieces after the first
+    indented by `indent`): printable ASCII as is but for \\ " ?, any other byte an octal escape."""
+    pieces = []
+    for line in text.encode("utf-8").splitlines(keepends=True) or [b""]:
+        piece = "".join(_escape(b) for b in line)
+        pieces.append(f'"{piece}"')
+    return ("\n" + " " * indent).join(pieces)
+
+
+def _escape(byte: int) -> str:
+    if byte == 0x0A:
+        return "\\n"
+    if byte in b'\\"?':
+        return "\\" + chr(byte)
+    return chr(byte) if 0x20 <= byte < 0x7F else f"\\{byte:03o}"
+
+
+def _preamble(source: str) -> str:
+    return (f"// Generated by pipeline/native/generate.py from {source}; do not edit.\n"
+            "#pragma once\n\n#include <cstddef>\n#include <cstdint>\n\n")

@@ -1,0 +1,249 @@
+"""The native_layer_norm kernel's configuration and module text, shared by every runtime:
+which variant serves a row width (`choose_config`), and the WGSL module written for it
+(`KernelConfig.source`). The Python launch compiles these modules; the C++ build generates
+its module pieces from the same functions (pipeline/native/generate.py), so the text has one
+source and only the configuration rule is written in both languages (tests hold them equal).
+
+Imports no torch and no WebGPU implementation: the C++ build reads it.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+from dataclasses import dataclass
+
+from pipeline.pte.blob import DTYPE_CODES
+from pipeline.wgsl import ShaderFiles
+
+SHADER = "native_layer_norm.wgsl"
+MIN_WORKGROUP = 64
+MAX_THREADS_PER_ROW = 256
+# Values of a row one thread holds in registers at most; wider rows are streamed.
+MAX_HOLD = 8
+# Loads a thread holds at least, where the row has them: the most threads per row that
+# leave each this many. 3 for float32 rows loaded as vec4 or vec2 (3 to 6 each), 4 for
+# scalar float32 rows and half rows (4 to 8 each): measured on the H200 (docs/measurements.md).
+MIN_HOLD = 3
+MIN_HOLD_NARROW_LOADS = 4
+# A float32 launch whose rows split into exactly 4 vec4 loads a thread, and that has
+# at least this many threads at that rule, takes twice the threads per row, 2 loads each:
+# 1-8% faster on the H200 from 3 x 2^16 threads, 2-8% slower at 2^17 and fewer
+# (docs/measurements.md, "Threads by the launch's size").
+WIDE_LAUNCH_THREADS = 3 << 16
+# Values a streaming thread loads in one loop step.
+STREAM_UNROLL = 4
+# Copies between host memory and mapped GPU memory of at least this many bytes run over
+# threads where the machine has cores to spare: the Python runtime's device.copy_bytes and
+# the C++ launch's HostCopy alike (docs/measurements.md, "The host path").
+THREADED_COPY_BYTES = 1 << 20
+
+# The markers of the kernel file's lines written out once per value (`written_out`), and
+# the most values `choose_config` writes each out for.
+EACH_HELD_VALUE = "each held value"
+EACH_STEP_VALUE = "each step value"
+MOST_VALUES = {EACH_HELD_VALUE: MAX_HOLD, EACH_STEP_VALUE: STREAM_UNROLL}
+
+# Per components in one load: the WGSL type of V and the sum of its components.
+_V_TYPES = {4: ("vec4<f32>", "v.x + v.y + v.z + v.w"), 2: ("vec2<f32>", "v.x + v.y"), 1: ("f32", "v")}
+# Half rows with an even width, per components in one V: the word type holding one V (u32
+# pairs), V from a word and a word from V (half.wgsl's unpack_pair / pack_pair).
+_HALF_WORDS = {
+    4: ("vec2<u32>", "vec4<f32>(unpack_pair(w.x), unpack_pair(w.y))", "vec2<u32>(pack_pair(v.xy), pack_pair(v.zw))"),
+    2: ("u32", "unpack_pair(w)", "pack_pair(v)"),
+}
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """What is fixed per pipeline: chosen from the row width and which affine parts exist."""
+
+    width: int  # elements per row, compiled in: a pipeline serves one width
+    threads_per_row: int
+    has_weight: bool
+    has_bias: bool
+    subgroup_size: int = 0  # the adapter's (0: no subgroup operations, workgroup-memory merges)
+    workgroup: int = MIN_WORKGROUP
+    # 0: rows streamed (read twice), `unroll` values a loop step; k > 0: each thread holds
+    # its k values of the row (read once), weight and bias loaded with them.
+    hold: int = 0
+    unroll: int = 1
+    dtype: str = "float32"  # of x and out
+    affine_dtype: str = "float32"  # of weight and bias: dtype, or float32 with a half dtype
+    # float16 stores through pack2x16float: only where the device probe saw it round as aten
+    pack2x16float: bool = False
+    # mean and rstd stored (a delegate whose program uses only the output does without)
+    write_stats: bool = True
+
+    @property
+    def vec(self) -> int:
+        return _vec(self.width)
+
+    @property
+    def row_vecs(self) -> int:
+        return self.width // self.vec
+
+    @property
+    def row_in_subgroup(self) -> bool:
+        """All threads of a row share one subgroup: the row merges without barriers."""
+        return 0 < self.threads_per_row <= self.subgroup_size
+
+    @property
+    def parts_tree(self) -> bool:
+        """A row has more subgroup parts than a subgroup has lanes: the parts halve in a
+        tree in workgroup memory before the last butterfly (reduce_subgroup.wgsl)."""
+        return 0 < self.subgroup_size and self.threads_per_row > self.subgroup_size ** 2
+
+    @property
+    def rows_per_workgroup(self) -> int:
+        return self.workgroup // self.threads_per_row
+
+    def constants(self) -> list[tuple[str, int | bool]]:
+        """The pipeline's WGSL constants in the prelude's order: u32 for ints, bool for bools
+        (the half dtypes' HALF, PARAMS_HALF and PACK2X16FLOAT last)."""
+        found = [("VEC", self.vec), ("WORKGROUP", self.workgroup), ("THREADS_PER_ROW", self.threads_per_row),
+                 ("HAS_WEIGHT", self.has_weight), ("HAS_BIAS", self.has_bias),
+                 ("ROW_IN_SUBGROUP", self.row_in_subgroup), ("PARTS_TREE", self.parts_tree),
+                 ("WIDTH", self.width), ("ROW_VECS", self.row_vecs), ("HOLD", self.hold), ("STEP", self.unroll),
+                 ("WRITE_STATS", self.write_stats)]
+        if self.dtype != "float32":
+            found += [("HALF", DTYPE_CODES[self.dtype]), ("PARAMS_HALF", self.affine_dtype != "float32"),
+                      ("PACK2X16FLOAT", self.pack2x16float)]
+        return found
+
+    def prelude(self) -> str:
+        """WGSL declarations that specialise the kernel file: V's type, the constants, and
+        for half dtypes the word types and conversions of the storage file."""
+        text = vector_declarations(self.vec) + "".join(constant(name, value) for name, value in self.constants())
+        if self.dtype != "float32":
+            text += half_declarations(self.vec, self.affine_dtype != "float32")
+        return text
+
+    @property
+    def storage(self) -> list[str]:
+        """The WGSL files that declare x, weight, bias and out for these dtypes."""
+        if self.dtype == "float32":
+            return ["storage_float32.wgsl"]
+        return ["half.wgsl", "storage_half.wgsl" if self.vec > 1 else "storage_half_odd.wgsl"]
+
+    def source(self, files: ShaderFiles) -> str:
+        """The WGSL module as `files.compiler` takes it: the directives it needs, the
+        reduction file (it holds the entry point), constants, kernel with its per-value
+        lines written out."""
+        reduce = "reduce_subgroup.wgsl" if self.subgroup_size else "reduce_workgroup.wgsl"
+        kernel = written_out(files.shader_source(SHADER),
+                             {EACH_HELD_VALUE: max(self.hold, 1), EACH_STEP_VALUE: self.unroll})
+        storage = "".join(files.shader_source(name) for name in self.storage)
+        body = files.shader_source(reduce) + storage + self.prelude() + kernel
+        return files.module(body, subgroups=self.subgroup_size > 0)
+
+
+def constant(name: str, value: int | bool) -> str:
+    """One line of the prelude: a WGSL bool, or a u32 for an int."""
+    if isinstance(value, bool):
+        return f"const {name}: bool = {str(value).lower()};\n"
+    return f"const {name}: u32 = {value}u;\n"
+
+
+def vector_declarations(vec: int) -> str:
+    """V, `vec` f32 components, and hsum, the sum of a V's components in order."""
+    vtype, components = _V_TYPES[vec]
+    return f"alias V = {vtype};\nfn hsum(v: V) -> f32 {{ return {components}; }}\n"
+
+
+def half_declarations(vec: int, params_half: bool) -> str:
+    """For half dtypes: the storage file's word types and conversions, with weight and bias
+    half (`params_half`) or float32."""
+    if vec == 1:
+        return (f"alias PW = {'u32' if params_half else 'f32'};\n"
+                "fn param_at(w: PW, at: u32) -> f32 { return "
+                + ("unpack_pair(w)[at & 1u]" if params_half else "w") + "; }\n")
+    word, value, pack = _HALF_WORDS[vec]
+    return (f"alias XW = {word};\n"
+            f"alias PW = {'XW' if params_half else 'V'};\n"
+            f"fn x_value(w: XW) -> V {{ return {value}; }}\n"
+            f"fn x_word(v: V) -> XW {{ return {pack}; }}\n"
+            "fn p_value(w: PW) -> V { return " + ("x_value(w)" if params_half else "w") + "; }\n")
+
+
+@functools.lru_cache(maxsize=16)
+def parts(source: str, markers: tuple[str, ...]) -> tuple[tuple[str | None, str], ...]:
+    """`source` split into (None, a run of lines) and (marker, code) for each line that ends
+    in `// <marker>` of one of `markers`: the code before that comment, to be written out."""
+    found: list[tuple[str | None, str]] = []
+    for line in source.splitlines():
+        marker = next((m for m in markers if line.endswith("// " + m)), None)
+        if marker is not None:
+            found.append((marker, line[: -len(marker) - 3].rstrip()))
+        elif found and found[-1][0] is None:
+            found[-1] = (None, found[-1][1] + line + "\n")
+        else:
+            found.append((None, line + "\n"))
+    return tuple(found)
+
+
+def value_line(code: str, k: int) -> str:
+    """A marked line's code for value `k`: K becomes `k`u, the suffix _K of names _`k`."""
+    return re.sub(r"_K\b", f"_{k}", re.sub(r"\bK\b", f"{k}u", code)) + "\n"
+
+
+def written_out(source: str, counts: dict[str, int]) -> str:
+    """`source` with each line marked `// <marker>` written out `counts[marker]` times, for
+    values 0, 1, ... (`value_line`): per-value statements without a loop."""
+    return "".join(text if marker is None else "".join(value_line(text, k) for k in range(counts[marker]))
+                   for marker, text in parts(source, tuple(counts)))
+
+
+@functools.lru_cache(maxsize=4096)  # a pure rule, asked once per launch
+def choose_config(width: int, has_weight: bool, has_bias: bool, subgroup_size: int = 0,
+                  dtype: str = "float32", affine_dtype: str | None = None,
+                  pack2x16float: bool = False, *, rows: int = 0, write_stats: bool = True) -> KernelConfig:
+    """Loads as wide as the rows stay aligned (4, 2 or 1 floats). Rows held in registers
+    when they fit: the most threads per row (a power of two) that leave each at least
+    MIN_HOLD loads (MIN_HOLD_NARROW_LOADS for scalar float32 rows and half rows), weight and
+    bias loaded with x; a float32 launch of `rows` rows that this splits into exactly 4
+    vec4 loads a thread, with at least WIDE_LAUNCH_THREADS threads, takes twice the
+    threads, 2 loads each (`rows` 0: the rule by width alone). Rows wider than MAX_HOLD loads
+    for each of MAX_THREADS_PER_ROW threads are streamed, 4 loads a loop step. Workgroups
+    of at least MIN_WORKGROUP threads (narrow rows share one). Half dtypes take the same
+    shapes: a V of 4 half values is 8 bytes, and rows stay aligned to whole u32 pairs.
+    `affine_dtype` defaults to `dtype`. `pack2x16float` (the device probe's verdict on
+    pack2x16float) matters for float16 only. `write_stats` False leaves mean and rstd unwritten.
+
+    Chosen from the H200 sweeps (docs/measurements.md; with v5's row sums, 3 vec4 a thread
+    where the rule gave 6 took 3-11% off the 384- and 768-wide float32 shapes, while 4 instead
+    of 8 scalars or 3 instead of 6 half vec4 lost 6-10%). `subgroup_size` 0 means the adapter
+    has no subgroup operations (workgroup-memory merges).
+    """
+    vec = _vec(width)
+    row_vecs = width // vec
+    least = MIN_HOLD if dtype == "float32" and vec > 1 else MIN_HOLD_NARROW_LOADS
+    threads = min(MAX_THREADS_PER_ROW, _prev_pow2(max(1, row_vecs // least)))
+    if (least == MIN_HOLD and row_vecs == 4 * threads and 2 * threads <= MAX_THREADS_PER_ROW
+            and rows * threads >= WIDE_LAUNCH_THREADS):
+        threads *= 2
+    hold = math.ceil(row_vecs / threads)
+    return KernelConfig(
+        width=width,
+        threads_per_row=threads,
+        has_weight=has_weight,
+        has_bias=has_bias,
+        subgroup_size=subgroup_size,
+        workgroup=max(MIN_WORKGROUP, threads),
+        hold=hold if hold <= MAX_HOLD else 0,
+        unroll=1 if hold <= MAX_HOLD else STREAM_UNROLL,
+        dtype=dtype,
+        affine_dtype=dtype if affine_dtype is None else affine_dtype,
+        pack2x16float=pack2x16float and dtype == "float16",
+        write_stats=write_stats,
+    )
+
+
+def _vec(width: int) -> int:
+    """Components in one load: the widest vector (4, 2 or 1 floats) a row start stays aligned to."""
+    return 4 if width % 4 == 0 else 2 if width % 2 == 0 else 1
+
+
+def _prev_pow2(n: int) -> int:
+    return 1 << (max(n, 1).bit_length() - 1)
