@@ -1,0 +1,171 @@
+"""Issue 31: inputs, signals and files that reached past the runtimes' checks.
+
+Self-contained: its models, fixtures and helpers are its own.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+from torch import nn
+
+import pipeline
+from pipeline.native import build as native_build
+
+
+@pytest.fixture(scope="module")
+def native(gpu_info):
+    """pipeline.native with the backend registered and a device; a skip only when no
+    compiler exists."""
+    try:
+        native_build.find_compiler()
+    except native_build.BuildError as exc:
+        pytest.skip(str(exc))
+    module = importlib.import_module("pipeline.native")
+    available, reason = module.device()
+    assert available, f"the native backend finds no device although wgpu does: {reason}"
+    module.register()
+    return module
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.uint8)
+
+
+def _assert_within_one_ulp(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
+    assert got.shape == want.shape and got.dtype == want.dtype == torch.float32, what
+    ulp = torch.nextafter(want.abs(), torch.tensor(float("inf"))) - want.abs()
+    assert ((got - want).abs() - ulp).max().item() <= 0, f"{what}: the runtimes differ by more than one ulp"
+
+
+# Defect 5: strided inputs in ExecuTorch's runtime
+
+
+class ImageModel(nn.Module):
+    """A 4-D input (channels-last applies): GroupNorm (no affine) and a LayerNorm over its
+    last dim, each output a LayerNorm delegate's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.group_norm = nn.GroupNorm(2, 4, affine=False)
+        self.norm = nn.LayerNorm(6)
+        with torch.no_grad():
+            for p in self.norm.parameters():
+                p.normal_()
+
+    def forward(self, x):
+        return self.group_norm(x), self.norm(x * 2)
+
+
+class SequenceModel(nn.Module):
+    """A 3-D and a 2-D input, each through a LayerNorm."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(8)
+        self.norm_2d = nn.LayerNorm(8, bias=False)
+        with torch.no_grad():
+            for p in self.parameters():
+                p.normal_()
+
+    def forward(self, x, y):
+        return self.norm(x), self.norm_2d(y)
+
+
+def _overlapping(t: torch.Tensor) -> torch.Tensor:
+    """A tensor of t's shape whose rows overlap in memory (each starts one element after
+    the previous)."""
+    shape = list(t.shape)
+    strides = [1] * len(shape)
+    for d in range(len(shape) - 3, -1, -1):
+        strides[d] = sum((shape[k] - 1) * strides[k] for k in range(d + 1, len(shape))) + 1
+    span = sum((s - 1) * st for s, st in zip(shape, strides)) + 1
+    return torch.randn(span).as_strided(shape, strides)
+
+
+def _strided_kinds(t: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Inputs of t's shape and dtype in every kind of layout a caller may hand over."""
+    kinds = {
+        "transposed": t.transpose(-1, -2).contiguous().transpose(-1, -2),
+        "sliced": torch.cat([t, t], dim=-1)[..., ::2],
+        "offset": torch.cat([t.flatten(), t.flatten()])[t.numel():].view(t.shape),
+        "expanded": t[..., :1, :].expand(t.shape),
+        "overlapping": _overlapping(t),
+        "parameter": nn.Parameter(t.clone()),
+        "requires_grad": t.clone().requires_grad_(),
+        "transposed_requires_grad": t.transpose(-1, -2).contiguous().transpose(-1, -2).requires_grad_(),
+    }
+    if t.dim() == 4:
+        kinds["channels_last"] = t.contiguous(memory_format=torch.channels_last)
+        kinds["channels_last_parameter"] = nn.Parameter(t.contiguous(memory_format=torch.channels_last))
+    return kinds
+
+
+@pytest.fixture(scope="module")
+def strided_programs(native, tmp_path_factory):
+    """(name, path, example inputs) of a program with a 4-D input and one with 3-D and 2-D inputs."""
+    torch.manual_seed(0)
+    out = tmp_path_factory.mktemp("strided")
+    found = []
+    for name, model, inputs in (("image", ImageModel(), (torch.randn(2, 4, 3, 6),)),
+                                ("sequence", SequenceModel(), (torch.randn(3, 5, 8), torch.randn(4, 8)))):
+        prog = pipeline.lower(model.eval(), inputs)
+        assert prog.coverage.delegated == prog.coverage.total == 2
+        prog.save(out / f"{name}.pte")
+        found.append((name, out / f"{name}.pte", inputs))
+    return found
+
+
+def _runs(native, path):
+    from pipeline.native.trace import TracedProgram
+
+    traced = TracedProgram(path, capture=True)
+    return {"python": pipeline.load(path), "executorch": native.load(path), "executorch_traced": traced}, traced
+
+
+def test_strided_inputs_run_alike_in_both_runtimes(native, strided_programs):
+    for name, path, example in strided_programs:
+        runs, traced = _runs(native, path)
+        try:
+            for position, x in enumerate(example):
+                for kind, given in _strided_kinds(x).items():
+                    inputs = list(example)
+                    inputs[position] = given
+                    dense = [t.detach().clone(memory_format=torch.contiguous_format) for t in inputs]
+                    outputs = {}
+                    for runtime, program in runs.items():
+                        what = f"{name} input {position} {kind} in the {runtime} runtime"
+                        want = list(program(*dense))
+                        got = list(program(*inputs))
+                        assert len(got) == len(want), what
+                        for i, (g, w) in enumerate(zip(got, want)):
+                            assert g.shape == w.shape and torch.equal(_bits(g), _bits(w)), \
+                                f"{what}: output {i} differs from the contiguous input's"
+                        outputs[runtime] = got
+                    for i, (g, w) in enumerate(zip(outputs["executorch"], outputs["python"])):
+                        _assert_within_one_ulp(g, w, f"{name} input {position} {kind} output {i}")
+                    for i, (g, w) in enumerate(zip(outputs["executorch_traced"], outputs["executorch"])):
+                        assert torch.equal(_bits(g), _bits(w)), f"{name} {kind}: traced output {i} differs"
+                    assert given.requires_grad == (kind.endswith(("parameter", "requires_grad")))
+        finally:
+            traced.close()
+
+
+def test_strided_input_in_the_executorch_verdict_path(native, strided_programs):
+    from pipeline.evaluation.executorch_verdict import run_in_executorch
+
+    name, path, (x,) = strided_programs[0]
+    want = run_in_executorch(path.read_bytes(), (x,))
+    got = run_in_executorch(path.read_bytes(), (x.contiguous(memory_format=torch.channels_last),))
+    assert all(torch.equal(_bits(g), _bits(w)) for g, w in zip(got, want))
+
+
+def test_caller_tensor_is_left_as_it_was(native, strided_programs):
+    _, path, (x,) = strided_programs[0]
+    given = nn.Parameter(x.contiguous(memory_format=torch.channels_last))
+    before = given.detach().clone()
+    native.load(path)(given)
+    assert given.is_contiguous(memory_format=torch.channels_last) and given.requires_grad
+    assert given.grad is None and torch.equal(given.detach(), before)
