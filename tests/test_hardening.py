@@ -6,6 +6,15 @@ Self-contained: its models, fixtures and helpers are its own.
 from __future__ import annotations
 
 import importlib
+import os
+import queue
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -169,3 +178,110 @@ def test_caller_tensor_is_left_as_it_was(native, strided_programs):
     native.load(path)(given)
     assert given.is_contiguous(memory_format=torch.channels_last) and given.requires_grad
     assert given.grad is None and torch.equal(given.detach(), before)
+
+
+# Defect 4: Ctrl-C during a GPU wait
+
+
+# Runs pipeline.layer_norm in a loop (its wait for the GPU in Python). It survives `handled`
+# interrupts (printing "interrupted" for each), checks that its results and a delegate's
+# (its call in C++ on wgpu) still match torch's, then loops with no handler: the next
+# interrupt ends it with a traceback.
+_INTERRUPTED_LOOP = """
+import sys, torch, pipeline
+from pipeline.benchmark import layer_norm_delegate
+
+rows, width, handled = map(int, sys.argv[1:])
+torch.manual_seed(0)
+x, weight, bias = torch.randn(rows, width), torch.randn(width), torch.randn(width)
+want = torch.nn.functional.layer_norm(x, [width], weight, bias)
+delegate = layer_norm_delegate(weight, bias)
+calls = [lambda: pipeline.layer_norm(x, [width], weight, bias)[0], lambda: delegate(x)[0]]
+
+def check():
+    for call in calls:
+        assert torch.allclose(call(), want, atol=1e-4), "wrong result after an interrupt"
+
+def until_interrupted():
+    try:
+        while True:
+            calls[0]()
+    except KeyboardInterrupt:
+        return
+
+check()
+print("ready", flush=True)
+for _ in range(handled):
+    until_interrupted()
+    print("interrupted", flush=True)
+check()
+print("checked", flush=True)
+while True:
+    calls[0]()
+"""
+
+
+def _lines(stream, into: queue.Queue) -> None:
+    for line in stream:
+        into.put(line.strip())
+    into.put(None)
+
+
+def _expect(lines: queue.Queue, wanted: str, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            raise AssertionError(f"no {wanted!r} within {seconds} s of {what}: the wait hangs") from None
+        if line is None:
+            raise AssertionError(f"the process ended before {wanted!r} ({what})")
+        if line == wanted:
+            return
+
+
+@pytest.mark.parametrize("implementation, rows", [("wgpu", 4096), ("dawn", 256)])
+def test_interrupts_end_gpu_waits(gpu_info, tmp_path, implementation, rows):
+    if implementation == "dawn":
+        pytest.importorskip("pydawn")
+        if not Path("/usr/lib/chromium/vk_swiftshader_icd.json").is_file() and os.environ.get("PIPELINE_REQUIRE_GPU") != "1":
+            pytest.skip("no SwiftShader for Dawn")
+    script = tmp_path / "loop.py"
+    script.write_text(_INTERRUPTED_LOOP)
+    env = {**os.environ, "PIPELINE_WEBGPU": implementation, "PYTHONUNBUFFERED": "1"}
+    process = subprocess.Popen([sys.executable, str(script), str(rows), "4096", "3"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env=env)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=_lines, args=(process.stdout, lines), daemon=True).start()
+    errors: list[str] = []
+    threading.Thread(target=lambda: errors.extend(process.stderr), daemon=True).start()
+    try:
+        _expect(lines, "ready", 120, "the start")
+        for k in range(3):
+            time.sleep(random.uniform(0.1, 0.5))
+            process.send_signal(signal.SIGINT)
+            _expect(lines, "interrupted", 10, f"SIGINT {k + 1}")
+        _expect(lines, "checked", 60, "the check after the interrupts")
+        time.sleep(random.uniform(0.1, 0.5))
+        process.send_signal(signal.SIGINT)
+        code = process.wait(timeout=10)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert code in (-signal.SIGINT, 130), f"status {code}: {''.join(errors)[-2000:]}"
+    assert "KeyboardInterrupt" in "".join(errors)
+
+
+def test_interrupt_caught_in_the_map_callback_is_raised_and_the_device_stays_usable(gpu_info, monkeypatch):
+    from pipeline.runtime import device
+
+    monkeypatch.setenv(device.IMPLEMENTATION_ENV, "wgpu")
+    impl = device.gpu().impl
+    x = torch.randn(64, 256)
+    want = pipeline.layer_norm(x, [256])[0]
+    # What the callback's error handler keeps when a signal is handled inside the callback.
+    impl._caught.append(KeyboardInterrupt("inside the callback"))
+    with pytest.raises(KeyboardInterrupt, match="inside the callback"):
+        pipeline.layer_norm(x, [256])
+    assert torch.equal(pipeline.layer_norm(x, [256])[0], want)
