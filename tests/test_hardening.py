@@ -5,7 +5,9 @@ Self-contained: its models, fixtures and helpers are its own.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import json
 import os
 import queue
 import random
@@ -14,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -285,3 +288,103 @@ def test_interrupt_caught_in_the_map_callback_is_raised_and_the_device_stays_usa
     with pytest.raises(KeyboardInterrupt, match="inside the callback"):
         pipeline.layer_norm(x, [256])
     assert torch.equal(pipeline.layer_norm(x, [256])[0], want)
+
+
+# Defect 1: the bytes hashed are the bytes run
+
+
+class TwoNorms(nn.Module):
+    """The exported model: a Linear and two LayerNorms."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(16, 16)
+        self.norm = nn.LayerNorm(16)
+        self.norm_2 = nn.LayerNorm(16)
+
+    def forward(self, x):
+        return self.norm_2(self.norm(self.linear(x)) * 3)
+
+
+class OneNorm(nn.Module):
+    """What replaces the file: the same signature, one LayerNorm, other outputs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(16, 16)
+        self.norm = nn.LayerNorm(16)
+
+    def forward(self, x):
+        return self.norm(self.linear(x)) * 7
+
+
+@pytest.fixture(scope="module")
+def swapped_files(gpu_info, tmp_path_factory):
+    """(spec, exported .pte bytes, other .pte bytes): the file a command is given, with its
+    coverage file, and a file of another model with the same inputs."""
+    torch.manual_seed(0)
+    spec = types.SimpleNamespace(name="twonorms", variant="small", module=TwoNorms().eval(),
+                                 example_inputs=(torch.randn(4, 16),), dynamic_shapes=None, checkpoint=None)
+    out = tmp_path_factory.mktemp("swap")
+    pipeline.lower(spec.module, spec.example_inputs).save(out / "exported.pte")
+    pipeline.lower(OneNorm().eval(), spec.example_inputs).save(out / "other.pte")
+    return spec, (out / "exported.pte").read_bytes(), (out / "other.pte").read_bytes()
+
+
+def _swap_while_building(monkeypatch, tmp_path, swapped_files) -> Path:
+    """A .pte and its coverage file in tmp_path; building its model (the step between the
+    hash check and the load) replaces the .pte with another program."""
+    import pipeline.evaluation.artifact
+
+    spec, exported, other = swapped_files
+    pte = tmp_path / "twonorms-small.pte"
+    pte.write_bytes(exported)
+    (tmp_path / "twonorms-small.coverage.json").write_text(json.dumps(
+        {"model": "twonorms", "variant": "small", "seed": 0, "cpu_backend": "portable",
+         "pte_sha256": hashlib.sha256(exported).hexdigest()}))
+
+    def build(summary):
+        replacement = tmp_path / "replacement.pte"
+        replacement.write_bytes(other)
+        os.replace(replacement, pte)
+        return spec
+
+    monkeypatch.setattr(pipeline.evaluation.artifact, "build_for_artifact", build)
+    return pte
+
+
+@pytest.mark.parametrize("runtime", ["python", "executorch"])
+def test_run_pte_runs_the_bytes_it_hashed(native, monkeypatch, tmp_path, swapped_files, runtime):
+    from pipeline.evaluation.artifact import run_artifact
+
+    pte = _swap_while_building(monkeypatch, tmp_path, swapped_files)
+    result = run_artifact(pte, runtime=runtime, repeats=1)
+    assert pte.read_bytes() == swapped_files[2], "the file was not replaced: the test tests nothing"
+    assert result["max_abs_vs_eager"] < 1e-4, "the replaced file ran, not the one whose hash was checked"
+    if runtime == "python":
+        assert result["passed"]
+    else:  # the verdict's ratios are noise on so small a model: its errors and calls say which file ran
+        verdict = result["executorch_verdict"]
+        assert verdict["file_vs_fp64"]["max_abs"] < 1e-4 and len(verdict["layer_norms"]) == 2
+
+
+@pytest.mark.parametrize("kind, runtime", [("coverage", "python"), ("accuracy", "python"),
+                                           ("accuracy", "executorch")])
+def test_reports_on_a_file_run_the_bytes_they_hashed(native, monkeypatch, tmp_path, swapped_files, kind, runtime):
+    from pipeline.evaluation import runner
+
+    pte = _swap_while_building(monkeypatch, tmp_path, swapped_files)
+    status = runner.run_reports(kind, None, output_dir=tmp_path / "reports", pte=pte, runtime=runtime,
+                                progress=lambda line: None)
+    assert pte.read_bytes() == swapped_files[2], "the file was not replaced: the test tests nothing"
+    stem = f"twonorms-small.pte.{'executorch.' if runtime == 'executorch' else ''}{kind}"
+    data = json.loads((tmp_path / "reports" / f"{stem}.json").read_text())
+    assert data["program"]["pte_sha256"] == hashlib.sha256(swapped_files[1]).hexdigest()
+    if runtime == "executorch":  # as in run_pte: its errors and calls say which file ran
+        verdict = data["accuracy"]
+        assert verdict["file_vs_fp64"]["max_abs"] < 1e-4 and len(verdict["layer_norms"]) == 2, \
+            "the replaced file ran, not the one whose hash was checked"
+        return
+    assert status == 0, f"the verdict failed: the replaced file ran ({data.get('verdict')})"
+    if kind == "coverage":
+        assert data["coverage"]["delegated"] == 2

@@ -131,7 +131,8 @@ class NativeProgram:
     decoded); ExecuTorch's runtime then loads those same bytes, never the file, so
     truncating or overwriting the file later cannot reach it. Raises PteError (a
     ValueError) for what the checks refuse, OSError as the OS reports, RuntimeError for
-    what ExecuTorch's runtime refuses (its error code in the message). Inputs are checked
+    what ExecuTorch's runtime refuses (its error code in the message); `source` names
+    bytes in those messages (a file already read). Inputs are checked
     as the Python runtime checks them (structure, dtype, shape, dense CPU tensors) before
     ExecuTorch's runtime sees them, and it takes what the Python runtime takes: a strided
     input (channels-last, transposed, expanded, overlapping) or one that requires grad (a
@@ -139,14 +140,14 @@ class NativeProgram:
     """
 
     def __init__(self, path: str | os.PathLike | bytes, method: str = "forward", *,
-                 enable_etdump: bool = False) -> None:
+                 enable_etdump: bool = False, source: str | None = None) -> None:
         from pipeline.pte import inputs
         from pipeline.pte.file import PteError, PteFile
         from pipeline.pte.verify import CheckError, check_program
 
         if isinstance(path, (bytes, bytearray, memoryview)):
             self.path = None
-            pte = PteFile(bytes(path), "<bytes>")
+            pte = PteFile(bytes(path), source or "<bytes>")
         else:
             self.path = Path(path)
             pte = PteFile.read(self.path)
