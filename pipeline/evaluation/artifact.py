@@ -1,7 +1,9 @@
 """An exported file and what it was made from: the `.pte` beside its `.coverage.json`.
 
 The coverage file names the `.pte`'s sha256; readers check it, so a pair left mismatched
-(an interrupted export, a file copied over another) is refused, never misread.
+(an interrupted export, a file copied over another) is refused, never misread. A command
+reads the `.pte` once (`read_artifact_file`): the bytes it hashed are the bytes it runs,
+so a file replaced while it builds the model cannot run in their place.
 """
 
 from __future__ import annotations
@@ -39,8 +41,9 @@ def coverage_path_of(pte_path: str | os.PathLike) -> Path:
     return path.with_name(path.name.removesuffix(".pte") + ".coverage.json")
 
 
-def read_artifact(pte_path: str | os.PathLike) -> dict[str, Any]:
-    """The export summary written beside `pte_path`, checked to describe exactly that file.
+def read_artifact(pte_path: str | os.PathLike, data: bytes | None = None) -> dict[str, Any]:
+    """The export summary written beside `pte_path`, checked to describe exactly that file
+    (or `data`, the file's bytes as the caller read them).
 
     Raises ArtifactError when the coverage file is missing, unreadable, or names another
     `.pte` (a hash that differs: the pair was mismatched, e.g. by an interrupted export).
@@ -54,9 +57,26 @@ def read_artifact(pte_path: str | os.PathLike) -> dict[str, Any]:
         raise ArtifactError(f"{summary_path} unreadable: {exc}") from None
     if not isinstance(summary, dict) or not isinstance(summary.get("pte_sha256"), str):
         raise ArtifactError(f"{summary_path} names no .pte hash: not written by this version of export_model")
-    if summary["pte_sha256"] != sha256_of(pte_path):
+    digest = sha256_of(pte_path) if data is None else hashlib.sha256(data).hexdigest()
+    if summary["pte_sha256"] != digest:
         raise ArtifactError(f"{summary_path} describes another file than {pte_path} (sha256 differs); export again")
     return summary
+
+
+def read_artifact_file(pte_path: str | os.PathLike) -> tuple[dict[str, Any], bytes]:
+    """(export summary, bytes) of the `.pte` at `pte_path`, read once: the summary is
+    checked against exactly the bytes returned, which are what the caller runs
+    (`program_loader`), never a later read of the path. Raises ArtifactError as
+    `read_artifact` does, PteError for what is not a regular file, OSError as the OS does."""
+    data = read_pte(pte_path)
+    return read_artifact(pte_path, data), data
+
+
+def read_pte(pte_path: str | os.PathLike) -> bytes:
+    """The bytes of the `.pte` at `pte_path`, read once into this process's memory."""
+    from pipeline.pte.file import read_private
+
+    return read_private(pte_path)
 
 
 def build_for_artifact(summary: dict[str, Any]):
@@ -100,6 +120,21 @@ def runtime_loader(runtime: str = "python"):
         from pipeline import native
 
         return native.load
+    raise ValueError(f"runtime must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
+
+
+def program_loader(runtime: str = "python"):
+    """`load(data, source)` of a runtime: a program from a file's bytes `data` (read once by
+    the caller), `source` naming the file in errors; the runtime is imported here."""
+    if runtime == "python":
+        from pipeline.interpreter.program import Program
+        from pipeline.pte.file import PteFile
+
+        return lambda data, source: Program(PteFile(data, source))
+    if runtime == "executorch":
+        from pipeline.native import NativeProgram
+
+        return lambda data, source: NativeProgram(data, source=source)
     raise ValueError(f"runtime must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
 
 
@@ -149,9 +184,11 @@ def run_artifact(
         raise FileNotFoundError(f"{pte_path} not found")
     if not Path(pte_path).is_file():
         raise ArtifactError(f"{pte_path} is not a regular file")
+    # Read once: what is hashed is what runs, whatever happens to the file meanwhile.
+    data = read_pte(pte_path)
     summary = None
     if inputs_path is None or coverage_path_of(pte_path).exists():
-        summary = read_artifact(pte_path)
+        summary = read_artifact(pte_path, data)
     spec = None
     if summary is not None:
         progress(f"building {summary['model']}-{summary['variant']} (seed {summary.get('seed', 0)}) for its inputs "
@@ -159,14 +196,14 @@ def run_artifact(
         spec = build_for_artifact(summary)
     inputs = read_inputs(inputs_path) if inputs_path is not None else spec.example_inputs
     progress(f"loading {pte_path} ({runtime} runtime)")
-    load = runtime_loader(runtime)  # imports the runtime first: the timing is of the load alone
+    load = program_loader(runtime)  # imports the runtime first: the timing is of the load alone
     if etdump is not None:
         from pipeline.native.trace import TracedProgram
 
-        def load(path):
-            return TracedProgram(path, etdump=True)
+        def load(data, source):
+            return TracedProgram(data, etdump=True, source=source)
     start = time.perf_counter()
-    program = load(pte_path)
+    program = load(data, str(pte_path))
     load_seconds = time.perf_counter() - start
     times = []
     for i in range(repeats):
@@ -204,7 +241,8 @@ def run_artifact(
         if runtime == "executorch":
             from pipeline.evaluation.executorch_verdict import evaluate_in_executorch
 
-            verdict = evaluate_in_executorch(pte_path, summary, spec, inputs, progress, eager=(same_dtype, fp64))
+            verdict = evaluate_in_executorch(pte_path, summary, spec, inputs, progress, eager=(same_dtype, fp64),
+                                             data=data)
             result.update(executorch_verdict=verdict, passed=verdict["passed"])
     else:
         result["passed"] = result["finite"]

@@ -111,19 +111,23 @@ def _errors(output, reference: torch.Tensor) -> dict[str, Any]:
 
 def evaluate_in_executorch(pte_path, summary: dict, spec, inputs: Sequence | None = None,
                            progress: Callable[[str], None] = lambda line: None,
-                           eager: tuple | None = None) -> dict[str, Any]:
+                           eager: tuple | None = None, data: bytes | None = None) -> dict[str, Any]:
     """Run the exported file `pte_path` in ExecuTorch's runtime (capturing its WebGPU
     delegate calls), its no-delegate reference there, eager (at the file's dtype) and eager
     float64, on the example inputs of `spec` (or `inputs`); return the errors, the
     per-LayerNorm identity and the verdict (`passed`, `why` when not). `eager` passes the
-    two eager outputs when the caller has them already."""
-    from pipeline.pte.file import PteFile
+    two eager outputs when the caller has them already; `data`, the file's bytes when the
+    caller has read (and checked) them: those run, the path is not read again. Without it
+    the file is read once here."""
+    from pipeline.pte.file import PteFile, read_private
     from pipeline.native.trace import TracedProgram
 
+    if data is None:
+        data = read_private(pte_path)
     inputs = tuple(spec.example_inputs if inputs is None else inputs)
     cpu_backend = summary.get("cpu_backend", "portable")
     progress(f"running {pte_path} in ExecuTorch's runtime, capturing its LayerNorm delegate calls")
-    with TracedProgram(pte_path, capture=True) as program:
+    with TracedProgram(data, capture=True, source=str(pte_path)) as program:
         outputs = program(*inputs)
         calls = program.captured_calls()
     progress(f"exporting the reference: the same model with {cpu_backend}, no WebGPU delegate")
@@ -138,7 +142,7 @@ def evaluate_in_executorch(pte_path, summary: dict, spec, inputs: Sequence | Non
                  run_eager(*to_float64(spec.module, inputs), keep_tensors=False).outputs)
     exact = flatten_output(eager[1])
     progress("re-running each captured LayerNorm call in the Python runtime")
-    layer_norms = layer_norm_identity(PteFile.read(pte_path), calls)
+    layer_norms = layer_norm_identity(PteFile(data, str(pte_path)), calls)
 
     file_err, ref_err, eager_err = _errors(outputs, exact), _errors(reference_out, exact), _errors(eager[0], exact)
     rel_ratio = file_err["rel_l2"] / ref_err["rel_l2"] if ref_err["rel_l2"] > 0 else float("inf")

@@ -81,13 +81,13 @@ def accuracy_for(spec, program, seed: int) -> dict:
 
 
 def _build_and_load(pte: str | Path):
-    import pipeline
-    from pipeline.evaluation.artifact import build_for_artifact, read_artifact
+    from pipeline.evaluation.artifact import build_for_artifact, program_loader, read_artifact_file
 
-    summary = read_artifact(pte)
+    # Read once: the bytes hashed are the bytes loaded, however long the model takes to build.
+    summary, pte_bytes = read_artifact_file(pte)
     torch.manual_seed(summary.get("seed", 0))
     spec = build_for_artifact(summary)
-    return summary, spec, pipeline.load(pte)
+    return summary, spec, program_loader("python")(pte_bytes, str(pte))
 
 
 def run_reports(
@@ -163,14 +163,14 @@ def run_reports(
 
 def _executorch_accuracy(pte: str | Path, output_dir: str | Path, progress: Callable[[str], None]) -> int:
     """The accuracy report of `pte` run in ExecuTorch's runtime; returns the exit status."""
-    from pipeline.evaluation.artifact import build_for_artifact, read_artifact
+    from pipeline.evaluation.artifact import build_for_artifact, read_artifact_file
     from pipeline.evaluation import executorch_verdict
 
-    summary = read_artifact(pte)
+    summary, pte_bytes = read_artifact_file(pte)  # the bytes hashed are the bytes run
     progress(f"[{pte}] building its model for the eager reference ...")
     torch.manual_seed(summary.get("seed", 0))
     spec = build_for_artifact(summary)
-    verdict = executorch_verdict.evaluate_in_executorch(pte, summary, spec, progress=progress)
+    verdict = executorch_verdict.evaluate_in_executorch(pte, summary, spec, progress=progress, data=pte_bytes)
     env = environment(summary.get("seed", 0))
     data = {"model": spec.name, "variant": spec.variant, "verdict": "pass" if verdict["passed"] else "fail",
             "runtime": "executorch", "accuracy": verdict, "adapter": env["adapter"], "environment": env,

@@ -132,20 +132,23 @@ class NativeProgram:
     decoded); ExecuTorch's runtime then loads those same bytes, never the file, so
     truncating or overwriting the file later cannot reach it. Raises PteError (a
     ValueError) for what the checks refuse, OSError as the OS reports, RuntimeError for
-    what ExecuTorch's runtime refuses (its error code in the message). Inputs are checked
+    what ExecuTorch's runtime refuses (its error code in the message); `source` names
+    bytes in those messages (a file already read). Inputs are checked
     as the Python runtime checks them (structure, dtype, shape, dense CPU tensors) before
-    ExecuTorch's runtime sees them.
+    ExecuTorch's runtime sees them, and it takes what the Python runtime takes: a strided
+    input (channels-last, transposed, expanded, overlapping) or one that requires grad (a
+    Parameter) is passed as a detached copy laid out as the program declares it.
     """
 
     def __init__(self, path: str | os.PathLike | bytes, method: str = "forward", *,
-                 enable_etdump: bool = False) -> None:
+                 enable_etdump: bool = False, source: str | None = None) -> None:
         from pipeline.pte import inputs
         from pipeline.pte.file import PteError, PteFile
         from pipeline.pte.verify import CheckError, check_program
 
         if isinstance(path, (bytes, bytearray, memoryview)):
             self.path = None
-            pte = PteFile(bytes(path), "<bytes>")
+            pte = PteFile(bytes(path), source or "<bytes>")
         else:
             self.path = Path(path)
             pte = PteFile.read(self.path)
@@ -177,8 +180,10 @@ class NativeProgram:
         plan = self._plan
         flat = checks.flatten(inputs, self._in_spec, len(plan.inputs))
         for k, (j, given) in enumerate(zip(plan.inputs, flat)):
-            if isinstance(plan.values[j].val, schema.Tensor):
-                checks.check_tensor(k, plan.values[j].val, given)
+            declared = plan.values[j].val
+            if isinstance(declared, schema.Tensor):
+                checks.check_tensor(k, declared, given)
+                flat[k] = checks.laid_out(declared, given)
         outputs = self.method.execute(flat)
         return [o.clone() if hasattr(o, "clone") else o for o in outputs]
 

@@ -144,8 +144,8 @@ class TracedProgram:
     switched off there."""
 
     def __init__(self, path: str | os.PathLike | bytes, etdump: bool = False, capture: bool = False,
-                 method: str = "forward") -> None:
-        self.native = NativeProgram(path, method, enable_etdump=etdump)
+                 method: str = "forward", source: str | None = None) -> None:
+        self.native = NativeProgram(path, method, enable_etdump=etdump, source=source)
         self.etdump = etdump
         self.runtime_records = runtime_records_events(self.native.program) if etdump else False
         configure(capture=capture, etdump=etdump, open_blocks=etdump and not self.runtime_records)

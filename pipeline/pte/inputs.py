@@ -92,3 +92,31 @@ def check_tensor(k: int, declared: schema.Tensor, given) -> None:
         what = "the shape" if static else "shapes within"
         raise ValueError(f"input {k} has shape {shape}, outside what the program was exported for "
                          f"({what} {bound})")
+
+
+def dense_strides(sizes: list[int], dim_order: list[int]) -> list[int]:
+    """The strides of a tensor of `sizes` whose elements lie densely in `dim_order`
+    (outermost first)."""
+    strides = [0] * len(sizes)
+    step = 1
+    for d in reversed(dim_order):
+        strides[d] = step
+        step *= max(sizes[d], 1)
+    return strides
+
+
+def laid_out(declared: schema.Tensor, given: torch.Tensor) -> torch.Tensor:
+    """Input `given` (checked by `check_tensor`) as a runtime that reads an input's memory
+    in the program's dim order takes it: a plain tensor, detached from autograd, its
+    elements dense in the declared order. `given` itself (detached) when it is already so,
+    else a copy: ExecuTorch's runtime reads a channels-last tensor given for a contiguous
+    input as if it were contiguous, and refuses transposed, expanded or overlapping ones
+    and Parameters."""
+    tensor = given.detach()
+    strides = dense_strides(list(tensor.shape), list(declared.dim_order))
+    dense = all(size <= 1 or stride == want for size, stride, want in zip(tensor.shape, tensor.stride(), strides))
+    if dense and type(tensor) is torch.Tensor and not (tensor.is_neg() or tensor.is_conj()):
+        return tensor
+    copy = torch.empty_strided(tensor.shape, strides, dtype=tensor.dtype)
+    copy.copy_(tensor)
+    return copy

@@ -47,6 +47,8 @@ def _with_swiftshader():
 from pydawn import webgpu as w  # noqa: E402
 
 WHOLE_SIZE = 0xFFFFFFFFFFFFFFFF
+# How long one wait blocks in Dawn before Python runs again (to raise a pending signal).
+_WAIT_SLICE_NS = 50_000_000
 _FEATURES = {"subgroups": w.WGPUFeatureName_Subgroups, "timestamp-query": w.WGPUFeatureName_TimestampQuery}
 _BINDING_TYPES = {"read-only-storage": w.WGPUBufferBindingType_ReadOnlyStorage,
                   "storage": w.WGPUBufferBindingType_Storage, "uniform": w.WGPUBufferBindingType_Uniform}
@@ -139,9 +141,13 @@ class Device:
 
     # -- set-up
     def _wait(self, future) -> None:
+        """Wait for `future` in slices: Python runs between them, so a signal (Ctrl-C) that
+        arrives while the GPU works is raised here, in this thread, within a slice."""
         wait = w.WGPUFutureWaitInfo()
         wait.future = future
-        status = w.wgpuInstanceWaitAny(self.instance, 1, wait, 2**64 - 1)
+        status = w.WGPUWaitStatus_TimedOut
+        while status == w.WGPUWaitStatus_TimedOut:
+            status = w.wgpuInstanceWaitAny(self.instance, 1, wait, _WAIT_SLICE_NS)
         if status != w.WGPUWaitStatus_Success:
             raise RuntimeError(f"waiting on Dawn failed: {w.WGPUWaitStatus__enumvalues.get(status, status)}")
 
@@ -149,11 +155,30 @@ class Device:
         """Start an asynchronous Dawn call whose callback info is `info_type` (`start` takes
         the info and returns the future), wait for it, and return `convert` of the callback's
         arguments, applied inside the callback (strings and structs it gets live no longer)."""
-        got = []
+        got: list = []
+        raised: list[BaseException] = []
+
+        def answer(*args) -> None:
+            try:
+                got.append(convert(*args))
+            except BaseException as exc:  # a signal handled here: ctypes would print and drop it
+                raised.append(exc)
+
         info = info_type()
         info.mode = w.WGPUCallbackMode_WaitAnyOnly
-        info.callback = type(info.callback)(lambda *args: got.append(convert(*args)))
-        self._wait(start(info))
+        info.callback = type(info.callback)(answer)
+        future = start(info)
+        try:
+            self._wait(future)
+        except BaseException:
+            self._keep.append(info.callback)  # Dawn may still call it, when the call is cancelled
+            raise
+        if raised:
+            raise raised[0]
+        if not got:
+            # The callback was stopped on entry, before its `try`: by a signal's handler
+            # (ctypes printed what it raised). Raised here, in the waiting code, instead.
+            raise KeyboardInterrupt("interrupted while Dawn's callback ran")
         return got[0]
 
     def _request_adapter(self):
@@ -245,15 +270,21 @@ class Device:
         """The first `size` bytes of a MAP_READ (or, `write`, MAP_WRITE) buffer as a uint8
         array over its mapping, once the GPU is done with the buffer; valid until `unmap`."""
         mode = w.WGPUMapMode_Write if write else w.WGPUMapMode_Read
-        status, message = self._await(
-            w.WGPUBufferMapCallbackInfo2, lambda info: w.wgpuBufferMapAsync2(buffer.ptr, mode, 0, size, info),
-            lambda status, message, *_: (status, _text(message)))
-        if status != w.WGPUMapAsyncStatus_Success:
-            raise RuntimeError(f"Dawn: mapping a buffer failed: {message}")
-        # Dawn gives a read mapping only through the const call; the array is only read then.
-        get = w.wgpuBufferGetMappedRange if write else w.wgpuBufferGetConstMappedRange
-        pointer = get(buffer.ptr, 0, size)
-        return np.ctypeslib.as_array(ctypes.cast(pointer, ctypes.POINTER(ctypes.c_uint8)), (size,))
+        try:
+            status, message = self._await(
+                w.WGPUBufferMapCallbackInfo2, lambda info: w.wgpuBufferMapAsync2(buffer.ptr, mode, 0, size, info),
+                lambda status, message, *_: (status, _text(message)))
+            if status != w.WGPUMapAsyncStatus_Success:
+                raise RuntimeError(f"Dawn: mapping a buffer failed: {message}")
+            # Dawn gives a read mapping only through the const call; the array is only read then.
+            get = w.wgpuBufferGetMappedRange if write else w.wgpuBufferGetConstMappedRange
+            pointer = get(buffer.ptr, 0, size)
+            return np.ctypeslib.as_array(ctypes.cast(pointer, ctypes.POINTER(ctypes.c_uint8)), (size,))
+        except BaseException:
+            # Raised (KeyboardInterrupt too) with the buffer unmapped: the caller does not unmap it.
+            if w.wgpuBufferGetMapState(buffer.ptr) != w.WGPUBufferMapState_Unmapped:
+                w.wgpuBufferUnmap(buffer.ptr)
+            raise
 
     def unmap(self, buffer: Buffer) -> None:
         w.wgpuBufferUnmap(buffer.ptr)

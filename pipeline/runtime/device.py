@@ -216,9 +216,11 @@ def copy_bytes(dest: np.ndarray, src: np.ndarray) -> None:
 @contextlib.contextmanager
 def mapping(impl: Any, buffer: Any, size: int, write: bool = False):
     """The first `size` bytes of `buffer` mapped (MAP_READ, or MAP_WRITE with `write`) as a
-    uint8 array, for the `with` block only: the buffer is unmapped after it."""
+    uint8 array, for the `with` block only: the buffer is unmapped after it (a map that
+    raises, an interrupted wait included, has left it unmapped already)."""
+    mapped = impl.map(buffer, size, write)
     try:
-        yield impl.map(buffer, size, write)
+        yield mapped
     finally:
         impl.unmap(buffer)
 

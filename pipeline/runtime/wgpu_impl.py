@@ -50,10 +50,16 @@ class Device:
             "driver": info.get("description", ""),
         }
         # One map request is outstanding at a time (the Gpu's lock): its callback leaves
-        # (status, message) here.
+        # (status, message) in `_mapped`. A signal handled inside the callback raises there,
+        # where cffi would print and drop it (and `_mapped` stay empty): `_caught` keeps it
+        # for the waiting code to raise (see `map`).
         self._mapped: list[tuple[int, str]] = []
+        self._caught: list[BaseException] = []
 
-        @native.ffi.callback("void(WGPUMapAsyncStatus, WGPUStringView, void *, void *)")
+        def caught(_type, value, _traceback):
+            self._caught.append(value)
+
+        @native.ffi.callback("void(WGPUMapAsyncStatus, WGPUStringView, void *, void *)", onerror=caught)
         def mapped(status, message, _userdata1, _userdata2):
             ok = status == native.lib.WGPUMapAsyncStatus_Success
             self._mapped.append((status, "" if ok else native.from_c_string_view(message)))
@@ -82,18 +88,42 @@ class Device:
         was 0.2 ms of a small call's 0.55-0.63 ms. Here the request goes straight to
         wgpu-native and this thread polls until its callback has run (no other thread
         polls: nothing here takes wgpu's poll tokens).
+
+        When it raises (a failed mapping, or KeyboardInterrupt from Ctrl-C during the wait)
+        the buffer is left unmapped: the caller does not unmap it.
         """
-        done = self._mapped
+        done, caught = self._mapped, self._caught
         done.clear()
         mode = native.lib.WGPUMapMode_Write if write else native.lib.WGPUMapMode_Read
         native.libf.wgpuBufferMapAsync(buffer._internal, mode, 0, size, self._map_callback)
-        while not done:
-            native.libf.wgpuDevicePoll(self.device._internal, True, native.ffi.NULL)
-        status, message = done[0]
-        if status != native.lib.WGPUMapAsyncStatus_Success:
-            raise RuntimeError(f"wgpu: mapping a buffer failed ({status}): {message}")
-        pointer = native.libf.wgpuBufferGetMappedRange(buffer._internal, 0, size)
-        return np.frombuffer(native.ffi.buffer(pointer, size), dtype=np.uint8)
+        try:
+            # Python runs between polls: a signal that arrives while the GPU works is raised
+            # here, in this thread, and one that the callback caught is raised after it.
+            while not done and not caught:
+                native.libf.wgpuDevicePoll(self.device._internal, True, native.ffi.NULL)
+            if caught:
+                raise caught.pop()
+            status, message = done[0]
+            if status != native.lib.WGPUMapAsyncStatus_Success:
+                raise RuntimeError(f"wgpu: mapping a buffer failed ({status}): {message}")
+            pointer = native.libf.wgpuBufferGetMappedRange(buffer._internal, 0, size)
+            return np.frombuffer(native.ffi.buffer(pointer, size), dtype=np.uint8)
+        except BaseException:
+            self._abandon(buffer)
+            raise
+
+    def _abandon(self, buffer: wgpu.GPUBuffer) -> None:
+        """Leave `buffer` unmapped after its map request raised: a pending mapping is
+        cancelled (its callback answers "aborted" at once), a finished one released, the
+        device usable. A mapping whose callback was interrupted may have failed: unmapping it
+        then is a validation error, which says only that."""
+        if self._mapped and self._mapped[0][0] != native.lib.WGPUMapAsyncStatus_Success:
+            return
+        try:
+            native.libf.wgpuBufferUnmap(buffer._internal)
+        except wgpu.GPUValidationError:
+            if self._mapped:
+                raise
 
     def unmap(self, buffer: wgpu.GPUBuffer) -> None:
         native.libf.wgpuBufferUnmap(buffer._internal)
