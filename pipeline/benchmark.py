@@ -49,6 +49,9 @@ from pipeline.wgsl.config import MAX_HOLD, KernelConfig
 ROTATE_BYTES = 256 << 20
 MAX_COPIES = 16
 OUTPUTS = ("rotating", "shared")  # each launch its own output, or all of them one
+# Timed launches per shape at most: their 2 * (batches + repeats) timestamps (batches up to
+# repeats) fill one query set, which WebGPU caps at 4096 queries.
+MAX_REPEATS = 1000
 # Every timing starts after this long of the GPU kept busy (a large WGSL copy, back to back):
 # after a pause on the host of a second or two (a float64 check, a compile) the H200 timed
 # everything, a copy included, 2.5-3x slower, and 0.1 s of the timed launches themselves,
@@ -110,6 +113,8 @@ def time_kernel(rows: int, width: int, configs: list[KernelConfig] | None = None
     delegate that returns only the output, as the three models' do, stores none), as
     (batched, isolated) medians; returns (times, clock)."""
     _check_outputs(outputs)
+    if not 1 <= repeats <= MAX_REPEATS:
+        raise ValueError(f"repeats must be from 1 to {MAX_REPEATS}, got {repeats!r}")
     g = gpu()
     impl = g.impl
     configs = configs or [device_config(g, width, affine, affine, dtype, rows=rows, write_stats=stats)]

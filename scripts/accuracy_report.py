@@ -14,9 +14,14 @@ every LayerNorm delegate call bit-identical to the Python runtime's (eager's err
 
 from __future__ import annotations
 
-import sys
 
-from pipeline.evaluation.runner import report_main
 
 if __name__ == "__main__":
-    sys.exit(report_main("accuracy", __doc__))
+    import _interrupts  # first: from here on a signal ends the script with one line
+
+    _interrupts.while_starting()
+
+from pipeline.evaluation.runner import report_main  # noqa: E402
+
+if __name__ == "__main__":
+    _interrupts.run(lambda: report_main("accuracy", __doc__))

@@ -9,9 +9,15 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pipeline import cli
-from pipeline.ioutil import check_output_file, write_json_atomic
-from pipeline.benchmark import OUTPUTS, parse_shapes, run_benchmark
+
+if __name__ == "__main__":
+    import _interrupts  # first: from here on a signal ends the script with one line
+
+    _interrupts.while_starting()
+
+from pipeline import cli  # noqa: E402
+from pipeline.ioutil import check_output_file, write_json_atomic  # noqa: E402
+from pipeline.benchmark import MAX_REPEATS, OUTPUTS, parse_shapes, run_benchmark  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,6 +41,8 @@ def main(argv: list[str] | None = None) -> int:
                         "the CUDA round trip on CUDA hosts (cuda_roundtrip_us) and torch on the CPU (torch_cpu_us)")
     cli.add_verbose(parser)
     args = parser.parse_args(argv)
+    if args.repeats > MAX_REPEATS:
+        parser.error(f"argument --repeats: at most {MAX_REPEATS} (one query set holds the timestamps), got {args.repeats}")
     try:
         shapes = parse_shapes(args.shapes)
         cli.check_bench_shapes(shapes)
@@ -60,4 +68,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    _interrupts.run(main)

@@ -7,9 +7,14 @@ lowered program and the delegated ones; verdict "complete" iff all three agree.
 
 from __future__ import annotations
 
-import sys
 
-from pipeline.evaluation.runner import report_main
 
 if __name__ == "__main__":
-    sys.exit(report_main("coverage", __doc__))
+    import _interrupts  # first: from here on a signal ends the script with one line
+
+    _interrupts.while_starting()
+
+from pipeline.evaluation.runner import report_main  # noqa: E402
+
+if __name__ == "__main__":
+    _interrupts.run(lambda: report_main("coverage", __doc__))

@@ -13,20 +13,13 @@ Exit status: 0 done, 1 failed (one line on stderr), 2 bad usage.
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 
 
-def _interrupted_while_starting(signum, frame):
-    print("export_model: interrupted", file=sys.stderr, flush=True)
-    raise SystemExit(130)
-
-
 if __name__ == "__main__":
-    # Importing pipeline (torch, ExecuTorch) takes seconds: SIGTERM or Ctrl-C then end the
-    # script with one line, until main() hands both to cli.terminate_as_interrupt.
-    signal.signal(signal.SIGTERM, _interrupted_while_starting)
-    signal.signal(signal.SIGINT, _interrupted_while_starting)
+    import _interrupts  # first: from here on a signal ends the script with one line
+
+    _interrupts.while_starting()
 
 from pipeline import cli  # noqa: E402
 from pipeline.aot.export import export_model  # noqa: E402
@@ -55,7 +48,6 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"argument --output-dir: {exc}")
 
     cli.quiet_dependencies(args.verbose)
-    cli.terminate_as_interrupt()
     from pipeline import models
 
     if args.variant is not None and args.variant not in models.variants(args.model):
@@ -83,9 +75,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:  # while main() imports the model zoo, before the export's own handling
-        print("export_model: interrupted; no file was written", file=sys.stderr)
-        sys.exit(130)
+    _interrupts.run(main)
 

@@ -14,6 +14,11 @@ import io
 import json
 import sys
 
+if __name__ == "__main__":
+    import _interrupts  # first: from here on a signal ends the script with one line
+
+    _interrupts.while_starting()
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -22,7 +27,6 @@ import matplotlib.pyplot as plt  # noqa: E402
 from pipeline import cli  # noqa: E402
 from pipeline.ioutil import check_output_file, write_bytes_atomic  # noqa: E402
 from pipeline.benchmark import effective_gbps  # noqa: E402
-
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -73,7 +77,6 @@ def main(argv: list[str] | None = None) -> int:
     return _bars(args.png, series, labels, "effective GB/s (read + write)",
                  f"LayerNorm on {data.get('adapter', '?')} ({data.get('backend', '')}), {data.get('dtype', 'float32')}")
 
-
 def _bars(png: str, series: dict[str, list[float]], labels: list[str], ylabel: str, title: str,
           log: bool = False) -> int:
     """Grouped bars, one group per shape, written atomically to `png`."""
@@ -94,6 +97,5 @@ def _bars(png: str, series: dict[str, list[float]], labels: list[str], ylabel: s
     print(f"wrote {png}")
     return 0
 
-
 if __name__ == "__main__":
-    sys.exit(main())
+    _interrupts.run(main)

@@ -24,7 +24,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pipeline import cli
+
+if __name__ == "__main__":
+    import _interrupts  # first: from here on a signal ends the script with one line
+
+    _interrupts.while_starting()
+
+from pipeline import cli  # noqa: E402
 
 RUNTIMES = ("python", "executorch")
 
@@ -95,4 +101,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    _interrupts.run(main)

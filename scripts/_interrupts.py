@@ -1,0 +1,47 @@
+"""Ctrl-C and SIGTERM end every script with one line and exit status 130, at any moment.
+
+Each script calls `while_starting()` before it imports anything heavy (torch, ExecuTorch:
+seconds), and hands its `main` to `run()`. While starting, nothing has been written, so a
+signal ends the process at once: no library that catches exceptions during its import can
+swallow it. From `run()` on, a signal raises KeyboardInterrupt, so `finally` blocks remove
+temp files before the one line is printed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from collections.abc import Callable
+
+INTERRUPTED = 130
+
+
+def _name() -> str:
+    return os.path.splitext(os.path.basename(sys.argv[0]))[0]
+
+
+def _exit_at_once(signum, frame) -> None:
+    os.write(2, f"{_name()}: interrupted\n".encode())
+    os._exit(INTERRUPTED)
+
+
+def _raise_interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def while_starting() -> None:
+    signal.signal(signal.SIGINT, _exit_at_once)
+    signal.signal(signal.SIGTERM, _exit_at_once)
+
+
+def run(main: Callable[[], int]) -> None:
+    """sys.exit(main()), a signal turned into the script's one line and status 130."""
+    signal.signal(signal.SIGINT, _raise_interrupt)
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        code = main()
+    except KeyboardInterrupt:
+        print(f"{_name()}: interrupted; no file was left half-written", file=sys.stderr, flush=True)
+        code = INTERRUPTED
+    sys.exit(code)

@@ -1,0 +1,54 @@
+"""Ctrl-C and SIGTERM end every script with one line and status 130: while it imports, and
+while it works (scripts/_interrupts.py)."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+SCRIPTS = {
+    "export_model": ["whisper", "--variant", "tiny"],
+    "run_pte": ["missing.pte"],
+    "coverage_audit": ["whisper", "--variant", "tiny"],
+    "accuracy_report": ["whisper", "--variant", "tiny"],
+    "bench_layer_norm": ["--shapes", "model", "--repeats", "1000"],
+    "plot_bench": ["results.json", "plot.png"],
+}
+
+
+def _start(name: str, cwd: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(ROOT / "scripts" / f"{name}.py"), *SCRIPTS[name]], cwd=cwd,
+                            env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _ended_with_one_line(proc: subprocess.Popen, name: str) -> None:
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, (proc.returncode, err)
+    assert "Traceback" not in err, err
+    assert err.strip().splitlines()[-1].startswith(f"{name}: interrupted"), err
+
+
+@pytest.mark.parametrize("name", sorted(SCRIPTS))
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_while_importing_ends_with_one_line(tmp_path, name, signum):
+    proc = _start(name, tmp_path)
+    time.sleep(0.4)  # torch is still importing
+    proc.send_signal(signum)
+    _ended_with_one_line(proc, name)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("name", ["bench_layer_norm", "coverage_audit"])
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_while_working_ends_with_one_line(tmp_path, name, signum):
+    proc = _start(name, tmp_path)
+    assert proc.stdout.readline(), "the script printed no progress"
+    time.sleep(0.5)
+    proc.send_signal(signum)
+    _ended_with_one_line(proc, name)
