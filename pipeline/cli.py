@@ -113,15 +113,3 @@ def _quiet_wayland() -> None:
         return
     if folder.stat().st_uid == os.getuid():
         os.environ["XDG_RUNTIME_DIR"] = str(folder)
-
-
-def terminate_as_interrupt() -> None:
-    """SIGTERM raises KeyboardInterrupt, as Ctrl-C does: `finally` blocks run, so no temp
-    file outlives a killed export, and the script ends with its one-line message."""
-    import signal
-
-    def handler(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
