@@ -99,7 +99,7 @@ def kernel_header() -> str:
             + "\n// The shader compilers a module is written for.\n"
             + f"enum class ShaderCompiler {{ {', '.join(cpp_name(c) for c in compilers)} }};\n\n"
             + "// What a module that uses subgroup operations starts with, for `compiler`.\n" + directive
-            + "\n// alias V and hsum for V's `vec` components.\n" + vector
+            + "\n// alias V, hsum and first_value for V's `vec` components.\n" + vector
             + "\n// The word types and conversions of a half dtype's storage file.\n" + half
             + f"\n// {config.SHADER} in parts: plain runs of lines, and each line marked `// <marker>` for\n"
             + "// each value it is written out for.\n"

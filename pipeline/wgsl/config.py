@@ -45,8 +45,9 @@ EACH_HELD_VALUE = "each held value"
 EACH_STEP_VALUE = "each step value"
 MOST_VALUES = {EACH_HELD_VALUE: MAX_HOLD, EACH_STEP_VALUE: STREAM_UNROLL}
 
-# Per components in one load: the WGSL type of V and the sum of its components.
-_V_TYPES = {4: ("vec4<f32>", "v.x + v.y + v.z + v.w"), 2: ("vec2<f32>", "v.x + v.y"), 1: ("f32", "v")}
+# Per components in one load: the WGSL type of V, the sum of its components and its first.
+_V_TYPES = {4: ("vec4<f32>", "v.x + v.y + v.z + v.w", "v.x"), 2: ("vec2<f32>", "v.x + v.y", "v.x"),
+            1: ("f32", "v", "v")}
 # Half rows with an even width, per components in one V: the word type holding one V (u32
 # pairs), V from a word and a word from V (half.wgsl's unpack_pair / pack_pair).
 _HALF_WORDS = {
@@ -147,9 +148,10 @@ def constant(name: str, value: int | bool) -> str:
 
 
 def vector_declarations(vec: int) -> str:
-    """V, `vec` f32 components, and hsum, the sum of a V's components in order."""
-    vtype, components = _V_TYPES[vec]
-    return f"alias V = {vtype};\nfn hsum(v: V) -> f32 {{ return {components}; }}\n"
+    """V, `vec` f32 components; hsum, the sum of a V's components in order; first_value, its first."""
+    vtype, components, first = _V_TYPES[vec]
+    return (f"alias V = {vtype};\nfn hsum(v: V) -> f32 {{ return {components}; }}\n"
+            f"fn first_value(v: V) -> f32 {{ return {first}; }}\n")
 
 
 def half_declarations(vec: int, params_half: bool) -> str:

@@ -7,6 +7,7 @@
 //                           else f32 (one load = one V: loads as wide as rows stay aligned)
 //   const VEC: u32          components in one V (4, 2 or 1)
 //   fn hsum(v: V) -> f32    the sum of v's components, in order
+//   fn first_value(v: V) -> f32  v's first component
 //   const WORKGROUP: u32    threads per workgroup
 //   const THREADS_PER_ROW   threads sharing one row, a power of two dividing WORKGROUP
 //   const HAS_WEIGHT, HAS_BIAS: bool
@@ -22,21 +23,40 @@
 // loops over a private array, which Naga bounds with a counter of its own, were measured
 // much slower than the same statements written out (docs/measurements.md, v4).
 //
-// Each thread first takes the mean of its own share, and the row's mean is the sum over
-// its threads of mean x count / width (row_mean):
+// Statistics in the row's frame: each value x enters them as d = x * scale - first * scale,
+// `first` the row's first value and `scale` 1, or 2^-8 where |first| >= 1 (row_frame); the
+// row's mean is first + mean(d) / scale and its M2 is M2(d) / scale^2, both scalings exact
+// (unframed). Taken of x itself, the statistics went wrong three ways (issue 31):
+// - a constant row has every d exactly 0, so its mean is its value, its M2 exactly 0 and
+//   its output exactly 0 (+ bias) whatever its split over threads; eps = 0 then gives rstd
+//   inf and out NaN, as aten does. The threads' means of x weighed by count / width,
+//   inexact where a row does not split evenly, took a constant row of 1e10 at width 2049
+//   one ulp off its value: out +-1.
+// - a row of large mean and small spread is summed as small values: summed as x, streamed
+//   rows' means came out up to 109x aten's error from float64, out 46x and rstd 17x (mean
+//   -3e4, sd 1e-3; benchmarks/streamed_rows.py).
+// - d stays below float32's limit, and so do the sums and means of d a thread takes (of at
+//   most 32 values held, or means): a finite row's mean stays finite wherever |first| >= 1
+//   (x's own sums took a row of 3e38s to inf and its mean to NaN). Only M2, of squares,
+//   can overflow, and the row's out and rstd are then NaN (clamp_m2, finish_row).
+// Each thread first takes the mean of its own share of d; the row's first sum, of mean x
+// count / width over its threads (row_mean), gives mean_d. Its second sums (mean - mean_d)
+// x count / width and the squares of d - mean_d over the threads: the first is what the
+// first sum's roundings left out of mean_d (added back, it keeps the mean's error at the
+// mean's own scale where first lies far from it; summed from the threads' means, its
+// rounding errors are independent from thread to thread) and corrects M2 about mean_d
+// (m2_about):
 // - held rows (the row fits: at most 8 values for each of 256 threads): the thread loads its
 //   share once into registers, weight and bias with it, and takes its mean in a corrected
-//   two-pass. M2 is then a corrected two-pass over the whole row about the row's mean: the
-//   sums over the row's threads of d and d^2, d = x - mean. The output comes from the
-//   registers.
+//   two-pass; its squares and the output come from the registers.
 // - streamed rows: the thread walks its strided share, merging every V's exact (count,
-//   mean, M2) into its own (Welford, by pairwise merges); the row's M2 is the sum of
-//   M2 + count x (mean - row mean)^2, terms that are never negative; then the thread walks
-//   its share again, re-reading x (mostly from L2), to write the output.
+//   mean, M2) into its own (Welford, by pairwise merges, the mean compensated); its squares
+//   are M2 + count x (mean - mean_d)^2; then the thread walks its share again, re-reading
+//   x (mostly from L2), to write the output.
 // Never E[x^2] - E[x]^2. Each sum over the row's threads is one butterfly of additions
-// (row_sum). A constant held row gives its value as the mean and an M2 of exactly 0
-// however a compiler contracts the arithmetic (the H200's did, into a nonzero M2, when M2
-// came from the threads' means): its M2 comes from the values' own deviations.
+// (row_sum). A constant row gives its value as the mean and an M2 of exactly 0 however a
+// compiler contracts the arithmetic (the H200's did, into a nonzero M2, when M2 came from
+// the threads' means of x): its d are all 0.
 //
 // Why sums and not one pairwise merge of the threads' (count, mean, M2) (Chan et al.): a
 // merge costs each thread a division and a dozen more instructions at each butterfly
@@ -76,12 +96,16 @@ fn clamp_m2(m2: f32) -> f32 {
     return select(m2, 0.0, is_finite(m2) && (bitcast<u32>(m2) & 0x80000000u) != 0u);
 }
 
-// (count, mean, M2) of two disjoint parts of a streamed thread's share, combined.
-fn merge(a: vec3<f32>, b: vec3<f32>) -> vec3<f32> {
+// (count, mean, M2, low) of a streamed thread's share so far merged with the (count,
+// mean, M2) of a disjoint part: the mean is y + w, w gathering what rounding y drops at
+// each step (Fast2Sum), so that the share's mean of d holds more than y's precision.
+fn merge(a: vec4<f32>, b: vec3<f32>) -> vec4<f32> {
     let n = a.x + b.x;
     let share = select(0.0, b.x / n, n > 0.0);
-    let delta = b.y - a.y;
-    return vec3<f32>(n, a.y + delta * share, a.z + b.z + delta * delta * a.x * share);
+    let delta = (b.y - a.y) - a.w;
+    let step = delta * share;
+    let mean = a.y + step;
+    return vec4<f32>(n, mean, a.z + b.z + delta * delta * a.x * share, a.w + ((a.y - mean) + step));
 }
 
 // The entry point `main` and `row_sum(value, tid, lane, step, lanes)` (the sum of `value`
@@ -100,6 +124,33 @@ fn normalize_rows(tid: u32, group: vec3<u32>, groups: vec3<u32>, lanes: u32) {
     }
 }
 
+// (first * scale, scale) of the row at `base`, `first` its first value (see the header):
+// 2^-8 keeps any value's d, and the sums and means of at most 32 of them, under float32's
+// limit; rows starting below 1 keep a scale of 1, so that their squares and subnormals are
+// not pushed further toward underflow. Threads past the last row read the last row's.
+fn row_frame(base: u32) -> vec2<f32> {
+    let first = first_value(read_x(base));
+    let scale = select(1.0, 1.0 / 256.0, abs(first) >= 1.0);
+    return vec2<f32>(first * scale, scale);
+}
+
+// d = v * scale - first * scale, zeros past the row's end.
+fn framed(v: V, in_row: bool, frame: vec2<f32>) -> V {
+    return select(V(0.0), v * frame.y - V(frame.x), in_row);
+}
+
+// (mean, M2) of x from mean_d (the row's first sum) + `correction` and M2 of d.
+// first * scale + mean_d is taken with what its rounding drops (Knuth's two-sum), the
+// correction added to that, so the mean rounds once at its own scale: where the mean is
+// near 0 and first is not, mean_d (~ -first) alone would hold it only to first's ulp.
+fn unframed(frame: vec2<f32>, mean_d: f32, correction: f32, m2_d: f32) -> vec2<f32> {
+    let sum = frame.x + mean_d;
+    let back = sum - frame.x;
+    let dropped = (frame.x - (sum - back)) + (mean_d - back);
+    let unscale = 1.0 / frame.y;
+    return vec2<f32>((sum + (dropped + correction)) * unscale, m2_d * unscale * unscale);
+}
+
 // (count, mean, M2) of one V, exact.
 fn value_stats(v: V) -> vec3<f32> {
     let m = hsum(v) / f32(VEC);
@@ -111,14 +162,19 @@ fn value_stats(v: V) -> vec3<f32> {
 // thread of the workgroup (row_sum may hold barriers), as the second sum is; threads past
 // the last row take part with the last row's values.
 fn row_mean(count: f32, share_mean: f32, tid: u32, lane: u32, lanes: u32) -> f32 {
-    let share = select(count * INV_WIDTH, EVEN_SHARE, EVEN_SPLIT);
-    return row_sum(vec2<f32>(share_mean * share, 0.0), tid, lane, 0u, lanes).x;
+    return row_sum(vec2<f32>(share_mean * share_of(count), 0.0), tid, lane, 0u, lanes).x;
 }
 
-// M2 from the row sums of (d, d^2) about a center near the mean, corrected by the center's
-// distance from the mean.
-fn corrected_m2(deviations: vec2<f32>) -> f32 {
-    return clamp_m2(deviations.y - deviations.x * (deviations.x * INV_WIDTH));
+// A thread's weight in its row's mean: count / width, exactly 1 / THREADS_PER_ROW where
+// every thread holds as many values.
+fn share_of(count: f32) -> f32 {
+    return select(count * INV_WIDTH, EVEN_SHARE, EVEN_SPLIT);
+}
+
+// M2 from the row's sum of squared deviations from a center near the mean, corrected by
+// `correction`, the mean less the center.
+fn m2_about(correction: f32, squares: f32) -> f32 {
+    return clamp_m2(squares - correction * (correction * f32(WIDTH)));
 }
 
 // Writes mean and rstd of `row` from its (mean, M2) (with WRITE_STATS); returns (mean, rstd). A row holding
@@ -197,6 +253,7 @@ fn row_base(row: u32) -> u32 {
 fn normalize_held(tid: u32, row: u32, lanes: u32) {
     let lane = tid % THREADS_PER_ROW;
     let base = row_base(row);
+    let frame = row_frame(base);
     let i_K = lane + K * THREADS_PER_ROW;  // each held value
     let in_K = held_in_row(i_K, K);  // each held value
     let v_K = load_x(base, i_K, in_K);  // each held value
@@ -205,16 +262,19 @@ fn normalize_held(tid: u32, row: u32, lanes: u32) {
     var count = 0.0;
     var sum = 0.0;
     count += count_at(in_K);  // each held value
-    sum += hsum(v_K);  // each held value
+    sum += hsum(framed(v_K, in_K, frame));  // each held value
     let first_mean = select(0.0, sum / count, count > 0.0);
-    // The share's mean: the first, corrected by the sum of the deviations from it.
+    // The share's mean of d: the first, corrected by the sum of the deviations from it.
     var shift = 0.0;
-    shift += deviation_at(v_K, in_K, first_mean).x;  // each held value
-    let mean_row = row_mean(count, first_mean + select(0.0, shift / count, count > 0.0), tid, lane, lanes);
-    // The whole row's deviations from its mean.
-    var dev = vec2<f32>(0.0);
-    dev += deviation_at(v_K, in_K, mean_row);  // each held value
-    let stats = vec2<f32>(mean_row, corrected_m2(row_sum(dev, tid, lane, 1u, lanes)));
+    shift += deviation_at(framed(v_K, in_K, frame), in_K, first_mean).x;  // each held value
+    let rest = select(0.0, shift / count, count > 0.0);
+    let mean_d = row_mean(count, first_mean + rest, tid, lane, lanes);
+    // The second sums: the share's mean less mean_d, weighed, and its squares of d - mean_d.
+    let gap = (first_mean - mean_d) + rest;
+    var squares = 0.0;
+    squares += deviation_at(framed(v_K, in_K, frame), in_K, mean_d).y;  // each held value
+    let sums = row_sum(vec2<f32>(gap * share_of(count), squares), tid, lane, 1u, lanes);
+    let stats = unframed(frame, mean_d, sums.x, m2_about(sums.x, sums.y));
     if (row >= params.rows) {
         return;
     }
@@ -225,16 +285,20 @@ fn normalize_held(tid: u32, row: u32, lanes: u32) {
 fn normalize_streamed(tid: u32, row: u32, lanes: u32) {
     let lane = tid % THREADS_PER_ROW;
     let base = row_base(row);
-    var local = vec3<f32>(0.0, 0.0, 0.0);
+    let frame = row_frame(base);
+    // (count, mean, M2, the mean's low part) of the thread's d.
+    var local = vec4<f32>(0.0);
     for (var at = lane; at < ROW_VECS; at += STEP * THREADS_PER_ROW) {
         let i_K = at + K * THREADS_PER_ROW;  // each step value
         let in_K = i_K < ROW_VECS;  // each step value
         let v_K = load_x(base, i_K, in_K);  // each step value
-        local = merge(local, stats_at(v_K, in_K));  // each step value
+        local = merge(local, stats_at(framed(v_K, in_K, frame), in_K));  // each step value
     }
-    let mean_row = row_mean(local.x, local.y, tid, lane, lanes);
-    let gap = local.y - mean_row;
-    let stats = vec2<f32>(mean_row, row_sum(vec2<f32>(local.z + local.x * gap * gap, 0.0), tid, lane, 1u, lanes).x);
+    let mean_d = row_mean(local.x, local.y + local.w, tid, lane, lanes);
+    // The second sums: the share's mean less mean_d, weighed, and its squares of d - mean_d.
+    let gap = (local.y - mean_d) + local.w;
+    let sums = row_sum(vec2<f32>(gap * share_of(local.x), local.z + local.x * gap * gap), tid, lane, 1u, lanes);
+    let stats = unframed(frame, mean_d, sums.x, m2_about(sums.x, sums.y));
     if (row >= params.rows) {
         return;
     }
