@@ -1,18 +1,17 @@
 """Forward time of the three default models: eager PyTorch, the program `pipeline.lower`
 returns (the serialized program, run in memory) and the same program loaded from its
-`.pte`, folded (constant work run once at load, what `pipeline.load` does) and unfolded
-(`Program.load(path, fold=False)`: every instruction on every call, as before the fold);
-each loaded forward broken down by what its steps run; plus the load time and what
-loading adds to peak memory, each load in a fresh process.
+`.pte` (`pipeline.load`), its forward broken down by what its steps run; plus the file's
+size, the load time and what loading adds to peak memory, each load in a fresh process.
 
     python benchmarks/forward_times.py --json benchmarks/results/forward-times.json
     python benchmarks/forward_times.py --before /tmp/old    # also an earlier checkout's
 
 With `--before DIR` (a checkout of an earlier commit, e.g. `git worktree add /tmp/old
-<commit>`) each model's file is also run by that checkout's `pipeline.load`, in a process
-of its own that runs one forward whenever this one asks and reports its time.
+<commit>`) each model is also lowered, saved and loaded by that checkout, in a process of
+its own that runs one forward whenever this one asks and reports its time; its file gets
+the same load probe, run by that checkout.
 
-Eager, the in-memory program, the loaded programs and the earlier checkout's are timed in
+Eager, the in-memory program, the loaded program and the earlier checkout's are timed in
 turn within each repeat (a machine whose load drifts moves them together); medians after a
 warm-up. The breakdown comes from
 separate timed calls (`program(*inputs, timings=...)`), medians per part:
@@ -20,8 +19,7 @@ separate timed calls (`program(*inputs, timings=...)`), medians per part:
 bmm, convolution), `copies` (the plan's copy-shaped ops: permute/expand/view/... `_copy`,
 clones, dim-order copies), `other_kernels` (everything else the plan runs), and
 `interpreter`: the timed call's wall time less its steps' (input checks and copies, the
-step loop, output copies, and the timing itself). `folded` counts the instructions run once
-at load.
+step loop, output copies, and the timing itself).
 
 Run in an older checkout (where `pipeline.lower` returned the fx interpreter over the edge
 program) it times that instead and skips the file columns: that is how the "in-memory
@@ -44,15 +42,15 @@ from pathlib import Path
 import torch
 
 LOAD_PROBE = """
-import sys, time, torch, pipeline, pipeline.interpreter
+import sys, time, torch, pipeline
 def status(key):
     for line in open('/proc/self/status'):
         if line.startswith(key):
             return int(line.split()[1]) * 1024
-inputs = torch.load(sys.argv[3])
+inputs = torch.load(sys.argv[2])
 before = status('VmRSS:')
 start = time.perf_counter()
-program = pipeline.interpreter.Program.load(sys.argv[1], fold=sys.argv[2] == 'fold')
+program = pipeline.load(sys.argv[1])
 seconds = time.perf_counter() - start
 loaded = status('VmHWM:') - before, status('VmRSS:') - before
 program(*inputs)
@@ -108,9 +106,11 @@ def breakdown(program, inputs: tuple, repeats: int) -> dict[str, float]:
 
 BEFORE_PROBE = """
 import sys, time, torch, pipeline
-program = pipeline.load(sys.argv[1])
-inputs = torch.load(sys.argv[2])
-print('ready', flush=True)
+spec = pipeline.models.build(sys.argv[1])
+pipeline.lower(spec.module, spec.example_inputs, spec.dynamic_shapes).save(sys.argv[2])
+program = pipeline.load(sys.argv[2])
+inputs = torch.load(sys.argv[3])
+print('ready', len(getattr(program, 'step_labels', ())), flush=True)
 for line in sys.stdin:
     start = time.perf_counter()
     program(*inputs)
@@ -118,18 +118,26 @@ for line in sys.stdin:
 """
 
 
-class Before:
-    """The file loaded by an earlier checkout's `pipeline.load` in a process of its own:
-    calling it runs one forward there and returns that forward's seconds."""
+def _checkout_env(checkout: Path) -> dict[str, str]:
+    """The environment that runs `checkout`'s pipeline, its native libraries its own."""
+    return {**os.environ, "PYTHONPATH": str(checkout), "PIPELINE_NATIVE_BUILD_DIR": str(checkout / "build" / "native")}
 
-    def __init__(self, checkout: Path, path: Path, inputs: Path) -> None:
+
+class Before:
+    """Model `name` lowered, saved to `path` and loaded by an earlier checkout, in a process
+    of its own: calling it runs one forward there and returns that forward's seconds."""
+
+    def __init__(self, checkout: Path, name: str, path: Path, inputs: Path) -> None:
         self.commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                      cwd=checkout, check=True).stdout.strip()
-        self.process = subprocess.Popen([sys.executable, "-c", BEFORE_PROBE, str(path.resolve()), str(inputs.resolve())],
+        self.process = subprocess.Popen([sys.executable, "-c", BEFORE_PROBE, name, str(path.resolve()),
+                                         str(inputs.resolve())],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=checkout,
-                                        env={**os.environ, "PYTHONPATH": str(checkout)})
-        if self.process.stdout.readline().strip() != "ready":
-            raise RuntimeError(f"{checkout}: the earlier checkout did not load {path}")
+                                        env=_checkout_env(checkout))
+        ready, _, steps = self.process.stdout.readline().partition(" ")
+        if ready != "ready":
+            raise RuntimeError(f"{checkout}: the earlier checkout did not lower and load {name}")
+        self.steps = int(steps)  # 0 where that checkout does not label its steps
 
     def __call__(self) -> float:
         self.process.stdin.write("run\n")
@@ -141,11 +149,12 @@ class Before:
         self.process.wait()
 
 
-def _load_probe(path: Path, inputs: Path, fold: bool) -> dict:
+def _load_probe(path: Path, inputs: Path, checkout: Path | None = None) -> dict:
     """Load time and memory (bytes over the process before loading) right after the load
-    and after a first forward, in a fresh process."""
-    probe = subprocess.run([sys.executable, "-c", LOAD_PROBE, str(path), "fold" if fold else "keep", str(inputs)],
-                           capture_output=True, text=True, check=True)
+    and after a first forward, in a fresh process (of `checkout`'s pipeline if given)."""
+    probe = subprocess.run([sys.executable, "-c", LOAD_PROBE, str(path.resolve()), str(inputs.resolve())],
+                           capture_output=True, text=True, check=True,
+                           **({} if checkout is None else {"cwd": checkout, "env": _checkout_env(checkout)}))
     seconds, *sizes = probe.stdout.split()
     keys = ("load_peak_added_bytes", "load_rss_added_bytes", "forward_peak_added_bytes", "forward_rss_added_bytes")
     return {"load_s": float(seconds), **dict(zip(keys, map(int, sizes)))}
@@ -170,21 +179,15 @@ def measure(name: str, repeats: int, folder: Path, before: Path | None = None) -
     if not hasattr(pipeline, "load"):
         row.update(_medians_in_turn({"eager_s": eager, "in_memory_s": in_memory}, repeats))
         return row
-    from pipeline.interpreter import Program
-
     path = folder / f"{name}.pte"
     program.save(path)
     row["pte_bytes"] = path.stat().st_size
     saved = folder / f"{name}.inputs"
     torch.save(inputs, saved)
-    folded = pipeline.load(path)
-    unfolded = Program.load(path, fold=False)
-    fns = {
-        "eager_s": eager, "in_memory_s": in_memory,
-        "loaded_unfolded_s": lambda: _timed(lambda: unfolded(*inputs)),
-        "loaded_file_s": lambda: _timed(lambda: folded(*inputs)),
-    }
-    earlier = Before(before, path, saved) if before is not None else None
+    loaded = pipeline.load(path)
+    fns = {"eager_s": eager, "in_memory_s": in_memory, "loaded_file_s": lambda: _timed(lambda: loaded(*inputs))}
+    before_path = folder / f"{name}-before.pte"
+    earlier = Before(before, name, before_path, saved) if before is not None else None
     if earlier is not None:
         fns["before_s"] = earlier
     try:
@@ -196,17 +199,15 @@ def measure(name: str, repeats: int, folder: Path, before: Path | None = None) -
     if earlier is not None:
         row["before_commit"] = earlier.commit
         row["ratio_before"] = times["before_s"] / times["eager_s"]
-    row["ratio_unfolded"] = times["loaded_unfolded_s"] / times["eager_s"]
+        row["before_pte_bytes"] = before_path.stat().st_size
+        row["before_steps"] = earlier.steps
     row["ratio"] = times["loaded_file_s"] / times["eager_s"]
-    row["steps_unfolded"] = len(unfolded.step_labels)
-    row["steps"] = len(folded.step_labels)
-    row["folded"] = len(folded.folded)
-    row["folded_bytes"] = folded.folded_bytes
-    row["breakdown_unfolded_s"] = breakdown(unfolded, inputs, repeats)
-    row["breakdown_s"] = breakdown(folded, inputs, repeats)
+    row["steps"] = len(loaded.step_labels)
+    row["breakdown_s"] = breakdown(loaded, inputs, repeats)
     row["load_average"].append(os.getloadavg())
-    row["load_unfolded"] = _load_probe(path, saved, fold=False)
-    row["load"] = _load_probe(path, saved, fold=True)
+    if earlier is not None:
+        row["load_before"] = _load_probe(before_path, saved, before)
+    row["load"] = _load_probe(path, saved)
     return row
 
 
@@ -214,23 +215,24 @@ def table(rows: list[dict]) -> str:
     """The same-run table, Markdown: one line per model and program, times in ms."""
     ms = lambda s: f"{s * 1e3:,.0f}"  # noqa: E731
     mb = lambda b: f"{b / 1e6:,.0f}"  # noqa: E731
-    lines = ["| model | program | forward ms | x eager | LayerNorm delegates | matmuls | copies | other kernels "
-             "| interpreter | steps | load s | load adds to peak MB | peak after a forward MB |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| model | program | file MB | forward ms | x eager | LayerNorm delegates | matmuls | copies "
+             "| other kernels | interpreter | steps | load s | load adds to peak MB | peak after a forward MB |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+
+    def loading(load: dict) -> str:
+        return f"{load['load_s']:.2f} | {mb(load['load_peak_added_bytes'])} | {mb(load['forward_peak_added_bytes'])}"
+
     for r in rows:
         model = f"{r['model']}-{r['variant']}"
-        lines.append(f"| {model} | eager | {ms(r['eager_s'])} | 1 | | | | | | | | | |")
+        lines.append(f"| {model} | eager | | {ms(r['eager_s'])} | 1 | | | | | | | | | |")
         if "before_s" in r:
-            lines.append(f"| {model} | loaded by {r['before_commit']} (before) | {ms(r['before_s'])} | {r['ratio_before']:.2f} "
-                         "| | | | | | | | | |")
-        for label, suffix in (("loaded, fold=False", "_unfolded"), ("loaded (after)", "")):
-            b = r[f"breakdown{suffix}_s"]
-            load = r[f"load{suffix}"]
-            wall = r["loaded_unfolded_s" if suffix else "loaded_file_s"]
-            lines.append(f"| {model} | {label} | {ms(wall)} | "
-                         f"{r[f'ratio{suffix}']:.2f} | " + " | ".join(ms(b[p]) for p in PARTS) +
-                         f" | {r[f'steps{suffix}']} | {load['load_s']:.2f} | {mb(load['load_peak_added_bytes'])} | "
-                         f"{mb(load['forward_peak_added_bytes'])} |")
+            lines.append(f"| {model} | {r['before_commit']}, lowered and loaded (before) | {mb(r['before_pte_bytes'])} "
+                         f"| {ms(r['before_s'])} | {r['ratio_before']:.2f} | | | | | | {r['before_steps']} "
+                         f"| {loading(r['load_before'])} |")
+        b = r["breakdown_s"]
+        lines.append(f"| {model} | loaded (after) | {mb(r['pte_bytes'])} | {ms(r['loaded_file_s'])} "
+                     f"| {r['ratio']:.2f} | " + " | ".join(ms(b[p]) for p in PARTS)
+                     + f" | {r['steps']} | {loading(r['load'])} |")
     return "\n".join(lines)
 
 
@@ -239,7 +241,8 @@ def main() -> int:
     parser.add_argument("--models", default="bart,whisper,florence2")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", metavar="FILE")
-    parser.add_argument("--before", metavar="DIR", type=Path, help="an earlier checkout whose pipeline.load to time too")
+    parser.add_argument("--before", metavar="DIR", type=Path,
+                        help="an earlier checkout whose lowering and pipeline.load to time too")
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as folder:
@@ -250,11 +253,11 @@ def main() -> int:
     if rows and "breakdown_s" in rows[0]:
         print(table(rows))
     if args.json:
+        from pipeline.ioutil import write_json_atomic
         from pipeline.runtime import device_info
 
-        result = {"command": " ".join(sys.argv), "torch_threads": torch.get_num_threads(),
-                  "adapter": device_info()["adapter"], "rows": rows}
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+        write_json_atomic(args.json, {"command": " ".join(sys.argv), "torch_threads": torch.get_num_threads(),
+                                      "adapter": device_info()["adapter"], "rows": rows})
     return 0
 
 

@@ -1,14 +1,22 @@
 """pipeline.lower end to end: every LayerNorm delegated, outputs equal to eager on fresh inputs."""
 
+from collections import Counter
+
 import pytest
 import torch
 import torch.nn.functional as F
+import torch.utils._pytree as pytree
+from executorch.exir import to_edge_transform_and_lower
 from torch import nn
 from torch.export import Dim
 
 from lowering import assert_same_outputs, lower_and_compare
 import pipeline
+from pipeline.aot.lowering import export_for_cpu_backend
+from pipeline.aot.partitioner import LayerNormPartitioner
+from pipeline.interpreter.program import Program
 from pipeline.pte import blob
+from pipeline.pte.file import PteFile
 from pipeline.runtime import stats
 
 pytestmark = pytest.mark.usefixtures("gpu_info")
@@ -368,3 +376,146 @@ def test_group_norm_in_control_flow_is_counted_and_reported_not_delegated(tmp_pa
     assert (in_file.total, in_file.delegated) == (cov.total, cov.delegated)
     assert_same_outputs(prog(-x), module(-x))
     assert not audit_coverage(module, (x,), prog).complete
+
+
+# -- constants folded at export ---------------------------------------------------------
+
+PERMUTE = "aten::permute_copy.out"
+
+
+def unfolded(module: nn.Module, inputs: tuple, dynamic_shapes=None) -> Program:
+    """What `pipeline.lower` makes of `module`, serialized without folding constants."""
+    exported, _ = export_for_cpu_backend(module, inputs, dynamic_shapes)
+    edge = to_edge_transform_and_lower(exported, partitioner=[LayerNormPartitioner()])
+    return Program(PteFile(edge.to_executorch().buffer, "unfolded"))
+
+
+def assert_bit_identical(got, want) -> None:
+    got_leaves, want_leaves = pytree.tree_leaves(got), pytree.tree_leaves(want)
+    assert len(got_leaves) == len(want_leaves)
+    for i, (g, w) in enumerate(zip(got_leaves, want_leaves)):
+        assert g.dtype == w.dtype and g.shape == w.shape and torch.equal(g, w), f"output {i} differs"
+
+
+def steps_run(prog: Program, *inputs) -> Counter:
+    timings: list[tuple[str, float]] = []
+    prog(*inputs, timings=timings)
+    return Counter(label for label, _ in timings)
+
+
+class Windows(nn.Module):
+    """A linear over windows cut out of a larger tensor (Florence-2's DaViT): the rows are not
+    one view, so the linear becomes a bmm whose weight the plan transposes and expands to
+    the batch; the transpose is folded, the expand (a broadcast) is not."""
+
+    def __init__(self, dim: int = 8) -> None:
+        super().__init__()
+        self.proj = nn.Linear(dim, dim)
+        self.norm = nn.LayerNorm(dim)
+
+    def forward(self, x):  # x: [B, 2, 3, 2, 3, dim]
+        windows = x.permute(0, 1, 3, 2, 4, 5).reshape(-1, 9, x.shape[-1])[:, 1:]
+        return self.norm(self.proj(windows))
+
+
+class Positions(nn.Module):
+    """Position embeddings from constant ids (Whisper's encoder): arange and embedding fold."""
+
+    def __init__(self, length: int = 6, dim: int = 8, heads: int = 2) -> None:
+        super().__init__()
+        self.heads = heads
+        self.pos = nn.Embedding(length, dim)
+        self.q, self.k = nn.Linear(dim, dim), nn.Linear(dim, dim)
+        self.norm = nn.LayerNorm(dim)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        h = x + self.pos(torch.arange(t))
+        q = self.q(h).view(b, t, self.heads, d // self.heads).transpose(1, 2)
+        k = self.k(h).view(b, t, self.heads, d // self.heads).transpose(1, 2)
+        attention = (q @ k.transpose(2, 3)).softmax(-1)
+        return self.norm(h + (attention @ q).transpose(1, 2).reshape(b, t, d))
+
+
+FOLDED = {
+    "block": (Block, (randn(2, 10, 32),), (randn(2, 10, 32, seed=1),)),
+    "windows": (Windows, (randn(2, 2, 3, 2, 3, 8),), (randn(2, 2, 3, 2, 3, 8, seed=1),)),
+    "positions": (Positions, (randn(1, 6, 8),), (randn(1, 6, 8, seed=1),)),
+}
+
+
+@pytest.mark.parametrize("name", FOLDED)
+def test_folded_program_is_bit_identical_to_the_unfolded_one(name):
+    make, inputs, fresh = FOLDED[name]
+    prog = pipeline.lower(seeded(make()), inputs)
+    before = unfolded(seeded(make()), inputs)
+    assert len(prog.step_labels) < len(before.step_labels)
+    assert len(prog.buffer) <= len(before.buffer)  # a transposed weight replaces the weight
+    for args in (inputs, fresh, inputs):
+        assert_bit_identical(prog(*args), before(*args))
+
+
+def test_linear_weights_are_transposed_at_export():
+    x = randn(2, 10, 32)
+    prog = pipeline.lower(seeded(Block()), (x,))
+    before = unfolded(seeded(Block()), (x,))
+    # qkv, proj and the MLP's two linears: their transposes are constants of the file now.
+    assert prog.step_labels.count(PERMUTE) == before.step_labels.count(PERMUTE) - 4
+    assert steps_run(before, x)[PERMUTE] - steps_run(prog, x)[PERMUTE] == 4
+
+
+def test_dynamic_program_folds_and_stays_identical_at_every_length():
+    tokens = lambda t, seed: torch.randint(0, 50, (2, t), generator=torch.Generator().manual_seed(seed))  # noqa: E731
+    shapes = ({1: Dim("seq", min=2, max=64)},)
+    prog = pipeline.lower(seeded(Decoder()), (tokens(8, 0),), shapes)
+    before = unfolded(seeded(Decoder()), (tokens(8, 0),), shapes)
+    assert len(prog.step_labels) < len(before.step_labels)
+    for t in (3, 37, 8):
+        assert_bit_identical(prog(tokens(t, t)), before(tokens(t, t)))
+
+
+class ConstantNorms(nn.Module):
+    """LayerNorms of parameters alone: their inputs are constants, yet each stays a LayerNorm,
+    the float32 one a delegate call, the float64 one (refused) a CPU kernel coverage counts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = nn.Parameter(randn(4, 8, seed=2))
+        self.norm, self.norm64 = nn.LayerNorm(8), nn.LayerNorm(8).double()
+
+    def forward(self, x):
+        return x + self.norm(self.table) + self.norm64(self.table.double()).float()
+
+
+def test_layer_norms_of_constants_are_not_folded():
+    x = randn(4, 8)
+    prog = pipeline.lower(seeded(ConstantNorms()), (x,))
+    cov = prog.coverage
+    assert (cov.total, cov.delegated) == (2, 1) and "torch.float64" in cov.not_delegated[0][1]
+    assert [s.delegated for s in prog.layer_norm_sites] == [True, False]
+    assert steps_run(prog, x)["delegate"] == 1
+    dispatches = stats()["dispatches"]
+    prog(x)
+    assert stats()["dispatches"] > dispatches
+
+
+class Noise(nn.Module):
+    """Random draws read no tensor at all, yet must be drawn on every call."""
+
+    def forward(self, x):
+        return x + torch.rand(4)
+
+
+def test_random_draws_are_not_folded():
+    x = torch.zeros(4)
+    prog = pipeline.lower(Noise(), (x,))
+    assert any("rand" in label for label in prog.step_labels)
+    assert not torch.equal(prog(x), prog(x))
+
+
+def test_timings_cover_every_step_of_the_call(block_program):
+    x = randn(2, 10, 32)
+    timings: list[tuple[str, float]] = []
+    assert_bit_identical(block_program(x, timings=timings), block_program(x))
+    assert [label for label, _ in timings] == list(block_program.step_labels)
+    assert all(seconds >= 0 for _, seconds in timings)

@@ -1,4 +1,5 @@
-"""`lower()`: export a module, reframe group norms, delegate every LayerNorm, serialize.
+"""`lower()`: export a module, reframe group norms, delegate every LayerNorm, fold
+constants, serialize.
 
 What `lower` returns runs the serialized program — the same bytes `save` writes — so
 every test and report exercises the artifact. Coverage is counted on the edge program
@@ -14,6 +15,7 @@ import torch
 from executorch.exir import EdgeProgramManager, to_edge_transform_and_lower
 from executorch.exir.dialects._ops import ops as exir_ops
 from executorch.exir.lowered_backend_module import LoweredBackendModule
+from executorch.exir.passes.constant_prop_pass import constant_prop_pass, get_default_skip_targets_no_quant
 from torch.export import ExportedProgram
 
 from pipeline.aot.preprocess import WebGPUBackend
@@ -29,6 +31,13 @@ _EXPORTED_LAYER_NORMS = (torch.ops.aten.layer_norm.default, torch.ops.aten.nativ
                          torch.ops.aten.group_norm.default, torch.ops.aten.native_group_norm.default)
 _EDGE_GROUP_NORM = exir_ops.edge.aten.native_group_norm.default
 _CALL_DELEGATE = torch.ops.higher_order.executorch_call_delegate
+# Folding leaves these to run: LayerNorms (delegated, or left out and counted as missed),
+# delegate calls, and broadcasts, whose result holds their input many times over
+# (Florence-2's window attention expands weights to every window: its file would grow from
+# 364 to 554 MB). ExecuTorch's default adds `full` (a constant of any size from one scalar).
+_NOT_FOLDED = {NATIVE_LAYER_NORM, _EDGE_GROUP_NORM, _CALL_DELEGATE,
+               exir_ops.edge.aten.expand_copy.default, exir_ops.edge.aten.repeat.default,
+               *get_default_skip_targets_no_quant()}
 
 
 def count_layer_norms(program: ExportedProgram) -> int:
@@ -114,6 +123,26 @@ def _delegate_names(edge: EdgeProgramManager, pte: PteFile) -> list[str]:
     return names
 
 
+def fold_constants(edge: EdgeProgramManager) -> EdgeProgramManager:
+    """Compute once, at export, what the graph computes from constants alone (each linear's
+    weight transpose, position ids and their embeddings): each such value becomes a
+    constant of the program, and what it was computed from leaves the file when nothing
+    else reads it. Every runtime then gets the folded program. Ops that draw random numbers
+    and those in `_NOT_FOLDED` stay in the graph. In place; returns `edge`."""
+    program = edge.exported_program()
+    random = {n.target for n in program.graph.nodes if n.op == "call_function"
+              and torch.Tag.nondeterministic_seeded in getattr(n.target, "tags", ())}
+    # The edge program keeps dim orders: a folded output gets the dim-order clone.
+    constant_prop_pass(program, custom_skip_targets=_NOT_FOLDED | random, _skip_dim_order=False)
+    return edge
+
+
+def lower_exported(exported: ExportedProgram, partitioners: list) -> EdgeProgramManager:
+    """The edge program of `exported` with `partitioners` applied, constants folded: what
+    `to_executorch` serializes."""
+    return fold_constants(to_edge_transform_and_lower(exported, partitioner=partitioners))
+
+
 CPU_BACKENDS = ("portable", "xnnpack")
 
 
@@ -137,10 +166,10 @@ def export_for_cpu_backend(module: torch.nn.Module, example_inputs: tuple, dynam
 
 def lower_to_edge(module: torch.nn.Module, example_inputs: tuple, dynamic_shapes=None,
                   cpu_backend: str = "portable") -> tuple[EdgeProgramManager, Coverage]:
-    """Export, reframe group norms, delegate every supported LayerNorm to WebGPU; with
-    `cpu_backend="xnnpack"` XNNPACK's partitioner then takes what it can of the rest (the
-    file one would deploy: LayerNorms on WebGPU, the rest on XNNPACK, for ExecuTorch's
-    runtime). Returns the edge program and its coverage."""
+    """Export, reframe group norms, delegate every supported LayerNorm to WebGPU, fold
+    constants; with `cpu_backend="xnnpack"` XNNPACK's partitioner takes what it can of the
+    rest first (the file one would deploy: LayerNorms on WebGPU, the rest on XNNPACK, for
+    ExecuTorch's runtime). Returns the edge program and its coverage."""
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
     if not isinstance(example_inputs, tuple):
@@ -148,7 +177,7 @@ def lower_to_edge(module: torch.nn.Module, example_inputs: tuple, dynamic_shapes
     exported, cpu_partitioners = export_for_cpu_backend(module, example_inputs, dynamic_shapes, cpu_backend)
     total = count_layer_norms(exported)
     partitioner = LayerNormPartitioner()
-    edge = to_edge_transform_and_lower(exported, partitioner=[partitioner, *cpu_partitioners])
+    edge = lower_exported(exported, [partitioner, *cpu_partitioners])
     coverage = _coverage(edge, total, partitioner.rejected)
     for name, lowered in _delegate_nodes(edge):
         if lowered.backend_id != WebGPUBackend.__name__ and any(

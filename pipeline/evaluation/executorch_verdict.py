@@ -38,14 +38,13 @@ RULE = (f"ExecuTorch's runtime: relative L2 <= {REL_L2_FACTOR:g}x and max abs <=
 
 def reference_buffer(spec, cpu_backend: str) -> bytes:
     """The same model as an exported file of `spec` with `cpu_backend`, without the WebGPU
-    delegate: the same export and graph passes, the CPU backend's partitioners only."""
-    from executorch.exir import to_edge_transform_and_lower
-
-    from pipeline.aot.lowering import export_for_cpu_backend
+    delegate: the same export, graph passes and constant folding, the CPU backend's
+    partitioners only."""
+    from pipeline.aot.lowering import export_for_cpu_backend, lower_exported
 
     exported, partitioners = export_for_cpu_backend(spec.module, spec.example_inputs, spec.dynamic_shapes,
                                                     cpu_backend)
-    return to_edge_transform_and_lower(exported, partitioner=partitioners).to_executorch().buffer
+    return lower_exported(exported, partitioners).to_executorch().buffer
 
 
 def run_in_executorch(buffer: bytes, inputs: Sequence) -> list:

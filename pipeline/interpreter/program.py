@@ -7,10 +7,6 @@ in order, then each call copies the inputs into planned memory and runs the chai
 runtime with the decoded blob, `MoveCall`, `JumpFalseCall` and `FreeCall` as ExecuTorch
 defines them. Tensors that share planned memory share it here too (static reshapes
 are values at the same offset), so the file's memory plan is what runs.
-
-Instructions that read only constants (the transposes of linear weights, above all) run
-once at load, after every check, and their outputs become constants of the program
-(`pipeline.interpreter.fold`); the chain a call runs is the rest.
 """
 
 from __future__ import annotations
@@ -27,7 +23,6 @@ import torch
 import torch.utils._pytree as pytree
 from executorch.exir import schema
 
-from pipeline.interpreter import fold as _fold
 from pipeline.pte import inputs as _inputs
 from pipeline.pte import blob, operators, verify
 from pipeline.pte.file import PteError, PteFile
@@ -71,7 +66,7 @@ class Program:
     """
 
     def __init__(self, pte: PteFile, *, coverage: Coverage | None = None,
-                 delegate_names: list[str] | None = None, edge=None, fold: bool = True) -> None:
+                 delegate_names: list[str] | None = None, edge=None) -> None:
         self._pte = pte
         self.edge = edge  # the EdgeProgramManager when lowered in this process, else None
         plan = pte.plan
@@ -96,11 +91,6 @@ class Program:
             raise self._fail(str(exc)) from None
         # What each step of the chain runs: "operator.overload", "delegate", "move", "jump", "free".
         self.step_labels = tuple(_label(plan, i.instr_args) for i in plan.chains[0].instructions)
-        # Chain indices run once at load (their outputs are constants now), and the bytes they hold.
-        self.folded: tuple[int, ...] = ()
-        self.folded_bytes = 0
-        if fold:
-            self._fold_constants()
         self.coverage = coverage if coverage is not None else self._file_coverage()
         try:
             self._in_spec, self._out_spec = _inputs.specs(plan)
@@ -113,10 +103,9 @@ class Program:
         self._lock = threading.Lock()
 
     @classmethod
-    def load(cls, path: str | os.PathLike, *, fold: bool = True) -> Program:
-        """Read and check the `.pte` at `path`; raises PteError for anything it cannot run.
-        `fold=False` keeps every instruction in the chain (constant work repeated per call)."""
-        return cls(PteFile.read(path), fold=fold)
+    def load(cls, path: str | os.PathLike) -> Program:
+        """Read and check the `.pte` at `path`; raises PteError for anything it cannot run."""
+        return cls(PteFile.read(path))
 
     @property
     def delegates(self) -> tuple[LayerNormDelegate, ...]:
@@ -172,7 +161,7 @@ class Program:
                 raise self._fail(f"value {i}: mutable tensors with initial data are not supported")
             a = t.allocation_info
             offset = a.memory_offset_low | (a.memory_offset_high << 32)
-            return _over(self._arenas[a.memory_id][offset : offset + nbytes], t)
+            return _strided(self._arenas[a.memory_id][offset : offset + nbytes].view(dtype), sizes, list(t.dim_order))
         if t.data_buffer_idx == 0:
             return None  # no memory of its own: set by the caller (an input) or by a view op
         buffer, offset = self._pte.constant(t.data_buffer_idx, nbytes)
@@ -232,38 +221,6 @@ class Program:
         if missing:
             raise self._fail(f"operators with no kernel here: {', '.join(sorted(missing))}")
         return steps, sites
-
-    def _fold_constants(self) -> None:
-        """Run the instructions that read only constants once, each output in memory of its
-        own, and take them out of the chain. Loading holds the file's bytes already; the
-        fold holds at most twice as many (the first instructions in the chain up to that; a
-        damaged file cannot make it hold more). A kernel that fails here leaves the chain whole
-        (the call raises as it would have)."""
-        plan = self._plan
-        fold = _fold.plan_fold(plan, self._shape_rules(), budget=2 * len(self._pte.data))
-        if not fold.instructions:
-            return
-        values = list(self._values)
-        own = {}
-        for j in fold.outputs:
-            t = plan.values[j].val
-            own[j] = torch.empty(_nbytes(t), dtype=torch.uint8)
-            values[j] = _over(own[j], t)
-        for j, base in fold.aliases.items():
-            t = plan.values[j].val
-            values[j] = _over(own[base][: _nbytes(t)], t)
-        try:
-            with torch.no_grad():
-                for pc in fold.instructions:
-                    self._steps[pc](values, None)
-        except (RuntimeError, ValueError, TypeError, IndexError, KeyError, AttributeError):
-            return  # the same kernel on the same values raises in each call instead
-        self._values = values
-        skip = set(fold.instructions)
-        self._steps = [step for pc, step in enumerate(self._steps) if pc not in skip]
-        self.step_labels = tuple(label for pc, label in enumerate(self.step_labels) if pc not in skip)
-        self.folded = fold.instructions
-        self.folded_bytes = sum(b.numel() for b in own.values())
 
     def _kernel_step(self, kernel, ids: list[int]) -> Callable:
         # Lists whose items are values that can change (sizes, rebound tensors) are
@@ -406,15 +363,6 @@ def load(path: str | os.PathLike) -> Program:
     The file is read once: changing it afterwards does not reach the program.
     """
     return Program.load(path)
-
-
-def _nbytes(t: schema.Tensor) -> int:
-    return math.prod(t.sizes) * operators.DTYPES[int(t.scalar_type)].itemsize
-
-
-def _over(memory: torch.Tensor, t: schema.Tensor) -> torch.Tensor:
-    """Tensor `t` as the file declares it (dtype, sizes, dim order) over bytes `memory`."""
-    return _strided(memory[: _nbytes(t)].view(operators.DTYPES[int(t.scalar_type)]), list(t.sizes), list(t.dim_order))
 
 
 def _label(plan: schema.ExecutionPlan, a) -> str:

@@ -203,7 +203,7 @@ def check_plan(plan: schema.ExecutionPlan) -> None:
     _check_memory_plan(plan)
 
 
-def planned(plan: schema.ExecutionPlan) -> dict[int, tuple[int, int, int]]:
+def _planned(plan: schema.ExecutionPlan) -> dict[int, tuple[int, int, int]]:
     """value -> (arena, first byte, end) of each tensor in planned memory."""
     placed = {}
     for j, ev in enumerate(plan.values):
@@ -220,7 +220,7 @@ def _check_memory_plan(plan: schema.ExecutionPlan) -> None:
     """Arenas no larger than what is placed in them, and no two tensors that are live at
     once overlapping in them, unless they are the same bytes seen twice (as a static
     reshape is: the same start and size)."""
-    placed = planned(plan)
+    placed = _planned(plan)
     reach = [0] * len(plan.non_const_buffer_sizes)
     for arena, _, end in placed.values():
         reach[arena] = max(reach[arena], end)
@@ -398,7 +398,7 @@ def check_shapes(plan: schema.ExecutionPlan, delegates: Delegates,
     # a loop (a backward jump), where a later instruction writes what an earlier one reads.
     loops = any(isinstance(i.instr_args, schema.JumpFalseCall) and i.instr_args.destination_instruction <= pc
                 for pc, i in enumerate(instructions))
-    placed = planned(plan)
+    placed = _planned(plan)
     written = _Written(placed)
     written.update(plan.inputs)
     with warnings.catch_warnings():
