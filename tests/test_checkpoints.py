@@ -1,5 +1,6 @@
 """Hostile checkpoint directories (issue 31): every one refused with a CheckpointError that names
-the file, key or tensor, before anything large is built.
+the file, key or tensor, before anything large is built; an export records which checkpoint
+(absolute path, sha256 of its files) and its readers refuse one that changed since.
 
 Self-contained: the checkpoints are the zoo's own modules at tiny sizes, saved with safetensors.
 """
@@ -17,6 +18,7 @@ from safetensors.torch import load_file, save_file
 from transformers import BartConfig, Florence2Config, WhisperConfig
 
 from pipeline import models
+from pipeline.evaluation.artifact import ArtifactError, build_for_artifact, read_artifact
 from pipeline.models import CheckpointError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -277,7 +279,51 @@ def test_an_oversized_or_special_config_file_is_refused(copy_of):
     refused(directory, "bart", "config.json is not a regular file")
 
 
-# --- the script: exit status 1 and one line ----------------------------------------------
+# --- defect 8: an export names its checkpoint by absolute path and the sha256 of its files ----
+
+def test_the_spec_names_the_checkpoint_absolutely_with_its_digest(copy_of, monkeypatch):
+    directory = copy_of("bart")
+    monkeypatch.chdir(directory.parent)
+    spec = models.build("bart", checkpoint=directory.name)
+    assert spec.checkpoint == str(directory.resolve())
+    assert len(spec.checkpoint_sha256) == 64
+    assert models.build("bart", checkpoint=directory).checkpoint_sha256 == spec.checkpoint_sha256
+    # Any byte of the weights or the config changes it.
+    weights = bytearray((directory / "model.safetensors").read_bytes())
+    weights[-1] ^= 1
+    (directory / "model.safetensors").write_bytes(bytes(weights))
+    changed = models.build("bart", checkpoint=directory).checkpoint_sha256
+    edit_config(directory, dropout=0.2)
+    assert len({spec.checkpoint_sha256, changed, models.build("bart", checkpoint=directory).checkpoint_sha256}) == 3
+
+
+def test_a_checkpoint_that_changed_since_the_export_is_refused(copy_of):
+    directory = copy_of("bart")
+    spec = models.build("bart", checkpoint=directory)
+    summary = {"model": "bart", "variant": spec.variant, "seed": 0, "checkpoint": spec.checkpoint,
+               "checkpoint_sha256": spec.checkpoint_sha256}
+    assert build_for_artifact(summary).checkpoint_sha256 == spec.checkpoint_sha256
+    edit_config(directory, dropout=0.2)
+    with pytest.raises(CheckpointError, match=f"sha256 is [0-9a-f]{{64}}, not {spec.checkpoint_sha256} as the "
+                                              "export recorded: the checkpoint changed since; export again"):
+        build_for_artifact(summary)
+    for record in ({"checkpoint_sha256": None}, {"checkpoint": directory.name}):
+        with pytest.raises(ArtifactError, match="export again"):
+            build_for_artifact({**summary, **record})
+
+
+def test_files_changed_between_hash_and_load_are_refused(copy_of):
+    from pipeline.models.checkpoint import load_weights, plan_weights, read_checkpoint
+
+    directory = copy_of("bart")
+    family = models.family("bart")
+    checkpoint = read_checkpoint(directory, family)
+    plan = plan_weights(checkpoint, family)
+    edit_config(directory, dropout=0.2)
+    module = family.make_module(checkpoint.config)
+    with pytest.raises(CheckpointError, match="its files changed while they were read; nothing was built"):
+        load_weights(module, checkpoint, plan)
+
 
 @pytest.fixture(scope="module")
 def cli():
@@ -286,6 +332,30 @@ def cli():
     spec.loader.exec_module(module)
     return module
 
+
+def test_export_records_the_checkpoint_and_its_readers_check_it(cli, copy_of, monkeypatch, capsys):
+    directory = copy_of("bart")
+    monkeypatch.chdir(directory.parent)
+    assert cli.main(["bart", "--checkpoint", directory.name, "--output-dir", "out"]) == 0, capsys.readouterr().err
+    pte = directory.parent / "out" / "bart-custom.pte"
+    summary = read_artifact(pte)
+    assert summary["checkpoint"] == str(directory.resolve())
+    assert summary["checkpoint_sha256"] == models.build("bart", checkpoint=directory).checkpoint_sha256
+    monkeypatch.chdir(pte.parent)  # from elsewhere the record still names the same checkpoint
+    assert build_for_artifact(read_artifact(pte.name)).checkpoint == str(directory.resolve())
+    edit_config(directory, dropout=0.2)
+    with pytest.raises(CheckpointError, match="the checkpoint changed since; export again"):
+        build_for_artifact(read_artifact(pte))
+
+    coverage = pte.with_name("bart-custom.coverage.json")
+    for record, message in (({"checkpoint": directory.name}, "is not an absolute path"),
+                            ({"checkpoint_sha256": None}, "without the sha256 of its files")):
+        coverage.write_text(json.dumps({**summary, **record}))
+        with pytest.raises(ArtifactError, match=message):
+            read_artifact(pte)
+
+
+# --- the script: exit status 1 and one line ----------------------------------------------
 
 def test_the_script_exits_1_with_one_line(copy_of, tmp_path):
     directory = copy_of("whisper")
@@ -326,5 +396,5 @@ def test_every_published_architecture_passes_the_checks(name):
         tensors = {f"model.{k}": StoredTensor(Path("model.safetensors"), tuple(v.shape), "BF16")
                    for k, v in state.items()}
         check_sizes(config, family, variant, len(tensors), sum(t.numel for t in tensors.values()))
-        checkpoint = Checkpoint("published", Path("."), config, tensors)
+        checkpoint = Checkpoint("published", Path("."), config, tensors, (), "", ())
         assert plan_weights(checkpoint, family) == {k: f"model.{k}" for k in state}

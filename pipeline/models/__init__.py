@@ -73,6 +73,7 @@ def build(
     dynamic: bool = False,
     config: PretrainedConfig | None = None,
     dtype: str = "float32",
+    checkpoint_sha256: str | None = None,
 ) -> ModelSpec:
     """Build model `name` in eval mode with example inputs for export.
 
@@ -88,6 +89,9 @@ def build(
         spec's variant is then `custom`.
     dtype: float32, float16 or bfloat16: the module (weights made in float32, then cast)
         and its floating-point example inputs are cast to it.
+    checkpoint_sha256: with `checkpoint`, the sha256 its files must have (the spec's
+        `checkpoint_sha256` of an earlier build, as an export records it); CheckpointError
+        when they differ.
     """
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
@@ -98,8 +102,10 @@ def build(
         raise ValueError(f"dynamic=True: {name} has no dynamic dimension (only bart does)")
     if checkpoint is not None and config is not None:
         raise ValueError("pass either checkpoint= or config=, not both")
+    if checkpoint_sha256 is not None and checkpoint is None:
+        raise ValueError("checkpoint_sha256= needs checkpoint=")
 
-    stored = read_checkpoint(checkpoint, fam) if checkpoint is not None else None
+    stored = read_checkpoint(checkpoint, fam, checkpoint_sha256) if checkpoint is not None else None
     if stored is not None:
         config = stored.config
         matched = _matching_variant(fam, config)
@@ -132,6 +138,7 @@ def build(
         dynamic_shapes=fam.make_dynamic_shapes(config) if dynamic else None,
         config=config,
         checkpoint=str(stored.directory) if stored is not None else None,
+        checkpoint_sha256=stored.sha256 if stored is not None else None,
     )
 
 

@@ -4,7 +4,8 @@ A checkpoint is data from elsewhere, read in this order so that nothing large is
 for one that cannot be used:
 1. its files, each required to lie inside the directory (symlinks resolved): config.json and
    the shard index read with bounds on size and nesting, the safetensors headers (names,
-   shapes, dtypes; no data) of the shards;
+   shapes, dtypes; no data) of the shards, and one sha256 over config.json and the
+   safetensors files (what an export records, and its readers check);
 2. the config, its sizes checked (`pipeline.models.sizes`) against what those headers hold;
 3. the module built on the meta device (no memory): its weights held against the headers, so
    a missing, misshapen, non-float or unused tensor is refused by name (`plan_weights`);
@@ -14,6 +15,7 @@ for one that cannot be used:
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import os
 import stat
@@ -78,13 +80,19 @@ class Checkpoint:
     directory: Path  # absolute, symlinks resolved
     config: PretrainedConfig  # its sizes checked against `tensors`
     tensors: dict[str, StoredTensor]  # by name, as the headers (and the shard index) declare them
+    files: tuple[Path, ...]  # config.json and the safetensors files, as `files_sha256` hashes them
+    sha256: str
+    # Identity (device, inode, size, mtime) of each file when hashed: the files loaded must
+    # be the ones hashed.
+    identities: tuple[tuple[int, int, int, int], ...]
 
 
-def read_checkpoint(directory: str | os.PathLike, family: ModelFamily) -> Checkpoint:
+def read_checkpoint(directory: str | os.PathLike, family: ModelFamily, sha256: str | None = None) -> Checkpoint:
     """Read `directory` as a `family` checkpoint: its config (sizes checked against the
-    weights it holds) and the tensors its safetensors headers declare.
+    weights it holds), the tensors its safetensors headers declare, the sha256 of its files.
 
-    CheckpointError names the directory and the cause for anything that cannot be used.
+    `sha256`: the digest the files must have (an export's record of them). CheckpointError
+    names the directory and the cause for anything that cannot be used.
     """
     shown = f"checkpoint {directory}"
     try:
@@ -105,10 +113,16 @@ def read_checkpoint(directory: str | os.PathLike, family: ModelFamily) -> Checkp
             f"{shown}: model_type is {model_type!r}, not {family.model_type!r} as a {family.name} checkpoint needs"
         )
     _check_label_counts(raw, f"{shown}: {CONFIG}")
-    tensors, _ = _tensor_table(root, shown)
+    tensors, weight_files = _tensor_table(root, shown)
     config = config_from_dict(raw, family, f"{shown}: {CONFIG}")
     check_sizes(config, family, f"{shown}: {CONFIG}", len(tensors), sum(t.numel for t in tensors.values()))
-    return Checkpoint(shown, root, config, tensors)
+    files = tuple(sorted({config_path, *weight_files}, key=lambda p: p.relative_to(root).as_posix()))
+    identities = tuple(_identity(p) for p in files)
+    digest = files_sha256(root, files)
+    if sha256 is not None and digest != sha256:
+        raise CheckpointError(f"{shown}: its files' sha256 is {digest}, not {sha256} as the export recorded: "
+                              "the checkpoint changed since; export again")
+    return Checkpoint(shown, root, config, tensors, files, digest, identities)
 
 
 def config_from_dict(raw: dict[str, Any], family: ModelFamily, where: str) -> PretrainedConfig:
@@ -143,6 +157,20 @@ def read_json(path: Path, where: str) -> Any:
     if _depth(value) > MAX_JSON_DEPTH:
         raise CheckpointError(f"{where} is unreadable: nested deeper than {MAX_JSON_DEPTH} levels")
     return value
+
+
+def files_sha256(root: Path, files: tuple[Path, ...]) -> str:
+    """One sha256 over `files` (config.json and the safetensors files, in sorted order of
+    their paths inside `root`): for each, its relative path, NUL, its size in decimal, NUL,
+    then its bytes."""
+    digest = hashlib.sha256()
+    for path in files:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            digest.update(f"{path.relative_to(root).as_posix()}\0{size}\0".encode())
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)
+    return digest.hexdigest()
 
 
 def plan_weights(checkpoint: Checkpoint, family: ModelFamily) -> dict[str, str]:
@@ -210,6 +238,8 @@ def load_weights(module: torch.nn.Module, checkpoint: Checkpoint, plan: dict[str
             except (SafetensorError, OSError) as exc:
                 raise CheckpointError(f"{checkpoint.shown}: {file.name} is unreadable: {exc}") from exc
             state[key] = tensor.to(current[key].dtype)
+    if tuple(_identity(p) for p in checkpoint.files) != checkpoint.identities:
+        raise CheckpointError(f"{checkpoint.shown}: its files changed while they were read; nothing was built")
     module.load_state_dict(state, strict=True)
 
 
@@ -302,6 +332,11 @@ def _depth(value: Any) -> int:
             deepest = max(deepest, depth)
             stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
     return deepest
+
+
+def _identity(path: Path) -> tuple[int, int, int, int]:
+    info = os.stat(path)
+    return info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns
 
 
 def _under(name: str, parts: set[str]) -> bool:

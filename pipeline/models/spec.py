@@ -28,8 +28,10 @@ class ModelSpec:
     example_inputs: tuple[torch.Tensor, ...]
     dynamic_shapes: tuple[dict[int, Any] | None, ...] | None
     config: PretrainedConfig
-    # The checkpoint directory (absolute, symlinks resolved); None for seeded random weights.
+    # The checkpoint directory (absolute, symlinks resolved) and the sha256 of its files
+    # (`pipeline.models.checkpoint.files_sha256`); None for seeded random weights.
     checkpoint: str | None = None
+    checkpoint_sha256: str | None = None
 
 
 @dataclass(frozen=True)
