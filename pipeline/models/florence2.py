@@ -77,11 +77,10 @@ FAMILY = ModelFamily(
         ConfigInt("vision_config.num_groups"), ConfigInt("vision_config.depths", repeats=True),
         ConfigInt("vision_config.patch_size"), ConfigInt("vision_config.patch_stride"),
         ConfigInt("vision_config.patch_padding", minimum=0, below="vision_config.patch_size"),
-        ConfigInt("vision_config.in_channels"),
         # Windows pad the feature map to a multiple of their size: none wider than the image.
         ConfigInt("vision_config.window_size", below=IMAGE_SIZE + 1),
-        ConfigInt("vision_config.projection_dim"), ConfigInt("vision_config.max_position_embeddings"),
-        ConfigInt("vision_config.max_temporal_embeddings"),
+        ConfigInt("vision_config.in_channels"), ConfigInt("vision_config.projection_dim"),
+        ConfigInt("vision_config.max_position_embeddings"), ConfigInt("vision_config.max_temporal_embeddings"),
     ),
     divides=(("vision_config.num_heads", "vision_config.embed_dim"),
              ("vision_config.num_groups", "vision_config.embed_dim")),
