@@ -64,7 +64,9 @@ def export_model(
     The file is checked before it takes its name: loaded back and run on the example
     inputs, it must reproduce the in-memory program bit for bit (ArtifactCheckError
     otherwise). The coverage file names the `.pte`'s sha256, so a pair left mismatched by
-    an interrupted export is refused by its readers (`read_artifact`).
+    an interrupted export is refused by its readers (`read_artifact`); with a checkpoint, its
+    absolute path and the sha256 of its files, so a checkpoint changed since is refused when
+    the model is rebuilt (`build_for_artifact`).
 
     `cpu_backend="xnnpack"` puts what is not a LayerNorm on XNNPACK: such a file runs in
     ExecuTorch's runtime (`pipeline.native`), which then does the check above.
@@ -98,7 +100,9 @@ def export_model(
     summary: dict[str, Any] = {
         "model": name,
         "variant": spec.variant,
+        # Absolute, with the sha256 of its files: readers rebuild from this checkpoint and no other.
         "checkpoint": spec.checkpoint,
+        "checkpoint_sha256": spec.checkpoint_sha256,
         "seed": seed,
         "dynamic": dynamic,
         "dtype": dtype,

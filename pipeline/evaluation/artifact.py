@@ -60,7 +60,23 @@ def read_artifact(pte_path: str | os.PathLike, data: bytes | None = None) -> dic
     digest = sha256_of(pte_path) if data is None else hashlib.sha256(data).hexdigest()
     if summary["pte_sha256"] != digest:
         raise ArtifactError(f"{summary_path} describes another file than {pte_path} (sha256 differs); export again")
+    _check_checkpoint_record(summary, summary_path)
     return summary
+
+
+def _check_checkpoint_record(summary: dict[str, Any], source: str | os.PathLike) -> None:
+    """A summary naming a checkpoint names it by absolute path with the sha256 of its files
+    (what `models.build` checks it against): a relative path would name another directory
+    from elsewhere, and a path alone whatever the directory holds now."""
+    checkpoint = summary.get("checkpoint")
+    if checkpoint is None:
+        return
+    if not isinstance(checkpoint, str) or not os.path.isabs(checkpoint):
+        raise ArtifactError(f"{source}: checkpoint {checkpoint!r} is not an absolute path; export again")
+    digest = summary.get("checkpoint_sha256")
+    if not (isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):
+        raise ArtifactError(f"{source}: names checkpoint {checkpoint} without the sha256 of its files "
+                            "(written by an older export_model); export again")
 
 
 def read_artifact_file(pte_path: str | os.PathLike) -> tuple[dict[str, Any], bytes]:
@@ -80,13 +96,18 @@ def read_pte(pte_path: str | os.PathLike) -> bytes:
 
 
 def build_for_artifact(summary: dict[str, Any]):
-    """The zoo model (module and example inputs) an exported file was made from."""
+    """The zoo model (module and example inputs) an exported file was made from.
+
+    From a checkpoint only if its files still hash to what the export recorded
+    (CheckpointError otherwise, before the module is built)."""
     from pipeline import models
 
     checkpoint = summary.get("checkpoint")
+    _check_checkpoint_record(summary, "export summary")
     return models.build(summary["model"], variant=None if checkpoint else summary["variant"], checkpoint=checkpoint,
                         seed=summary.get("seed", 0), dynamic=summary.get("dynamic", False),
-                        dtype=summary.get("dtype", "float32"))
+                        dtype=summary.get("dtype", "float32"),
+                        checkpoint_sha256=summary.get("checkpoint_sha256") if checkpoint else None)
 
 
 def same_outputs(got, want) -> bool:

@@ -15,14 +15,13 @@ import json
 import os
 from functools import cache
 from importlib import resources
-from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import PretrainedConfig
 
 from pipeline.models import bart, florence2, whisper
-from pipeline.models.checkpoint import config_from_dict, load_weights, read_config
+from pipeline.models.checkpoint import config_from_dict, load_weights, plan_weights, read_checkpoint
 from pipeline.models.spec import CheckpointError, ModelFamily, ModelSpec
 from pipeline.wgsl import DTYPES
 
@@ -74,6 +73,7 @@ def build(
     dynamic: bool = False,
     config: PretrainedConfig | None = None,
     dtype: str = "float32",
+    checkpoint_sha256: str | None = None,
 ) -> ModelSpec:
     """Build model `name` in eval mode with example inputs for export.
 
@@ -81,12 +81,17 @@ def build(
         variant is read from the checkpoint's architecture (`variant`, if given, must match).
     checkpoint: a local Hugging Face directory (config.json + safetensors) of this family;
         CheckpointError (a ValueError) names the directory and the cause when it cannot be used.
+        Its files must lie inside it, its config's sizes must describe exactly the float
+        weights it holds; all of this is checked before the module is built.
     seed: seeds the random weights (when there is no checkpoint) and the example inputs.
     dynamic: export with dynamic sequence lengths (only models that have one: bart).
     config: build this config instead of an embedded one (for shrunken test models); the
         spec's variant is then `custom`.
     dtype: float32, float16 or bfloat16: the module (weights made in float32, then cast)
         and its floating-point example inputs are cast to it.
+    checkpoint_sha256: with `checkpoint`, the sha256 its files must have (the spec's
+        `checkpoint_sha256` of an earlier build, as an export records it); CheckpointError
+        when they differ.
     """
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
@@ -97,14 +102,16 @@ def build(
         raise ValueError(f"dynamic=True: {name} has no dynamic dimension (only bart does)")
     if checkpoint is not None and config is not None:
         raise ValueError("pass either checkpoint= or config=, not both")
+    if checkpoint_sha256 is not None and checkpoint is None:
+        raise ValueError("checkpoint_sha256= needs checkpoint=")
 
-    directory = Path(checkpoint) if checkpoint is not None else None
-    if directory is not None:
-        config = read_config(directory, fam)
+    stored = read_checkpoint(checkpoint, fam, checkpoint_sha256) if checkpoint is not None else None
+    if stored is not None:
+        config = stored.config
         matched = _matching_variant(fam, config)
         if variant is not None and matched != variant:
             raise CheckpointError(
-                f"checkpoint {directory}: its architecture is {name} {matched}, not the requested variant {variant}"
+                f"{stored.shown}: its architecture is {name} {matched}, not the requested variant {variant}"
             )
         variant = matched
     elif config is not None:
@@ -114,11 +121,12 @@ def build(
         variant = variant or fam.default_variant
         config = embedded_config(name, variant)
     config._attn_implementation = ATTENTION
+    plan = plan_weights(stored, fam) if stored is not None else None
 
     torch.manual_seed(seed)
     module = fam.make_module(config)
-    if directory is not None:
-        load_weights(module, directory, fam)
+    if stored is not None:
+        load_weights(module, stored, plan)
     module.eval().to(getattr(torch, dtype))
 
     preprocessor = _embedded(name, variant if variant != CUSTOM_VARIANT else fam.default_variant).get("preprocessor", {})
@@ -129,7 +137,8 @@ def build(
         example_inputs=tuple(cast_inputs(fam.make_inputs(config, preprocessor, seed), dtype)),
         dynamic_shapes=fam.make_dynamic_shapes(config) if dynamic else None,
         config=config,
-        checkpoint=str(directory) if directory is not None else None,
+        checkpoint=str(stored.directory) if stored is not None else None,
+        checkpoint_sha256=stored.sha256 if stored is not None else None,
     )
 
 

@@ -9,7 +9,7 @@ from torch.export import Dim
 from transformers import BartConfig
 from transformers.models.bart.modeling_bart import BartDecoder
 
-from pipeline.models.spec import ModelFamily
+from pipeline.models.spec import ConfigInt, ModelFamily
 
 DECODER_LENGTH = 128
 # A source document is usually longer than the text generated from it.
@@ -66,4 +66,12 @@ FAMILY = ModelFamily(
     make_dynamic_shapes=make_dynamic_shapes,
     # BartModel ties the decoder's token embedding to `shared` and saves it there.
     weight_aliases={"decoder.embed_tokens.weight": ("shared.weight",)},
+    sizes=(
+        ConfigInt("d_model"), ConfigInt("decoder_layers", repeats=True), ConfigInt("decoder_attention_heads"),
+        ConfigInt("decoder_ffn_dim"), ConfigInt("vocab_size"), ConfigInt("max_position_embeddings"),
+        # Token ids: the embedding's padding row, and the first token of the example inputs.
+        ConfigInt("pad_token_id", minimum=0, below="vocab_size"),
+        ConfigInt("decoder_start_token_id", minimum=0, below="vocab_size"),
+    ),
+    divides=(("decoder_attention_heads", "d_model"),),
 )

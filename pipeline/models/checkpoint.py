@@ -1,110 +1,348 @@
-"""Offline loading of a local Hugging Face checkpoint directory (config.json + safetensors)."""
+"""Offline loading of a local Hugging Face checkpoint directory (config.json + safetensors).
+
+A checkpoint is data from elsewhere, read in this order so that nothing large is allocated
+for one that cannot be used:
+1. its files, each required to lie inside the directory (symlinks resolved): config.json and
+   the shard index read with bounds on size and nesting, the safetensors headers (names,
+   shapes, dtypes; no data) of the shards, and one sha256 over config.json and the
+   safetensors files (what an export records, and its readers check);
+2. the config, its sizes checked (`pipeline.models.sizes`) against what those headers hold;
+3. the module built on the meta device (no memory): its weights held against the headers, so
+   a missing, misshapen, non-float or unused tensor is refused by name (`plan_weights`);
+4. only then the module itself, filled from the files (`load_weights`).
+"""
 
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
+import os
+import stat
+from collections.abc import Iterator
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from huggingface_hub.errors import StrictDataclassError
 from safetensors import SafetensorError, safe_open
 from transformers import PretrainedConfig
 
+from pipeline.models.sizes import check_sizes, describe
 from pipeline.models.spec import CheckpointError, ModelFamily
 
+CONFIG = "config.json"
 SINGLE_FILE = "model.safetensors"
 SHARD_INDEX = "model.safetensors.index.json"
 # Full models nest the parts we build under `model.` (e.g. `model.decoder.layers.0...`).
 KEY_PREFIXES = ("", "model.")
+# config.json and the shard index: published ones are a few kB (an index of thousands of
+# tensors, a few hundred kB).
+MAX_JSON_BYTES = 16 << 20
+# Published configs nest 3 deep (config, vision_config, a list); Python's copy and
+# transformers' parsing recurse once per level and would overflow long before the file's end.
+MAX_JSON_DEPTH = 32
+# transformers makes an id2label entry per label while it parses a config: 3 million take a
+# minute. Published generation models have a handful.
+MAX_LABELS = 100_000
+# safetensors dtype codes of the weights that are read; torch's names for messages.
+FLOAT_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64"}
+OTHER_DTYPES = {
+    "I8": "int8", "U8": "uint8", "I16": "int16", "U16": "uint16", "I32": "int32", "U32": "uint32",
+    "I64": "int64", "U64": "uint64", "BOOL": "bool", "C64": "complex64", "C128": "complex128",
+    "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
+}
 
 
-def read_config(directory: Path, family: ModelFamily) -> PretrainedConfig:
-    """The checkpoint's config, refused unless it is a `family` checkpoint."""
-    if not directory.is_dir():
-        raise CheckpointError(f"checkpoint {directory}: not a directory")
-    path = directory / "config.json"
-    if not path.is_file():
-        raise CheckpointError(f"checkpoint {directory}: no config.json")
+@dataclass(frozen=True)
+class StoredTensor:
+    """A tensor as its safetensors header declares it (the file's data is not read)."""
+
+    file: Path
+    shape: tuple[int, ...]
+    dtype: str  # safetensors' code: F32, BF16, I8, ...
+
+    @property
+    def numel(self) -> int:
+        count = 1
+        for n in self.shape:
+            count *= n
+        return count
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A checkpoint directory as read before anything is built from it."""
+
+    shown: str  # the directory as the caller named it, for messages
+    directory: Path  # absolute, symlinks resolved
+    config: PretrainedConfig  # its sizes checked against `tensors`
+    tensors: dict[str, StoredTensor]  # by name, as the headers (and the shard index) declare them
+    files: tuple[Path, ...]  # config.json and the safetensors files, as `files_sha256` hashes them
+    sha256: str
+    # Identity (device, inode, size, mtime) of each file when hashed: the files loaded must
+    # be the ones hashed.
+    identities: tuple[tuple[int, int, int, int], ...]
+
+
+def read_checkpoint(directory: str | os.PathLike, family: ModelFamily, sha256: str | None = None) -> Checkpoint:
+    """Read `directory` as a `family` checkpoint: its config (sizes checked against the
+    weights it holds), the tensors its safetensors headers declare, the sha256 of its files.
+
+    `sha256`: the digest the files must have (an export's record of them). CheckpointError
+    names the directory and the cause for anything that cannot be used.
+    """
+    shown = f"checkpoint {directory}"
     try:
-        raw = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"checkpoint {directory}: config.json is unreadable: {exc}") from exc
+        root = Path(directory).resolve()
+    except (OSError, RuntimeError, ValueError) as exc:
+        raise CheckpointError(f"{shown}: cannot be resolved: {exc}") from None
+    if not root.is_dir():
+        raise CheckpointError(f"{shown}: not a directory")
+    config_path = _inside(root, CONFIG, shown)
+    if not config_path.exists():
+        raise CheckpointError(f"{shown}: no {CONFIG}")
+    raw = read_json(config_path, f"{shown}: {CONFIG}")
     if not isinstance(raw, dict):
-        raise CheckpointError(f"checkpoint {directory}: config.json is not a JSON object")
+        raise CheckpointError(f"{shown}: {CONFIG} is not a JSON object")
     model_type = raw.get("model_type")
     if model_type != family.model_type:
         raise CheckpointError(
-            f"checkpoint {directory}: model_type is {model_type!r}, "
-            f"not {family.model_type!r} as a {family.name} checkpoint needs"
+            f"{shown}: model_type is {model_type!r}, not {family.model_type!r} as a {family.name} checkpoint needs"
         )
-    return config_from_dict(raw, family, f"checkpoint {directory}: config.json")
+    _check_label_counts(raw, f"{shown}: {CONFIG}")
+    tensors, weight_files = _tensor_table(root, shown)
+    config = config_from_dict(raw, family, f"{shown}: {CONFIG}")
+    check_sizes(config, family, f"{shown}: {CONFIG}", len(tensors), sum(t.numel for t in tensors.values()))
+    files = tuple(sorted({config_path, *weight_files}, key=lambda p: p.relative_to(root).as_posix()))
+    identities = tuple(_identity(p) for p in files)
+    digest = files_sha256(root, files)
+    if sha256 is not None and digest != sha256:
+        raise CheckpointError(f"{shown}: its files' sha256 is {digest}, not {sha256} as the export recorded: "
+                              "the checkpoint changed since; export again")
+    return Checkpoint(shown, root, config, tensors, files, digest, identities)
 
 
 def config_from_dict(raw: dict[str, Any], family: ModelFamily, where: str) -> PretrainedConfig:
     try:
         # from_dict may consume keys of the dict it is given.
         return family.config_class.from_dict(copy.deepcopy(raw))
-    except (TypeError, ValueError, KeyError) as exc:
-        raise CheckpointError(f"{where} is not a valid {family.name} config: {exc}") from exc
+    except (TypeError, ValueError, KeyError, AttributeError, StrictDataclassError) as exc:
+        # transformers' messages span lines; ours are one.
+        raise CheckpointError(f"{where} is not a valid {family.name} config: {' '.join(str(exc).split())}") from exc
 
 
-def load_weights(module: torch.nn.Module, directory: Path, family: ModelFamily) -> None:
-    """Fill every parameter and buffer of `module` from the directory's safetensors files.
+def read_json(path: Path, where: str) -> Any:
+    """The JSON value in the regular file at `path`, refused (CheckpointError, `where` first)
+    when it is larger than MAX_JSON_BYTES or nests deeper than MAX_JSON_DEPTH."""
+    try:
+        # Not blocking: a FIFO would wait for a writer.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with open(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise CheckpointError(f"{where} is not a regular file")
+            data = f.read(MAX_JSON_BYTES + 1)
+    except OSError as exc:
+        raise CheckpointError(f"{where} is unreadable: {exc.strerror or exc}") from None
+    if len(data) > MAX_JSON_BYTES:
+        raise CheckpointError(f"{where} is unreadable: larger than {MAX_JSON_BYTES} bytes")
+    try:
+        value = json.loads(data)
+    except RecursionError:
+        raise CheckpointError(f"{where} is unreadable: nested deeper than {MAX_JSON_DEPTH} levels") from None
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError among them
+        raise CheckpointError(f"{where} is unreadable: {exc}") from None
+    if _depth(value) > MAX_JSON_DEPTH:
+        raise CheckpointError(f"{where} is unreadable: nested deeper than {MAX_JSON_DEPTH} levels")
+    return value
 
-    Refuses a checkpoint that lacks any of them or holds one of another shape: a partly
-    random model must never pass for the checkpoint.
+
+def files_sha256(root: Path, files: tuple[Path, ...]) -> str:
+    """One sha256 over `files` (config.json and the safetensors files, in sorted order of
+    their paths inside `root`): for each, its relative path, NUL, its size in decimal, NUL,
+    then its bytes."""
+    digest = hashlib.sha256()
+    for path in files:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            digest.update(f"{path.relative_to(root).as_posix()}\0{size}\0".encode())
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)
+    return digest.hexdigest()
+
+
+def plan_weights(checkpoint: Checkpoint, family: ModelFamily) -> dict[str, str]:
+    """Module state-dict key -> checkpoint tensor name, for the module `family` builds from the
+    checkpoint's config; CheckpointError unless the checkpoint holds exactly that module.
+
+    The module is built on the meta device (shapes, no memory). Refused: a config whose module
+    needs more values than the checkpoint holds in all, or that cannot be built; a weight the
+    checkpoint lacks, holds in another shape or in a non-float dtype; and a weight of the
+    built parts (e.g. `model.decoder.*`) that the module has no place for (a config with fewer
+    layers than the checkpoint: a partly used checkpoint must never pass for it).
     """
-    files = _weight_files(directory)
-    wanted = module.state_dict()
-    state: dict[str, torch.Tensor] = {}
+    shown, where = checkpoint.shown, f"{checkpoint.shown}: {CONFIG}"
+    try:
+        with torch.device("meta"):
+            module = family.make_module(checkpoint.config)
+    except Exception as exc:  # whatever transformers raises for a config it cannot build
+        raise CheckpointError(f"{where}: no {family.name} module can be built from it: "
+                              f"{type(exc).__name__}: {exc}") from exc
+    wanted = {key: tuple(t.shape) for key, t in module.state_dict().items()}
+    needed = sum(torch.Size(shape).numel() for shape in wanted.values())
+    held = sum(t.numel for t in checkpoint.tensors.values())
+    if needed > held:
+        raise CheckpointError(f"{where}: its sizes ({describe(checkpoint.config, family)}) make a module of "
+                              f"{needed} weights, more than the {held} the checkpoint holds in all")
+    plan: dict[str, str] = {}
     missing: list[str] = []
+    for key, shape in wanted.items():
+        candidates = [p + k for k in (key, *family.weight_aliases.get(key, ())) for p in KEY_PREFIXES]
+        found = next((c for c in candidates if c in checkpoint.tensors), None)
+        if found is None:
+            missing.append(key)
+            continue
+        stored = checkpoint.tensors[found]
+        if stored.dtype not in FLOAT_DTYPES:
+            raise CheckpointError(f"{shown}: {found} is {OTHER_DTYPES.get(stored.dtype, stored.dtype)}; only "
+                                  f"{', '.join(FLOAT_DTYPES.values())} weights are read")
+        if stored.shape != shape:
+            raise CheckpointError(f"{shown}: {found} has shape {stored.shape}, the config implies {shape}")
+        plan[key] = found
+    if missing:
+        raise CheckpointError(f"{shown}: weights missing for {_some(missing)}")
+    parts = {name for name, _ in module.named_children()}
+    used = set(plan.values())
+    unused = [name for name in checkpoint.tensors if name not in used and _under(name, parts)]
+    if unused:
+        raise CheckpointError(f"{where}: its sizes ({describe(checkpoint.config, family)}) leave {len(unused)} of the "
+                              f"checkpoint's {'/'.join(sorted(parts))} weights without a place in the module: "
+                              f"{_some(unused)}")
+    return plan
+
+
+def load_weights(module: torch.nn.Module, checkpoint: Checkpoint, plan: dict[str, str]) -> None:
+    """Fill every parameter and buffer of `module` from the checkpoint, as `plan_weights` mapped them."""
+    state: dict[str, torch.Tensor] = {}
+    current = module.state_dict()
     with ExitStack() as stack:
         handles: dict[Path, Any] = {}
-        for key, current in wanted.items():
-            candidates = [p + k for k in (key, *family.weight_aliases.get(key, ())) for p in KEY_PREFIXES]
-            found = next((c for c in candidates if c in files), None)
-            if found is None:
-                missing.append(key)
-                continue
-            file = files[found]
+        for key, name in plan.items():
+            file = checkpoint.tensors[name].file
             try:
                 if file not in handles:
                     handles[file] = stack.enter_context(safe_open(str(file), framework="pt"))
-                tensor = handles[file].get_tensor(found)
+                tensor = handles[file].get_tensor(name)
             except (SafetensorError, OSError) as exc:
-                raise CheckpointError(f"checkpoint {directory}: {file.name} is unreadable: {exc}") from exc
-            if tensor.shape != current.shape:
-                raise CheckpointError(
-                    f"checkpoint {directory}: {found} has shape {tuple(tensor.shape)}, "
-                    f"the config implies {tuple(current.shape)}"
-                )
-            state[key] = tensor.to(current.dtype)
-    if missing:
-        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
-        raise CheckpointError(f"checkpoint {directory}: weights missing for {shown}")
+                raise CheckpointError(f"{checkpoint.shown}: {file.name} is unreadable: {exc}") from exc
+            state[key] = tensor.to(current[key].dtype)
+    if tuple(_identity(p) for p in checkpoint.files) != checkpoint.identities:
+        raise CheckpointError(f"{checkpoint.shown}: its files changed while they were read; nothing was built")
     module.load_state_dict(state, strict=True)
 
 
-def _weight_files(directory: Path) -> dict[str, Path]:
-    """Tensor name -> the safetensors file holding it."""
-    index = directory / SHARD_INDEX
-    single = directory / SINGLE_FILE
-    if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as exc:
-            raise CheckpointError(f"checkpoint {directory}: {SHARD_INDEX} is unreadable: {exc}") from exc
-        files = {name: directory / shard for name, shard in weight_map.items()}
-        absent = sorted({str(p.name) for p in files.values() if not p.is_file()})
-        if absent:
-            raise CheckpointError(f"checkpoint {directory}: shard(s) listed but absent: {', '.join(absent)}")
-        return files
-    if not single.is_file():
-        raise CheckpointError(f"checkpoint {directory}: no {SINGLE_FILE} (only safetensors weights are read)")
+def _inside(root: Path, entry: str, shown: str, listed_in: str | None = None) -> Path:
+    """`root / entry` with symlinks resolved, refused unless it lies inside `root`: an index
+    naming `../other/w.safetensors` or `/etc/passwd`, or a link out of the directory."""
+    source = f"{listed_in} entry {entry!r}" if listed_in else entry
     try:
-        with safe_open(str(single), framework="pt") as f:
-            return {name: single for name in f.keys()}
+        path = (root / entry).resolve()
+    except (OSError, RuntimeError, ValueError) as exc:  # a symlink loop, a NUL in the name
+        raise CheckpointError(f"{shown}: {source} cannot be resolved: {exc}") from None
+    if path == root or not path.is_relative_to(root):
+        raise CheckpointError(f"{shown}: {source} lies outside the checkpoint directory ({path})")
+    return path
+
+
+def _tensor_table(root: Path, shown: str) -> tuple[dict[str, StoredTensor], set[Path]]:
+    """Every tensor of the checkpoint by name, and the safetensors files holding them."""
+    if os.path.lexists(root / SHARD_INDEX):  # a link out of the directory is refused, not passed over
+        index = _inside(root, SHARD_INDEX, shown)
+        weight_map = _weight_map(read_json(index, f"{shown}: {SHARD_INDEX}"), f"{shown}: {SHARD_INDEX}")
+        shards = {entry: _inside(root, entry, shown, SHARD_INDEX) for entry in sorted(set(weight_map.values()))}
+        absent = sorted(entry for entry, path in shards.items() if not path.is_file())
+        if absent:
+            raise CheckpointError(f"{shown}: shard(s) listed but absent: {', '.join(absent)}")
+        headers = {path: _header(path, entry, shown) for entry, path in shards.items()}
+        tensors = {}
+        for name, entry in weight_map.items():
+            stored = headers[shards[entry]].get(name)
+            if stored is None:
+                raise CheckpointError(f"{shown}: {SHARD_INDEX} places {name} in {entry}, which does not hold it")
+            tensors[name] = stored
+        return tensors, set(shards.values())
+    single = _inside(root, SINGLE_FILE, shown) if os.path.lexists(root / SINGLE_FILE) else None
+    if single is None or not single.is_file():
+        raise CheckpointError(f"{shown}: no {SINGLE_FILE} (only safetensors weights are read)")
+    return _header(single, SINGLE_FILE, shown), {single}
+
+
+def _weight_map(index: Any, where: str) -> dict[str, str]:
+    if not isinstance(index, dict) or "weight_map" not in index:
+        raise CheckpointError(f"{where} is unreadable: not a JSON object with a weight_map")
+    weight_map = index["weight_map"]
+    if not isinstance(weight_map, dict):
+        raise CheckpointError(f"{where} is unreadable: weight_map is {type(weight_map).__name__}, "
+                              "not an object of tensor name -> file name")
+    for name, entry in weight_map.items():
+        if not isinstance(entry, str):
+            raise CheckpointError(f"{where} is unreadable: weight_map[{name!r}] is {entry!r}, not a file name")
+    return weight_map
+
+
+def _header(path: Path, entry: str, shown: str) -> dict[str, StoredTensor]:
+    """The tensors a safetensors file declares; safetensors checks that its data covers them."""
+    try:
+        tensors = {}
+        with safe_open(str(path), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 (a safetensors handle, not a dict)
+                piece = f.get_slice(name)
+                tensors[name] = StoredTensor(path, tuple(piece.get_shape()), piece.get_dtype())
+        return tensors
     except (SafetensorError, OSError) as exc:
-        raise CheckpointError(f"checkpoint {directory}: {SINGLE_FILE} is unreadable: {exc}") from exc
+        raise CheckpointError(f"{shown}: {entry} is unreadable: {exc}") from exc
+
+
+def _check_label_counts(raw: dict[str, Any], where: str) -> None:
+    for key, value in _items(raw):
+        if key == "num_labels" and not (type(value) is int and 0 <= value <= MAX_LABELS):
+            raise CheckpointError(f"{where}: num_labels is {value!r}; it must be an int from 0 to {MAX_LABELS}")
+
+
+def _items(value: Any) -> Iterator[tuple[str, Any]]:
+    """Every (key, value) of the objects in a JSON value, nested ones included."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            yield from item.items()
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+
+
+def _depth(value: Any) -> int:
+    """How deep objects and lists nest in a JSON value (a scalar: 0); counted without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            deepest = max(deepest, depth)
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
+def _identity(path: Path) -> tuple[int, int, int, int]:
+    info = os.stat(path)
+    return info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns
+
+
+def _under(name: str, parts: set[str]) -> bool:
+    """Whether checkpoint tensor `name` belongs to one of the module's top-level `parts`."""
+    return any(name.startswith(prefix) and name[len(prefix):].split(".", 1)[0] in parts for prefix in KEY_PREFIXES)
+
+
+def _some(names: list[str]) -> str:
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")

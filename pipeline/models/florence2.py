@@ -15,7 +15,10 @@ from transformers.models.florence2.modeling_florence2 import (
     Florence2VisionBackbone,
 )
 
-from pipeline.models.spec import ModelFamily
+from pipeline.models.spec import ConfigInt, ModelFamily
+
+# The side of the square image both variants' preprocessors make.
+IMAGE_SIZE = 768
 
 
 class Florence2ImageEncoder(torch.nn.Module):
@@ -68,4 +71,17 @@ FAMILY = ModelFamily(
         tuple(c.vision_config.num_groups), c.vision_config.window_size, c.vision_config.projection_dim,
     ),
     hidden_size=lambda c: c.vision_config.projection_dim,
+    sizes=(
+        # One entry per stage.
+        ConfigInt("vision_config.embed_dim"), ConfigInt("vision_config.num_heads"),
+        ConfigInt("vision_config.num_groups"), ConfigInt("vision_config.depths", repeats=True),
+        ConfigInt("vision_config.patch_size"), ConfigInt("vision_config.patch_stride"),
+        ConfigInt("vision_config.patch_padding", minimum=0, below="vision_config.patch_size"),
+        # Windows pad the feature map to a multiple of their size: none wider than the image.
+        ConfigInt("vision_config.window_size", below=IMAGE_SIZE + 1),
+        ConfigInt("vision_config.in_channels"), ConfigInt("vision_config.projection_dim"),
+        ConfigInt("vision_config.max_position_embeddings"), ConfigInt("vision_config.max_temporal_embeddings"),
+    ),
+    divides=(("vision_config.num_heads", "vision_config.embed_dim"),
+             ("vision_config.num_groups", "vision_config.embed_dim")),
 )

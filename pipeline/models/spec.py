@@ -28,7 +28,25 @@ class ModelSpec:
     example_inputs: tuple[torch.Tensor, ...]
     dynamic_shapes: tuple[dict[int, Any] | None, ...] | None
     config: PretrainedConfig
+    # The checkpoint directory (absolute, symlinks resolved) and the sha256 of its files
+    # (`pipeline.models.checkpoint.files_sha256`); None for seeded random weights.
     checkpoint: str | None = None
+    checkpoint_sha256: str | None = None
+
+
+@dataclass(frozen=True)
+class ConfigInt:
+    """A config field the built module depends on: an int, or a list of ints (one per stage).
+
+    key: its path in config.json ("d_model", "vision_config.depths"). Each value is at least
+    `minimum` and, when `below` names another field (or is a number), less than it, entry by
+    entry for lists. `repeats` marks a count of repeated blocks (layers, a stage's depth).
+    """
+
+    key: str
+    minimum: int = 1
+    below: str | int | None = None
+    repeats: bool = False
 
 
 @dataclass(frozen=True)
@@ -52,3 +70,8 @@ class ModelFamily:
     hidden_size: Callable[[PretrainedConfig], int]
     make_dynamic_shapes: Callable[[PretrainedConfig], tuple[dict[int, Any] | None, ...]] | None = None
     weight_aliases: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # What a checkpoint's config is checked for before anything is built
+    # (`pipeline.models.sizes`): the fields that size the module, and (heads, width) pairs
+    # of them where the heads must divide the width.
+    sizes: tuple[ConfigInt, ...] = ()
+    divides: tuple[tuple[str, str], ...] = ()

@@ -10,7 +10,7 @@ import torch
 from transformers import WhisperConfig, WhisperFeatureExtractor
 from transformers.models.whisper.modeling_whisper import WhisperEncoder
 
-from pipeline.models.spec import ModelFamily
+from pipeline.models.spec import ConfigInt, ModelFamily
 
 CLIP_SECONDS = 8.0
 
@@ -67,4 +67,9 @@ FAMILY = ModelFamily(
         c.num_mel_bins, c.max_source_positions,
     ),
     hidden_size=lambda c: c.d_model,
+    sizes=(
+        ConfigInt("d_model"), ConfigInt("encoder_layers", repeats=True), ConfigInt("encoder_attention_heads"),
+        ConfigInt("encoder_ffn_dim"), ConfigInt("num_mel_bins"), ConfigInt("max_source_positions"),
+    ),
+    divides=(("encoder_attention_heads", "d_model"),),
 )
