@@ -1,21 +1,11 @@
+"""Fixtures; plain helpers live in tests/support."""
+
+import importlib
 import os
 
 import pytest
 
-REQUIRE_GPU_ENV = "PIPELINE_REQUIRE_GPU"
-
-
-def missing_subgroups(info: dict, environ=os.environ) -> str | None:
-    """Why CI must fail rather than skip the kernel's subgroup path, or None. Under
-    PIPELINE_REQUIRE_GPU=1 (CI) an adapter without subgroups would silently test one
-    reduction path only; PIPELINE_WGPU_SUBGROUPS=0 (the forced workgroup-memory run) is exempt."""
-    from pipeline.runtime.device import SUBGROUPS_ENV
-
-    if environ.get(REQUIRE_GPU_ENV) != "1" or environ.get(SUBGROUPS_ENV, "1") == "0" or info["subgroup_size"]:
-        return None
-    return (f"{REQUIRE_GPU_ENV}=1 but adapter {info['adapter']!r} ({info['backend']}) has no subgroup "
-            f"operations, so the subgroup path would be skipped: run scripts/setup.sh (installs lavapipe), "
-            f"or set {SUBGROUPS_ENV}=0 to test the workgroup-memory path alone")
+from support.gpu import REQUIRE_GPU_ENV, missing_subgroups
 
 
 @pytest.fixture(scope="session")
@@ -34,3 +24,26 @@ def gpu_info():
     if reason:
         pytest.fail(reason)
     return info
+
+
+@pytest.fixture(scope="session")
+def native():
+    """pipeline.native with its library built and loaded; a skip only when no compiler exists."""
+    from pipeline.native import build as native_build
+
+    try:
+        native_build.find_compiler()
+    except native_build.BuildError as exc:
+        pytest.skip(str(exc))
+    module = importlib.import_module("pipeline.native")
+    module.library()
+    return module
+
+
+@pytest.fixture(scope="session")
+def native_runtime(native, gpu_info):
+    """The backend registered in ExecuTorch's runtime, with a device."""
+    available, reason = native.device()
+    assert available, f"the native backend finds no device although wgpu does: {reason}"
+    native.register()
+    return native

@@ -1,7 +1,7 @@
 """A damaged, foreign or moving file is refused with a reason by both runtimes: never a
 crash, never a silently different answer beyond what README says no check can see.
 
-Cases that could crash run in a worker process (`damage.py`), so a crash fails the case
+Cases that could crash run in a worker process (`support/damage.py`), so a crash fails the case
 instead of the test run.
 """
 
@@ -16,9 +16,10 @@ import pytest
 import torch
 
 import pipeline
-from damage import damage, sweep
 from pipeline.pte.file import PteFile
-from tests.test_pte import Block, randn  # a linear, an affine LayerNorm, a GroupNorm
+from support.damage import damage, sweep
+from support.inputs import randn
+from support.models import SmallBlock  # a linear, an affine LayerNorm, a GroupNorm
 
 pytestmark = pytest.mark.usefixtures("gpu_info")
 
@@ -29,7 +30,7 @@ RUNTIMES = ("python", "executorch")
 def small(tmp_path_factory):
     folder = tmp_path_factory.mktemp("small")
     inputs = (randn(2, 5, 12), randn(2, 6, 7, seed=1))
-    program = pipeline.lower(Block().eval(), inputs)
+    program = pipeline.lower(SmallBlock().eval(), inputs)
     program.save(folder / "small.pte")
     torch.save(inputs, folder / "inputs.pt")
     return folder / "small.pte", folder / "inputs.pt", program, inputs

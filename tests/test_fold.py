@@ -16,7 +16,8 @@ from pipeline.interpreter import fold
 from pipeline.pte import verify
 from pipeline.interpreter.program import Program
 from pipeline.pte.file import PteFile
-from test_interpreter import Block, Decoder, TinyViT, randn, seeded
+from support.inputs import randn, seeded
+from support.models import Block, Decoder, TinyViT
 
 pytestmark = pytest.mark.usefixtures("gpu_info")
 

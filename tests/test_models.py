@@ -3,10 +3,10 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from tiny_models import reference_output, tiny_config, write_checkpoint
 
 from pipeline import models
 from pipeline.models import CheckpointError
+from support.tiny_models import reference_output, tiny_config, write_checkpoint
 
 
 def export(spec) -> tuple[int, tuple[int, ...]]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import itertools
-import importlib
 import random
 import struct
 import zlib
@@ -27,30 +26,12 @@ from pipeline.pte.blob import CONSTANT, DYNAMIC, INPUT, NONE, DelegateBlob, Laye
 from pipeline.native import build as native_build
 from pipeline.wgsl import ShaderFiles
 from pipeline.runtime.launch import choose_config
-from tests.lowering import TOLERANCE
+from support.grids import DTYPE_PAIRS, WIDTHS
+from support.models import DynamicModel
+from support.reference import TOLERANCE
 
-WIDTHS = [*range(1, 71), 384, 766, 768, 1023, 1024, 1280, 3072, 4096, 4098, 100000, 400000]
-
-
-@pytest.fixture(scope="session")
-def native():
-    """pipeline.native with its library built and loaded; a skip only when no compiler exists."""
-    try:
-        native_build.find_compiler()
-    except native_build.BuildError as exc:
-        pytest.skip(str(exc))
-    module = importlib.import_module("pipeline.native")
-    module.library()
-    return module
-
-
-@pytest.fixture(scope="session")
-def native_runtime(native, gpu_info):
-    """The backend registered in ExecuTorch's runtime, with a device."""
-    available, reason = native.device()
-    assert available, f"the native backend finds no device although wgpu does: {reason}"
-    native.register()
-    return native
+# The kernel's grid, every width up to 70, and rows of hundreds of thousands of values.
+SOURCE_WIDTHS = sorted({*range(1, 71), *WIDTHS, 4096, 100_000, 400_000})
 
 
 # Wheels and build
@@ -89,11 +70,6 @@ def _python_source(width: int, has_weight: bool, has_bias: bool, subgroup_size: 
                          pack2x16float, rows=rows, write_stats=write_stats).source(ShaderFiles(compiler))
 
 
-# (dtype, affine dtype): float32, and each half dtype with weight and bias like x or float32.
-DTYPE_PAIRS = [("float32", "float32"), ("float16", "float16"), ("float16", "float32"), ("bfloat16", "bfloat16"),
-               ("bfloat16", "float32")]
-
-
 def test_device_probes_agree_with_pythons(native):
     from pipeline import runtime
 
@@ -103,7 +79,7 @@ def test_device_probes_agree_with_pythons(native):
 
 
 @pytest.mark.parametrize("dtype, affine_dtype", DTYPE_PAIRS)
-@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("width", SOURCE_WIDTHS)
 def test_wgsl_module_is_pythons(native, width, dtype, affine_dtype):
     for has_weight in (False, True):
         for has_bias in (False, True):
@@ -297,18 +273,6 @@ class SmallModel(nn.Module):
     def forward(self, x, y):
         normed = self.norm(x)
         return normed, self.norm_weight_only(self.linear(normed)), self.group_norm(y)
-
-
-class DynamicModel(nn.Module):
-    """LayerNorm over a dynamic number of rows, GroupNorm over a dynamic length."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.norm = nn.LayerNorm(16)
-        self.group_norm = nn.GroupNorm(2, 4, affine=False)
-
-    def forward(self, x, y):
-        return self.norm(x), self.group_norm(y)
 
 
 def _assert_within_one_ulp(got: torch.Tensor, want: torch.Tensor, what: str) -> None:

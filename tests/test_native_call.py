@@ -8,7 +8,6 @@ import threading
 import warnings
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
@@ -18,31 +17,9 @@ from pipeline.native import build as native_build
 from pipeline.runtime import delegate as delegate_module
 from pipeline.runtime import device as runtime_device
 from pipeline.runtime import native_call
+from support.delegates import DTYPES, bits, make_delegate
 
 pytestmark = pytest.mark.usefixtures("gpu_info")
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-def blob_array(t: torch.Tensor) -> np.ndarray:
-    return t.view(torch.int16).numpy().view(np.uint16) if t.dtype == torch.bfloat16 else t.numpy()
-
-
-def make_delegate(width, dtype="float32", weight="constant", bias="constant", outputs=(0,), eps=1e-5, seed=0):
-    """A delegate blob and its constants; input-sourced weight/bias come as arguments 1, 2."""
-    gen = torch.Generator().manual_seed(seed)
-    kind = DTYPES[dtype]
-    constants, arguments, ops = {}, 1, {}
-    for role, source in (("weight", weight), ("bias", bias)):
-        if source == "constant":
-            constants[role] = blob_array((torch.randn(width, generator=gen) * 2).to(kind))
-            ops[role] = blob.Operand(blob.CONSTANT)
-        elif source == "input":
-            ops[role] = blob.Operand(blob.INPUT, arguments)
-            arguments += 1
-        else:
-            ops[role] = blob.Operand()
-    params = blob.LayerNormParams((width,), eps, 0, ops["weight"], ops["bias"], outputs, arguments, dtype=dtype)
-    return blob.encode(blob.DelegateBlob(params, constants)), arguments
 
 
 def both_ways(data, monkeypatch):
@@ -54,10 +31,6 @@ def both_ways(data, monkeypatch):
         python = delegate_module.LayerNormDelegate(data)
     assert python._native is None
     return native, python
-
-
-def bits(t: torch.Tensor) -> torch.Tensor:
-    return t.view(torch.int32 if t.element_size() == 4 else torch.int16)
 
 
 def assert_same(got, want):
@@ -141,7 +114,7 @@ def test_threaded_copies_over_a_megabyte():
     code = f"""
 import os, sys, torch
 sys.path.insert(0, {str(Path(__file__).parent)!r})
-from test_native_call import make_delegate, bits
+from support.delegates import make_delegate, bits
 from pipeline.runtime.delegate import LayerNormDelegate
 data, _ = make_delegate(1000, outputs=(0, 1, 2))
 native = LayerNormDelegate(data)
@@ -162,7 +135,7 @@ def test_spinning_waits_give_the_same_bits():
     code = f"""
 import os, sys, torch
 sys.path.insert(0, {str(Path(__file__).parent)!r})
-from test_native_call import make_delegate, bits
+from support.delegates import make_delegate, bits
 from pipeline.runtime.delegate import LayerNormDelegate
 data, _ = make_delegate(768, outputs=(0, 2))
 native = LayerNormDelegate(data)

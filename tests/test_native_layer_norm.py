@@ -14,55 +14,18 @@ from hypothesis import strategies as st
 import pipeline
 from pipeline import runtime, wgsl
 from pipeline.runtime import device as runtime_device
+from support.gpu import missing_subgroups
+from support.grids import AFFINE, WIDTHS
+from support.reference import ATEN, assert_close_to_reference, reference
 
 pytestmark = pytest.mark.usefixtures("gpu_info")
 kernel = importlib.import_module("pipeline.runtime.launch")
-
-WIDTHS = [1, 2, 3, 5, 6, 7, 32, 128, 132, 384, 766, 768, 1023, 1024, 1280, 3072, 4097, 4098]
-AFFINE = [(False, False), (True, False), (False, True), (True, True)]
-ATEN = torch.ops.aten.native_layer_norm.default
 
 
 def make_affine(shape, has_weight, has_bias, gen):
     weight = torch.randn(shape, generator=gen) if has_weight else None
     bias = torch.randn(shape, generator=gen) if has_bias else None
     return weight, bias
-
-
-def reference(x, shape, weight, bias, eps):
-    """aten.native_layer_norm in float64: the truth both float32 versions are held against."""
-    d = lambda t: None if t is None else t.double()  # noqa: E731
-    return ATEN(x.double(), list(shape), d(weight), d(bias), eps)
-
-
-def assert_close_to_reference(x, shape, weight=None, bias=None, eps=1e-5, factor=4.0):
-    """Kernel error vs float64 must be at most `factor` x eager float32's own error, plus a floor:
-    a few ulp of the value, and for `out` one float32 ulp of the row's mean carried through
-    rstd and weight (no float32 mean is closer; over a few elements eager can be luckier)."""
-    ours = pipeline.layer_norm(x, shape, weight, bias, eps)
-    eager = ATEN(x, list(shape), weight, bias, eps)
-    truth = reference(x, shape, weight, bias, eps)
-    mean_ulp = np.spacing(truth[1].float().abs().numpy()).astype(np.float64) * truth[2].numpy()
-    gain = 1.0 if weight is None else max(1.0, weight.abs().max().item())
-    finite_rows = np.isfinite(mean_ulp)
-    mean_floor = float(mean_ulp[finite_rows].max()) * gain if finite_rows.any() else 0.0
-    for name, o, e, t in zip(("out", "mean", "rstd"), ours, eager, truth):
-        assert o.dtype == torch.float32 and o.shape == e.shape, name
-        # PyTorch's mean of a row holding one infinity is +-inf or NaN depending on where
-        # it sits; the kernel must agree on which statistics are non-finite, and on out's NaNs.
-        same = torch.isnan if name == "out" else torch.isfinite
-        assert torch.equal(same(o), same(e)), f"{name}: non-finite pattern differs from PyTorch"
-        finite = torch.isfinite(t)
-        if not finite.any():
-            continue
-        scale = t[finite].abs().max().item()
-        err = (o.double() - t)[finite].abs().max().item()
-        eager_err = (e.double() - t)[finite].abs().max().item()
-        floor = 8 * np.finfo(np.float32).eps * max(scale, 1.0) + (mean_floor if name == "out" else 0.0)
-        assert err <= factor * eager_err + floor, (
-            f"{name}: error {err:.3g} vs float64, eager float32 {eager_err:.3g} (x{factor} + {floor:.3g})"
-        )
-    return ours
 
 
 @pytest.fixture(params=["subgroup", "workgroup", "streamed"])
@@ -431,8 +394,6 @@ def test_import_leaves_executorch_and_transformers_unloaded():
 
 
 def test_ci_fails_rather_than_skipping_the_subgroup_path():
-    from conftest import missing_subgroups
-
     without = {"adapter": "llvmpipe", "backend": "OpenGL", "subgroup_size": 0}
     assert "has no subgroup operations" in missing_subgroups(without, {"PIPELINE_REQUIRE_GPU": "1"})
     forced = {"PIPELINE_REQUIRE_GPU": "1", runtime_device.SUBGROUPS_ENV: "0"}

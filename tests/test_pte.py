@@ -1,49 +1,30 @@
 """The artifact runs: pipeline.load on exported files, round trips, damaged files, run_pte.py."""
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from torch import nn
 
 import pipeline
-from lowering import assert_same_outputs
 from pipeline.evaluation.artifact import ArtifactError, read_artifact, same_outputs
 from pipeline.interpreter import Program
 from pipeline.pte.file import PteError
 from pipeline.pte.file import PteFile
 from pipeline.aot.export import ArtifactCheckError, export_model
-from tiny_models import write_checkpoint
+from support.inputs import randn
+from support.models import SmallBlock
+from support.reference import assert_same_outputs
+from support.scripts import SCRIPTS, run_script, script_env
+from support.tiny_models import write_checkpoint
 
 pytestmark = pytest.mark.usefixtures("gpu_info")
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def randn(*shape, seed=0):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
-
-
-class Block(nn.Module):
-    """Linear, an affine LayerNorm and a GroupNorm reframed to a weight-less LayerNorm."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.proj = nn.Linear(12, 12)
-        self.ln = nn.LayerNorm(12)
-        self.gn = nn.GroupNorm(3, 6)
-
-    def forward(self, x, y):
-        return self.ln(self.proj(x)).relu(), self.gn(y) * 2.0
 
 
 @pytest.fixture(scope="module")
 def block(tmp_path_factory):
-    module = Block().eval()
+    module = SmallBlock().eval()
     inputs = (randn(2, 5, 12), randn(2, 6, 7, seed=1))
     program = pipeline.lower(module, inputs)
     path = tmp_path_factory.mktemp("block") / "block.pte"
@@ -217,9 +198,7 @@ def test_export_keeps_no_file_that_does_not_reproduce_the_program(tmp_path, monk
 
 
 def run_pte(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / "run_pte.py"), *args],
-                          capture_output=True, text=True, env=env, timeout=300)
+    return run_script("run_pte", *args)
 
 
 def test_run_pte_runs_an_export_and_refuses_damage(tmp_path):
@@ -261,10 +240,9 @@ def test_sigterm_during_export_ends_with_one_line(tmp_path):
     import signal
 
     write_checkpoint("whisper", tmp_path / "ckpt")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "export_model.py"), "whisper", "--checkpoint",
+    proc = subprocess.Popen([sys.executable, str(SCRIPTS / "export_model.py"), "whisper", "--checkpoint",
                              str(tmp_path / "ckpt"), "--output-dir", str(tmp_path / "out")],
-                            stderr=subprocess.PIPE, text=True, env=env)
+                            stderr=subprocess.PIPE, text=True, env=script_env())
     for line in proc.stderr:
         # At once: an unloaded machine lowers and writes this small model in under 0.5 s.
         if "lowering" in line:
