@@ -6,7 +6,6 @@ from pathlib import Path
 import pytest
 
 from support.scripts import SCRIPTS, load_script, run_script, script_env
-from support.tiny_models import write_checkpoint
 
 SCRIPT = SCRIPTS / "export_model.py"
 
@@ -75,26 +74,16 @@ def test_export_whisper_tiny(tmp_path):
     assert (coverage["model"], coverage["variant"]) == ("whisper", "tiny")
 
 
-def test_export_from_checkpoint_in_a_subprocess(tmp_path):
-    write_checkpoint("whisper", tmp_path / "ckpt")
-    result = run_cli("whisper", "--checkpoint", str(tmp_path / "ckpt"), "--output-dir", str(tmp_path / "out"))
-    assert result.returncode == 0, result.stderr
-    coverage = _check_artifacts(tmp_path / "out", "whisper-custom", 5)
-    assert coverage["checkpoint"] == str(tmp_path / "ckpt")
-    assert "5/5 LayerNorms delegated" in result.stdout
+@pytest.mark.parametrize(("name", "layer_norms", "dynamic"), [("whisper", 5, False), ("bart", 7, True),
+                                                              ("florence2", 21, False)])
+def test_export_from_checkpoint(checkpoints, exported, name, layer_norms, dynamic):
+    result = exported(name, dynamic).process  # exited 0
+    stem = f"{name}-custom" + ("-dynamic" if dynamic else "")
+    coverage = _check_artifacts(exported(name, dynamic).out, stem, layer_norms)
+    assert coverage["checkpoint"] == str(checkpoints[name][0])
+    assert coverage["dynamic"] == dynamic
+    assert f"{layer_norms}/{layer_norms} LayerNorms delegated" in result.stdout
     assert "lowering" in result.stderr
-
-
-@pytest.mark.parametrize(("name", "layer_norms", "extra"), [("bart", 7, ["--dynamic"]), ("florence2", 21, [])])
-def test_export_from_checkpoint(cli, capsys, tmp_path, name, layer_norms, extra):
-    write_checkpoint(name, tmp_path / "ckpt")
-    out_dir = tmp_path / "out"
-    assert cli.main([name, "--checkpoint", str(tmp_path / "ckpt"), "--output-dir", str(out_dir), *extra]) == 0
-    stem = f"{name}-custom" + ("-dynamic" if "--dynamic" in extra else "")
-    coverage = _check_artifacts(out_dir, stem, layer_norms)
-    assert coverage["checkpoint"] == str(tmp_path / "ckpt")
-    assert coverage["dynamic"] == ("--dynamic" in extra)
-    assert f"{layer_norms}/{layer_norms} LayerNorms delegated" in capsys.readouterr().out
 
 
 @pytest.mark.slow

@@ -13,13 +13,9 @@ import struct
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-import torch
 
-import pipeline
 from pipeline.pte.file import PteFile
 from support.damage import damage, sweep
-from support.inputs import randn
-from support.models import SmallBlock  # a linear, an affine LayerNorm, a GroupNorm
 
 pytestmark = pytest.mark.usefixtures("gpu_info")
 
@@ -27,13 +23,10 @@ RUNTIMES = ("python", "executorch")
 
 
 @pytest.fixture(scope="module")
-def small(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("small")
-    inputs = (randn(2, 5, 12), randn(2, 6, 7, seed=1))
-    program = pipeline.lower(SmallBlock().eval(), inputs)
-    program.save(folder / "small.pte")
-    torch.save(inputs, folder / "inputs.pt")
-    return folder / "small.pte", folder / "inputs.pt", program, inputs
+def small(small_block):
+    """A linear, an affine LayerNorm, a GroupNorm: the file and its inputs, saved."""
+    _, inputs, program, pte, inputs_file = small_block
+    return pte, inputs_file, program, inputs
 
 
 def _set(at: int, fmt: str, value) -> str:

@@ -291,15 +291,24 @@ def _assert_close_to_eager(got: list, want, what: str, atol: float = TOLERANCE) 
         assert err <= atol, f"{what} output {i}: max abs error {err:.3g} against eager > {atol}"
 
 
-def test_small_model_runs_in_executorch_runtime(native_runtime, tmp_path):
+@pytest.fixture(scope="module")
+def small_model(tmp_path_factory):
+    """SmallModel, its inputs, its program and the program's file, lowered once for this module."""
     torch.manual_seed(0)
     model = SmallModel().eval()
     inputs = (torch.randn(3, 5, 16), torch.randn(2, 8, 7))
     prog = pipeline.lower(model, inputs)
+    path = tmp_path_factory.mktemp("small") / "small.pte"
+    prog.save(path)
+    return model, inputs, prog, path
+
+
+def test_small_model_runs_in_executorch_runtime(native_runtime, small_model):
+    model, inputs, prog, path = small_model
     assert prog.coverage.delegated == prog.coverage.total == 3
-    prog.save(tmp_path / "small.pte")
-    program = native_runtime.load(tmp_path / "small.pte")
-    for run in (inputs, (torch.randn(3, 5, 16) * 50 + 3, torch.randn(2, 8, 7) * 1e-3)):
+    program = native_runtime.load(path)
+    gen = torch.Generator().manual_seed(1)
+    for run in (inputs, (torch.randn(3, 5, 16, generator=gen) * 50 + 3, torch.randn(2, 8, 7, generator=gen) * 1e-3)):
         got = program(*run)
         with torch.no_grad():
             _assert_close_to_eager(got, model(*run), "small model")
@@ -444,15 +453,13 @@ def _lower_with_xnnpack(model: nn.Module, inputs: tuple, path) -> None:
     path.write_bytes(edge.to_executorch().buffer)
 
 
-def test_small_model_with_xnnpack_runs_in_executorch_runtime(native_runtime, tmp_path):
-    torch.manual_seed(0)
-    model = SmallModel().eval()
-    inputs = (torch.randn(3, 5, 16), torch.randn(2, 8, 7))
+def test_small_model_with_xnnpack_runs_in_executorch_runtime(native_runtime, small_model, tmp_path):
+    model, inputs, prog, _ = small_model
     _lower_with_xnnpack(model, inputs, tmp_path / "small-xnnpack.pte")
     got = native_runtime.load(tmp_path / "small-xnnpack.pte")(*inputs)
     with torch.no_grad():
         _assert_close_to_eager(got, model(*inputs), "small model, xnnpack")
-    python = pipeline.lower(model, inputs)(*inputs)
+    python = prog(*inputs)
     _assert_within_one_ulp(got[0], python[0], "LayerNorm next to XNNPACK")
 
 
@@ -485,13 +492,10 @@ def test_whisper_tiny_runs_in_executorch_runtime(native_runtime, tmp_path, cpu_b
 
 
 @pytest.mark.parametrize("damage", ["bit flip in params", "foreign magic", "version 2", "version 4", "bit flip in data"])
-def test_damaged_blob_fails_load_method(native_runtime, tmp_path, damage):
+def test_damaged_blob_fails_load_method(native_runtime, small_model, damage):
     from executorch.runtime import Runtime
 
-    torch.manual_seed(0)
-    model = SmallModel().eval()
-    pipeline.lower(model, (torch.randn(3, 5, 16), torch.randn(2, 8, 7))).save(tmp_path / "small.pte")
-    data = bytearray((tmp_path / "small.pte").read_bytes())
+    data = bytearray(small_model[3].read_bytes())
     at = data.find(b"WGLN")
     assert at >= 0 and struct.unpack_from("<H", data, at + 4)[0] == 3
     if damage == "bit flip in params":
