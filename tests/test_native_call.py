@@ -1,7 +1,9 @@
 """A delegate's call through the C++ library (pipeline.runtime.native_call) against the
 same delegate launching from Python: the same bits for every dtype, shape, affine form and
-output set, on both reduction paths (`make test` runs this file again without subgroups)."""
+output set, on both reduction paths (the library's device reads PIPELINE_WGPU_SUBGROUPS
+once, so the workgroup-memory path runs this file again in a child process)."""
 
+import os
 import subprocess
 import sys
 import threading
@@ -18,6 +20,7 @@ from pipeline.runtime import delegate as delegate_module
 from pipeline.runtime import device as runtime_device
 from pipeline.runtime import native_call
 from support.delegates import DTYPES, bits, make_delegate
+from support.scripts import ROOT
 
 pytestmark = pytest.mark.usefixtures("gpu_info")
 
@@ -220,9 +223,22 @@ def test_the_library_uses_the_devices_reduction_path():
     # On the subgroup run the library's kernels use subgroups of the size wgpu-py's probe
     # found; without subgroups (PIPELINE_WGPU_SUBGROUPS=0) neither does.
     assert native_call.subgroup_size() == runtime_device.gpu().subgroup_size
+    if os.environ.get(runtime_device.SUBGROUPS_ENV) == "0":
+        assert native_call.subgroup_size() == 0
 
 
 def test_threaded_copy_size_is_pythons():
     text = (Path(native_build.__file__).parent / "HostCopy.h").read_text()
     found = __import__("re").search(r"kThreadedCopyBytes = size_t\{1\} << (\d+);", text)
     assert found and 1 << int(found.group(1)) == runtime_device.THREADED_COPY_BYTES
+
+
+def test_the_tests_above_on_the_workgroup_memory_path():
+    # The library's device reads PIPELINE_WGPU_SUBGROUPS once, when a process opens it: the
+    # workgroup-memory path (an adapter without subgroups) needs a process of its own.
+    env = {**os.environ, runtime_device.SUBGROUPS_ENV: "0"}
+    here = Path(__file__).relative_to(ROOT)
+    this = f"{here}::test_the_tests_above_on_the_workgroup_memory_path"
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(here), "--deselect", this],
+                         capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
+    assert run.returncode == 0 and " passed" in run.stdout and "skipped" not in run.stdout, run.stdout[-4000:]

@@ -10,7 +10,7 @@ REQUIRE_GPU_ENV = "PIPELINE_REQUIRE_GPU"
 def missing_subgroups(info: dict, environ=os.environ) -> str | None:
     """Why CI must fail rather than skip the kernel's subgroup path, or None. Under
     PIPELINE_REQUIRE_GPU=1 (CI) an adapter without subgroups would silently test one
-    reduction path only; PIPELINE_WGPU_SUBGROUPS=0 (the forced workgroup-memory run) is exempt."""
+    reduction path only; PIPELINE_WGPU_SUBGROUPS=0 (the workgroup-memory path by choice) is exempt."""
     from pipeline.runtime.device import SUBGROUPS_ENV
 
     if environ.get(REQUIRE_GPU_ENV) != "1" or environ.get(SUBGROUPS_ENV, "1") == "0" or info["subgroup_size"]:
