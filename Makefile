@@ -9,8 +9,8 @@ setup:
 run: setup
 	$(PY) scripts/export_model.py bart
 
-# The test suite, the kernel and native call tests again on the workgroup-memory path as an adapter without
-# subgroups runs it (the suite itself must find subgroups: tests/conftest.py), then the
+# The test suite (both reduction paths: the adapter's subgroups, which it must find, see
+# tests/conftest.py, and the workgroup memory an adapter without them uses), then the
 # coverage audit and accuracy report on the smallest variant of each model, and on an
 # exported file run back from disk, then whisper tiny exported with XNNPACK and run in
 # ExecuTorch's runtime under its rule (against the same export without our delegate; an
@@ -18,7 +18,6 @@ run: setup
 # when one fails).
 test: setup
 	PIPELINE_REQUIRE_GPU=1 $(PY) -m pytest -q
-	PIPELINE_REQUIRE_GPU=1 PIPELINE_WGPU_SUBGROUPS=0 $(PY) -m pytest -q tests/test_native_layer_norm.py tests/test_native_call.py
 	$(MAKE) --no-print-directory reports
 
 reports:

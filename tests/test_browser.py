@@ -19,7 +19,8 @@ import torch
 
 from pipeline.browser import BrowserError, BrowserKernel, Launch, Outcome, find_chromium, open_browser_kernel
 from pipeline.browser.page import float64_reference
-from tests.conftest import REQUIRE_GPU_ENV
+from support.gpu import REQUIRE_GPU_ENV
+from support.grids import AFFINE
 
 ATEN = torch.ops.aten.native_layer_norm.default
 PATHS = ["subgroup", "workgroup"]
@@ -28,8 +29,7 @@ DTYPES = [(torch.float32, None), (torch.float16, None), (torch.float16, torch.fl
 # Rows held by one thread (scalar loads); by 2 and by 4 threads (vec2, vec4), within one
 # subgroup where subgroups have 4 lanes or more (the butterfly alone, no barrier); by several
 # subgroups (vec4 and scalar loads); streamed (wider than 8 values x 256 threads).
-WIDTHS = [7, 22, 64, 384, 1023, 4097]
-AFFINE = [(False, False), (True, False), (False, True), (True, True)]
+BROWSER_WIDTHS = [7, 22, 64, 384, 1023, 4097]
 ROWS = ["random", "hard"]
 
 
@@ -37,7 +37,7 @@ def widths_of(path: str, dtypes: tuple) -> list[int]:
     """float32 and float16 at every width on both paths; the other two pairs at every width on
     one path or the other, alternating (each module costs ~0.4 s to compile on SwiftShader)."""
     p, d = PATHS.index(path), DTYPES.index(dtypes)
-    return [width for w, width in enumerate(WIDTHS) if d < 2 or (p + d + w) % 2 == 0]
+    return [width for w, width in enumerate(BROWSER_WIDTHS) if d < 2 or (p + d + w) % 2 == 0]
 
 
 CASES = [(path, dtype, affine_dtype, width, rows) for path in PATHS for dtype, affine_dtype in DTYPES

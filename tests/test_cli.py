@@ -1,30 +1,23 @@
-import importlib.util
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from tiny_models import write_checkpoint
 
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "scripts" / "export_model.py"
+from support.scripts import SCRIPTS, load_script, run_script, script_env
+
+SCRIPT = SCRIPTS / "export_model.py"
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    # This checkout's package, whatever is installed in the environment.
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, env=env, timeout=300)
+    return run_script("export_model", *args)
 
 
 @pytest.fixture(scope="module")
 def cli():
     """The script's module, for in-process calls of main(argv)."""
-    spec = importlib.util.spec_from_file_location("export_model_cli", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("export_model")
 
 
 def test_unknown_model_exits_2_with_usage():
@@ -73,26 +66,16 @@ def test_export_whisper_tiny(tmp_path):
     assert (coverage["model"], coverage["variant"]) == ("whisper", "tiny")
 
 
-def test_export_from_checkpoint_in_a_subprocess(tmp_path):
-    write_checkpoint("whisper", tmp_path / "ckpt")
-    result = run_cli("whisper", "--checkpoint", str(tmp_path / "ckpt"), "--output-dir", str(tmp_path / "out"))
-    assert result.returncode == 0, result.stderr
-    coverage = _check_artifacts(tmp_path / "out", "whisper-custom", 5)
-    assert coverage["checkpoint"] == str(tmp_path / "ckpt")
-    assert "5/5 LayerNorms delegated" in result.stdout
+@pytest.mark.parametrize(("name", "layer_norms", "dynamic"), [("whisper", 5, False), ("bart", 7, True),
+                                                              ("florence2", 21, False)])
+def test_export_from_checkpoint(checkpoints, exported, name, layer_norms, dynamic):
+    result = exported(name, dynamic).process  # exited 0
+    stem = f"{name}-custom" + ("-dynamic" if dynamic else "")
+    coverage = _check_artifacts(exported(name, dynamic).out, stem, layer_norms)
+    assert coverage["checkpoint"] == str(checkpoints[name][0])
+    assert coverage["dynamic"] == dynamic
+    assert f"{layer_norms}/{layer_norms} LayerNorms delegated" in result.stdout
     assert "lowering" in result.stderr
-
-
-@pytest.mark.parametrize(("name", "layer_norms", "extra"), [("bart", 7, ["--dynamic"]), ("florence2", 21, [])])
-def test_export_from_checkpoint(cli, capsys, tmp_path, name, layer_norms, extra):
-    write_checkpoint(name, tmp_path / "ckpt")
-    out_dir = tmp_path / "out"
-    assert cli.main([name, "--checkpoint", str(tmp_path / "ckpt"), "--output-dir", str(out_dir), *extra]) == 0
-    stem = f"{name}-custom" + ("-dynamic" if "--dynamic" in extra else "")
-    coverage = _check_artifacts(out_dir, stem, layer_norms)
-    assert coverage["checkpoint"] == str(tmp_path / "ckpt")
-    assert coverage["dynamic"] == ("--dynamic" in extra)
-    assert f"{layer_norms}/{layer_norms} LayerNorms delegated" in capsys.readouterr().out
 
 
 @pytest.mark.slow
@@ -101,13 +84,6 @@ def test_export_default_variant(tmp_path, name, layer_norms):
     result = run_cli(name, "--output-dir", str(tmp_path))
     assert result.returncode == 0, result.stderr
     _check_artifacts(tmp_path, f"{name}-base", layer_norms)
-
-
-def load_script(name: str):
-    spec = importlib.util.spec_from_file_location(f"{name}_cli", ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def exits_2_before_work(main, argv, capsys) -> str:
@@ -253,9 +229,8 @@ def test_quiet_drops_the_leafspec_warning_only():
 def test_scripts_quiet_mesas_runtime_dir_line(tmp_path):
     # Mesa's Vulkan drivers print "XDG_RUNTIME_DIR is invalid or not set" from C when the
     # device is created without it (this CI's lavapipe does).
-    env = {k: v for k, v in os.environ.items() if k != "XDG_RUNTIME_DIR"}
-    env["PYTHONPATH"] = str(ROOT)
-    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_layer_norm.py"), "--shapes", "8x64",
+    env = {k: v for k, v in script_env().items() if k != "XDG_RUNTIME_DIR"}
+    result = subprocess.run([sys.executable, str(SCRIPTS / "bench_layer_norm.py"), "--shapes", "8x64",
                              "--repeats", "2"], capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 0, result.stderr
     assert "XDG_RUNTIME_DIR" not in result.stderr
@@ -271,9 +246,8 @@ def test_sigterm_while_export_imports_ends_with_one_line(tmp_path):
     import signal
     import time
 
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen([sys.executable, str(SCRIPT), "whisper", "--variant", "tiny", "--output-dir",
-                             str(tmp_path)], stderr=subprocess.PIPE, text=True, env=env)
+                             str(tmp_path)], stderr=subprocess.PIPE, text=True, env=script_env())
     time.sleep(2)  # importing torch and ExecuTorch
     proc.send_signal(signal.SIGTERM)
     err = proc.stderr.read()

@@ -1,7 +1,7 @@
 """A damaged, foreign or moving file is refused with a reason by both runtimes: never a
 crash, never a silently different answer beyond what README says no check can see.
 
-Cases that could crash run in a worker process (`damage.py`), so a crash fails the case
+Cases that could crash run in a worker process (`support/damage.py`), so a crash fails the case
 instead of the test run.
 """
 
@@ -13,12 +13,9 @@ import struct
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-import torch
 
-import pipeline
-from damage import damage, sweep
 from pipeline.pte.file import PteFile
-from tests.test_pte import Block, randn  # a linear, an affine LayerNorm, a GroupNorm
+from support.damage import damage, sweep
 
 pytestmark = pytest.mark.usefixtures("gpu_info")
 
@@ -26,13 +23,10 @@ RUNTIMES = ("python", "executorch")
 
 
 @pytest.fixture(scope="module")
-def small(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("small")
-    inputs = (randn(2, 5, 12), randn(2, 6, 7, seed=1))
-    program = pipeline.lower(Block().eval(), inputs)
-    program.save(folder / "small.pte")
-    torch.save(inputs, folder / "inputs.pt")
-    return folder / "small.pte", folder / "inputs.pt", program, inputs
+def small(small_block):
+    """A linear, an affine LayerNorm, a GroupNorm: the file and its inputs, saved."""
+    _, inputs, program, pte, inputs_file = small_block
+    return pte, inputs_file, program, inputs
 
 
 def _set(at: int, fmt: str, value) -> str:

@@ -20,8 +20,10 @@ import pipeline
 from pipeline import runtime
 from pipeline.runtime import device as runtime_device
 from pipeline.wgsl.config import STREAM_UNROLL
-from tests.conftest import REQUIRE_GPU_ENV
-from tests.test_native_layer_norm import assert_close_to_reference
+from support.gpu import REQUIRE_GPU_ENV
+from support.grids import AFFINE
+from support.lowering import lower_and_compare
+from support.reference import assert_close_to_reference
 
 kernel = importlib.import_module("pipeline.runtime.launch")
 pytestmark = pytest.mark.usefixtures("gpu_info")
@@ -30,8 +32,7 @@ DTYPE_PAIRS = [(torch.float32, None), (torch.float16, None), (torch.float16, tor
                (torch.bfloat16, None), (torch.bfloat16, torch.float32)]
 # One width of each class: scalar, vec2 and vec4 loads; rows held by one thread, by a
 # subgroup, by several subgroups; rows streamed (wider than 8 values x 256 threads).
-WIDTHS = [7, 6, 384, 1023, 1024, 4097, 4098, 8192]
-AFFINE = [(False, False), (True, False), (False, True), (True, True)]
+CLASS_WIDTHS = [7, 6, 384, 1023, 1024, 4097, 4098, 8192]
 REDUCTIONS = ["subgroup", "workgroup", "streamed"]
 # How far Dawn's results may lie from wgpu's, in ulp at the row's scale. WGSL leaves x / y
 # (2.5 ulp) and inverse square roots (2 ulp) inexact, and drivers may fuse a multiply and an
@@ -107,12 +108,12 @@ def test_probes_run_on_dawn(dawn):
 
 
 @pytest.mark.parametrize("path", REDUCTIONS)
-@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("width", CLASS_WIDTHS)
 @pytest.mark.parametrize("dtype, affine_dtype", DTYPE_PAIRS)
 def test_every_class_matches_float64_and_wgpu(monkeypatch, dawn, dtype, affine_dtype, width, path):
     # Affine variants and stats on/off rotate over the widths, so each dtype and path meets all.
-    has_weight, has_bias = AFFINE[WIDTHS.index(width) % 4]
-    stats = WIDTHS.index(width) % 3 != 2
+    has_weight, has_bias = AFFINE[CLASS_WIDTHS.index(width) % 4]
+    stats = CLASS_WIDTHS.index(width) % 3 != 2
     # Rows near zero: where the two adapters' subgroups differ in size (SwiftShader 4, lavapipe
     # 8), the sums run in another order and the row's mean may differ by an ulp, which a
     # large mean would carry into every output (test_hard_rows_on_dawn holds those to float64).
@@ -166,8 +167,6 @@ def test_more_rows_than_one_grid_dimension_on_dawn(dawn):
 
 
 def test_program_runs_its_delegates_on_dawn(monkeypatch, dawn, tmp_path):
-    from tests.lowering import lower_and_compare
-
     module = torch.nn.Sequential(torch.nn.Linear(12, 20), torch.nn.LayerNorm(20), torch.nn.GELU(),
                                  torch.nn.Linear(20, 6), torch.nn.LayerNorm(6, bias=False))
     prog = lower_and_compare(module, (torch.randn(3, 12),), [(torch.randn(3, 12),)], layer_norms=2)

@@ -10,7 +10,6 @@ from executorch.exir import to_edge_transform_and_lower
 from torch import nn
 from torch.export import Dim
 
-from lowering import assert_same_outputs, lower_and_compare
 import pipeline
 from pipeline.aot.lowering import export_for_cpu_backend
 from pipeline.aot.partitioner import LayerNormPartitioner
@@ -18,21 +17,12 @@ from pipeline.interpreter.program import Program
 from pipeline.pte import blob
 from pipeline.pte.file import PteFile
 from pipeline.runtime import stats
+from support.inputs import randn, seeded
+from support.lowering import lower_and_compare
+from support.models import Block, Decoder, TinyViT
+from support.reference import assert_same_outputs
 
 pytestmark = pytest.mark.usefixtures("gpu_info")
-
-
-def randn(*shape, seed=0):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
-
-
-def seeded(module: nn.Module, seed: int = 0) -> nn.Module:
-    """Random affine parameters too, so a dropped weight or bias cannot pass unnoticed."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen) * 0.5 + (1.0 if p.dim() == 1 else 0.0))
-    return module.eval()
 
 
 @pytest.mark.parametrize("affine, bias", [(False, False), (True, False), (True, True)])
@@ -95,24 +85,6 @@ def test_group_norm(groups, channels, spatial, affine):
     lower_and_compare(model, (randn(*shape),), [(randn(*shape, seed=1) * 3 + 1,)], layer_norms=1)
 
 
-class Block(nn.Module):
-    """Pre-norm transformer block: attention and MLP, each behind a LayerNorm."""
-
-    def __init__(self, dim: int = 32, heads: int = 4, causal: bool = False) -> None:
-        super().__init__()
-        self.heads, self.causal = heads, causal
-        self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
-        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
-        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
-
-    def forward(self, x):
-        b, t, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
-        attn = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
-        x = x + self.proj(attn.transpose(1, 2).reshape(b, t, d))
-        return x + self.mlp(self.ln2(x))
-
-
 @pytest.fixture(scope="module")
 def block_program():
     return lower_and_compare(seeded(Block()), (randn(2, 10, 32),), [(randn(2, 10, 32, seed=1),)], layer_norms=2)
@@ -120,23 +92,6 @@ def block_program():
 
 def test_transformer_block(block_program):
     assert block_program.num_delegates == 2
-
-
-class TinyViT(nn.Module):
-    def __init__(self, dim: int = 48, depth: int = 1) -> None:
-        super().__init__()
-        self.patch = nn.Conv2d(3, dim, kernel_size=4, stride=4)
-        self.cls = nn.Parameter(torch.zeros(1, 1, dim))
-        self.pos = nn.Parameter(torch.zeros(1, 17, dim))
-        self.blocks = nn.Sequential(*[Block(dim, heads=4) for _ in range(depth)])
-        self.norm = nn.LayerNorm(dim, eps=1e-6)
-        self.head = nn.Linear(dim, 10)
-
-    def forward(self, images):
-        x = self.patch(images).flatten(2).transpose(1, 2)
-        x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x], dim=1) + self.pos
-        x = self.norm(self.blocks(x))
-        return self.head(x[:, 0]), x
 
 
 def test_vit_like_model():
@@ -187,17 +142,6 @@ class AudioFeatureEncoder(nn.Module):
 
 def test_audio_feature_encoder_with_group_norm():
     lower_and_compare(seeded(AudioFeatureEncoder()), (randn(2, 400),), [(randn(2, 400, seed=1),)], layer_norms=2)
-
-
-class Decoder(nn.Module):
-    def __init__(self, vocab: int = 50, dim: int = 32) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(vocab, dim)
-        self.block = Block(dim, causal=True)
-        self.norm = nn.LayerNorm(dim)
-
-    def forward(self, tokens):
-        return self.norm(self.block(self.embed(tokens)))
 
 
 def test_decoder_with_dynamic_sequence_length():

@@ -3,10 +3,10 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from tiny_models import reference_output, tiny_config, write_checkpoint
 
 from pipeline import models
 from pipeline.models import CheckpointError
+from support.tiny_models import reference_output, tiny_config
 
 
 def export(spec) -> tuple[int, tuple[int, ...]]:
@@ -16,13 +16,6 @@ def export(spec) -> tuple[int, tuple[int, ...]]:
     count = sum(1 for n in program.graph.nodes if n.op == "call_function" and str(n.target).startswith(names))
     (out,) = program.graph.output_node().args[0]
     return count, tuple(out.meta["val"].shape)
-
-
-@pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory):
-    """name -> (directory, the transformers model saved there) for each family, shrunken."""
-    root = tmp_path_factory.mktemp("checkpoints")
-    return {name: (root / name, write_checkpoint(name, root / name)) for name in models.NAMES}
 
 
 # Smallest published variant: (name, variant, LayerNorms, output shape).

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import itertools
-import importlib
 import random
 import struct
 import zlib
@@ -29,30 +28,12 @@ from pipeline.native import build as native_build
 from pipeline.native import generate
 from pipeline.wgsl import ShaderFiles
 from pipeline.wgsl.config import WIDE_LAUNCH_THREADS, choose_config
-from tests.lowering import TOLERANCE
+from support.grids import DTYPE_PAIRS, WIDTHS
+from support.models import DynamicModel
+from support.reference import TOLERANCE
 
-WIDTHS = [*range(1, 71), 384, 766, 768, 1023, 1024, 1280, 3072, 4096, 4098, 100000, 400000]
-
-
-@pytest.fixture(scope="session")
-def native():
-    """pipeline.native with its library built and loaded; a skip only when no compiler exists."""
-    try:
-        native_build.find_compiler()
-    except native_build.BuildError as exc:
-        pytest.skip(str(exc))
-    module = importlib.import_module("pipeline.native")
-    module.library()
-    return module
-
-
-@pytest.fixture(scope="session")
-def native_runtime(native, gpu_info):
-    """The backend registered in ExecuTorch's runtime, with a device."""
-    available, reason = native.device()
-    assert available, f"the native backend finds no device although wgpu does: {reason}"
-    native.register()
-    return native
+# The kernel's grid, every width up to 70, and rows of hundreds of thousands of values.
+SOURCE_WIDTHS = sorted({*range(1, 71), *WIDTHS, 4096, 100_000, 400_000})
 
 
 # Wheels and build
@@ -90,11 +71,6 @@ def _python_source(width: int, has_weight: bool, has_bias: bool, subgroup_size: 
                          pack2x16float, rows=rows, write_stats=write_stats).source(ShaderFiles(compiler))
 
 
-# (dtype, affine dtype): float32, and each half dtype with weight and bias like x or float32.
-DTYPE_PAIRS = [("float32", "float32"), ("float16", "float16"), ("float16", "float32"), ("bfloat16", "bfloat16"),
-               ("bfloat16", "float32")]
-
-
 def test_device_probes_agree_with_pythons(native):
     from pipeline import runtime
 
@@ -104,7 +80,7 @@ def test_device_probes_agree_with_pythons(native):
 
 
 @pytest.mark.parametrize("dtype, affine_dtype", DTYPE_PAIRS)
-@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("width", SOURCE_WIDTHS)
 def test_wgsl_module_is_pythons(native, width, dtype, affine_dtype):
     for has_weight in (False, True):
         for has_bias in (False, True):
@@ -300,18 +276,6 @@ class SmallModel(nn.Module):
         return normed, self.norm_weight_only(self.linear(normed)), self.group_norm(y)
 
 
-class DynamicModel(nn.Module):
-    """LayerNorm over a dynamic number of rows, GroupNorm over a dynamic length."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.norm = nn.LayerNorm(16)
-        self.group_norm = nn.GroupNorm(2, 4, affine=False)
-
-    def forward(self, x, y):
-        return self.norm(x), self.group_norm(y)
-
-
 def _assert_within_one_ulp(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
     assert got.shape == want.shape and got.dtype == want.dtype == torch.float32, what
     ulp = torch.nextafter(want.abs(), torch.tensor(float("inf"))) - want.abs()
@@ -328,15 +292,24 @@ def _assert_close_to_eager(got: list, want, what: str, atol: float = TOLERANCE) 
         assert err <= atol, f"{what} output {i}: max abs error {err:.3g} against eager > {atol}"
 
 
-def test_small_model_runs_in_executorch_runtime(native_runtime, tmp_path):
+@pytest.fixture(scope="module")
+def small_model(tmp_path_factory):
+    """SmallModel, its inputs, its program and the program's file, lowered once for this module."""
     torch.manual_seed(0)
     model = SmallModel().eval()
     inputs = (torch.randn(3, 5, 16), torch.randn(2, 8, 7))
     prog = pipeline.lower(model, inputs)
+    path = tmp_path_factory.mktemp("small") / "small.pte"
+    prog.save(path)
+    return model, inputs, prog, path
+
+
+def test_small_model_runs_in_executorch_runtime(native_runtime, small_model):
+    model, inputs, prog, path = small_model
     assert prog.coverage.delegated == prog.coverage.total == 3
-    prog.save(tmp_path / "small.pte")
-    program = native_runtime.load(tmp_path / "small.pte")
-    for run in (inputs, (torch.randn(3, 5, 16) * 50 + 3, torch.randn(2, 8, 7) * 1e-3)):
+    program = native_runtime.load(path)
+    gen = torch.Generator().manual_seed(1)
+    for run in (inputs, (torch.randn(3, 5, 16, generator=gen) * 50 + 3, torch.randn(2, 8, 7, generator=gen) * 1e-3)):
         got = program(*run)
         with torch.no_grad():
             _assert_close_to_eager(got, model(*run), "small model")
@@ -480,15 +453,13 @@ def _lower_with_xnnpack(model: nn.Module, inputs: tuple, path) -> None:
     path.write_bytes(edge.to_executorch().buffer)
 
 
-def test_small_model_with_xnnpack_runs_in_executorch_runtime(native_runtime, tmp_path):
-    torch.manual_seed(0)
-    model = SmallModel().eval()
-    inputs = (torch.randn(3, 5, 16), torch.randn(2, 8, 7))
+def test_small_model_with_xnnpack_runs_in_executorch_runtime(native_runtime, small_model, tmp_path):
+    model, inputs, prog, _ = small_model
     _lower_with_xnnpack(model, inputs, tmp_path / "small-xnnpack.pte")
     got = native_runtime.load(tmp_path / "small-xnnpack.pte")(*inputs)
     with torch.no_grad():
         _assert_close_to_eager(got, model(*inputs), "small model, xnnpack")
-    python = pipeline.lower(model, inputs)(*inputs)
+    python = prog(*inputs)
     _assert_within_one_ulp(got[0], python[0], "LayerNorm next to XNNPACK")
 
 
@@ -521,13 +492,10 @@ def test_whisper_tiny_runs_in_executorch_runtime(native_runtime, tmp_path, cpu_b
 
 
 @pytest.mark.parametrize("damage", ["bit flip in params", "foreign magic", "version 2", "version 4", "bit flip in data"])
-def test_damaged_blob_fails_load_method(native_runtime, tmp_path, damage):
+def test_damaged_blob_fails_load_method(native_runtime, small_model, damage):
     from executorch.runtime import Runtime
 
-    torch.manual_seed(0)
-    model = SmallModel().eval()
-    pipeline.lower(model, (torch.randn(3, 5, 16), torch.randn(2, 8, 7))).save(tmp_path / "small.pte")
-    data = bytearray((tmp_path / "small.pte").read_bytes())
+    data = bytearray(small_model[3].read_bytes())
     at = data.find(b"WGLN")
     assert at >= 0 and struct.unpack_from("<H", data, at + 4)[0] == 3
     if damage == "bit flip in params":

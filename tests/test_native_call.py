@@ -1,15 +1,16 @@
 """A delegate's call through the C++ library (pipeline.runtime.native_call) against the
 same delegate launching from Python: the same bits for every dtype, shape, affine form and
-output set, on both reduction paths (`make test` runs this file again without subgroups)."""
+output set, on both reduction paths (the library's device reads PIPELINE_WGPU_SUBGROUPS
+once, so the workgroup-memory path runs this file again in a child process)."""
 
 import ctypes
+import os
 import subprocess
 import sys
 import threading
 import warnings
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
@@ -19,31 +20,10 @@ from pipeline.native import build as native_build
 from pipeline.runtime import delegate as delegate_module
 from pipeline.runtime import device as runtime_device
 from pipeline.runtime import native_call
+from support.delegates import DTYPES, bits, make_delegate
+from support.scripts import ROOT
 
 pytestmark = pytest.mark.usefixtures("gpu_info")
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-def blob_array(t: torch.Tensor) -> np.ndarray:
-    return t.view(torch.int16).numpy().view(np.uint16) if t.dtype == torch.bfloat16 else t.numpy()
-
-
-def make_delegate(width, dtype="float32", weight="constant", bias="constant", outputs=(0,), eps=1e-5, seed=0):
-    """A delegate blob and its constants; input-sourced weight/bias come as arguments 1, 2."""
-    gen = torch.Generator().manual_seed(seed)
-    kind = DTYPES[dtype]
-    constants, arguments, ops = {}, 1, {}
-    for role, source in (("weight", weight), ("bias", bias)):
-        if source == "constant":
-            constants[role] = blob_array((torch.randn(width, generator=gen) * 2).to(kind))
-            ops[role] = blob.Operand(blob.CONSTANT)
-        elif source == "input":
-            ops[role] = blob.Operand(blob.INPUT, arguments)
-            arguments += 1
-        else:
-            ops[role] = blob.Operand()
-    params = blob.LayerNormParams((width,), eps, 0, ops["weight"], ops["bias"], outputs, arguments, dtype=dtype)
-    return blob.encode(blob.DelegateBlob(params, constants)), arguments
 
 
 def both_ways(data, monkeypatch):
@@ -55,10 +35,6 @@ def both_ways(data, monkeypatch):
         python = delegate_module.LayerNormDelegate(data)
     assert python._native is None
     return native, python
-
-
-def bits(t: torch.Tensor) -> torch.Tensor:
-    return t.view(torch.int32 if t.element_size() == 4 else torch.int16)
 
 
 def assert_same(got, want):
@@ -142,7 +118,7 @@ def test_threaded_copies_over_a_megabyte():
     code = f"""
 import os, sys, torch
 sys.path.insert(0, {str(Path(__file__).parent)!r})
-from test_native_call import make_delegate, bits
+from support.delegates import make_delegate, bits
 from pipeline.runtime.delegate import LayerNormDelegate
 data, _ = make_delegate(1000, outputs=(0, 1, 2))
 native = LayerNormDelegate(data)
@@ -163,7 +139,7 @@ def test_spinning_waits_give_the_same_bits():
     code = f"""
 import os, sys, torch
 sys.path.insert(0, {str(Path(__file__).parent)!r})
-from test_native_call import make_delegate, bits
+from support.delegates import make_delegate, bits
 from pipeline.runtime.delegate import LayerNormDelegate
 data, _ = make_delegate(768, outputs=(0, 2))
 native = LayerNormDelegate(data)
@@ -248,9 +224,22 @@ def test_the_library_uses_the_devices_reduction_path():
     # On the subgroup run the library's kernels use subgroups of the size wgpu-py's probe
     # found; without subgroups (PIPELINE_WGPU_SUBGROUPS=0) neither does.
     assert native_call.subgroup_size() == runtime_device.gpu().subgroup_size
+    if os.environ.get(runtime_device.SUBGROUPS_ENV) == "0":
+        assert native_call.subgroup_size() == 0
 
 
 def test_threaded_copy_size_is_pythons():
     entry = native_call.library().pipeline_layer_norm_threaded_copy_bytes
     entry.restype = ctypes.c_uint64
     assert entry() == runtime_device.THREADED_COPY_BYTES
+
+
+def test_the_tests_above_on_the_workgroup_memory_path():
+    # The library's device reads PIPELINE_WGPU_SUBGROUPS once, when a process opens it: the
+    # workgroup-memory path (an adapter without subgroups) needs a process of its own.
+    env = {**os.environ, runtime_device.SUBGROUPS_ENV: "0"}
+    here = Path(__file__).relative_to(ROOT)
+    this = f"{here}::test_the_tests_above_on_the_workgroup_memory_path"
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(here), "--deselect", this],
+                         capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
+    assert run.returncode == 0 and " passed" in run.stdout and "skipped" not in run.stdout, run.stdout[-4000:]

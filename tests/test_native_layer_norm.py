@@ -2,6 +2,7 @@
 
 import dataclasses
 import importlib
+import os
 import subprocess
 import sys
 
@@ -16,13 +17,12 @@ from pipeline import runtime, wgsl
 from pipeline.wgsl.config import (EACH_HELD_VALUE, MAX_HOLD, MAX_THREADS_PER_ROW, STREAM_UNROLL, WIDE_LAUNCH_THREADS,
                                   written_out)
 from pipeline.runtime import device as runtime_device
+from support.gpu import missing_subgroups
+from support.grids import AFFINE, WIDTHS
+from support.reference import ATEN, assert_close_to_reference, reference
 
 pytestmark = pytest.mark.usefixtures("gpu_info")
 kernel = importlib.import_module("pipeline.runtime.launch")
-
-WIDTHS = [1, 2, 3, 5, 6, 7, 32, 128, 132, 384, 766, 768, 1023, 1024, 1280, 3072, 4097, 4098]
-AFFINE = [(False, False), (True, False), (False, True), (True, True)]
-ATEN = torch.ops.aten.native_layer_norm.default
 
 
 def make_affine(shape, has_weight, has_bias, gen):
@@ -31,53 +31,18 @@ def make_affine(shape, has_weight, has_bias, gen):
     return weight, bias
 
 
-def reference(x, shape, weight, bias, eps):
-    """aten.native_layer_norm in float64: the truth both float32 versions are held against."""
-    d = lambda t: None if t is None else t.double()  # noqa: E731
-    return ATEN(x.double(), list(shape), d(weight), d(bias), eps)
-
-
-def assert_close_to_reference(x, shape, weight=None, bias=None, eps=1e-5, factor=4.0):
-    """Kernel error vs float64 must be at most `factor` x eager float32's own error, plus a floor:
-    a few ulp of the value, and for `out` one float32 ulp of the row's mean carried through
-    rstd and weight (no float32 mean is closer; over a few elements eager can be luckier)."""
-    ours = pipeline.layer_norm(x, shape, weight, bias, eps)
-    eager = ATEN(x, list(shape), weight, bias, eps)
-    truth = reference(x, shape, weight, bias, eps)
-    mean_ulp = np.spacing(truth[1].float().abs().numpy()).astype(np.float64) * truth[2].numpy()
-    gain = 1.0 if weight is None else max(1.0, weight.abs().max().item())
-    finite_rows = np.isfinite(mean_ulp)
-    mean_floor = float(mean_ulp[finite_rows].max()) * gain if finite_rows.any() else 0.0
-    for name, o, e, t in zip(("out", "mean", "rstd"), ours, eager, truth):
-        assert o.dtype == torch.float32 and o.shape == e.shape, name
-        # PyTorch's mean of a row holding one infinity is +-inf or NaN depending on where
-        # it sits; the kernel must agree on which statistics are non-finite, and on out's NaNs.
-        same = torch.isnan if name == "out" else torch.isfinite
-        assert torch.equal(same(o), same(e)), f"{name}: non-finite pattern differs from PyTorch"
-        finite = torch.isfinite(t)
-        if not finite.any():
-            continue
-        scale = t[finite].abs().max().item()
-        err = (o.double() - t)[finite].abs().max().item()
-        eager_err = (e.double() - t)[finite].abs().max().item()
-        floor = 8 * np.finfo(np.float32).eps * max(scale, 1.0) + (mean_floor if name == "out" else 0.0)
-        assert err <= factor * eager_err + floor, (
-            f"{name}: error {err:.3g} vs float64, eager float32 {eager_err:.3g} (x{factor} + {floor:.3g})"
-        )
-    return ours
-
-
-@pytest.fixture(params=["subgroup", "workgroup", "streamed"])
+@pytest.fixture(params=["subgroup", "workgroup", "streamed", "streamed-workgroup"])
 def reduction(request, monkeypatch):
     """Run under each row-merge strategy: subgroup shuffles where the adapter has them, and the
-    workgroup-memory path that adapters without the `subgroup` feature take; and with rows
-    streamed, the path of rows too wide to hold, forced at every width."""
+    workgroup-memory path that adapters without the `subgroup` feature take (as
+    PIPELINE_WGPU_SUBGROUPS=0 makes them); and with rows streamed, the path of rows too wide
+    to hold, forced at every width, merged either way."""
     g = runtime_device.gpu()
     if request.param == "subgroup" and not g.subgroup_size:
         pytest.skip("adapter has no subgroup operations")
-    if request.param == "workgroup":
+    if request.param.endswith("workgroup"):
         monkeypatch.setattr(g, "subgroup_size", 0)
-    if request.param == "streamed":
+    if request.param.startswith("streamed"):
         chosen = kernel.choose_config
 
         def streamed(*args, **kwargs):
@@ -86,6 +51,10 @@ def reduction(request, monkeypatch):
 
         monkeypatch.setattr(kernel, "choose_config", streamed)
     return request.param
+
+
+# Tests that choose no `reduction` of their own, on both merge paths.
+ON_BOTH_PATHS = pytest.mark.parametrize("reduction", ["subgroup", "workgroup"], indirect=True)
 
 
 @pytest.mark.parametrize("width", WIDTHS)
@@ -106,15 +75,17 @@ def test_more_rows_than_one_grid_dimension(width, reduction):
     assert_close_to_reference(x, (width,), weight, bias)
 
 
+@ON_BOTH_PATHS
 @pytest.mark.parametrize("width", [3, 128, 766])
-def test_workgroups_past_the_x_limit_go_through_y(width, monkeypatch):
+def test_workgroups_past_the_x_limit_go_through_y(width, monkeypatch, reduction):
     monkeypatch.setattr(kernel, "MAX_GRID_X", 7)
     x = torch.randn(5001, width)
     assert kernel.grid(5001, kernel.choose_config(width, True, True))[1] > 1
     assert_close_to_reference(x, (width,), torch.randn(width), torch.randn(width))
 
 
-def test_launches_split_at_the_binding_limit(monkeypatch):
+@ON_BOTH_PATHS
+def test_launches_split_at_the_binding_limit(monkeypatch, reduction):
     g = runtime_device.gpu()
     monkeypatch.setitem(g.limits, "max-storage-buffer-binding-size", 4096 * 10)
     before = runtime.stats()["dispatches"]
@@ -123,9 +94,10 @@ def test_launches_split_at_the_binding_limit(monkeypatch):
     assert runtime.stats()["dispatches"] - before == 10
 
 
+@ON_BOTH_PATHS
 @pytest.mark.parametrize("shape", [(4, 8), (3, 5, 7), (2, 96)])
 @pytest.mark.parametrize("has_weight,has_bias", AFFINE)
-def test_multi_dim_normalized_shape(shape, has_weight, has_bias):
+def test_multi_dim_normalized_shape(shape, has_weight, has_bias, reduction):
     gen = torch.Generator().manual_seed(len(shape))
     x = torch.randn((2, 3) + shape, generator=gen)
     weight, bias = make_affine(shape, has_weight, has_bias, gen)
@@ -141,8 +113,9 @@ def test_large_mean_small_variance(width, reduction):
     assert_close_to_reference(x, (width,), weight, bias)
 
 
+@ON_BOTH_PATHS
 @pytest.mark.parametrize("width", [1, 3, 768, 4097])
-def test_constant_rows(width):
+def test_constant_rows(width, reduction):
     x = torch.full((5, width), 3.25)
     x[1] = -1e4
     bias = torch.linspace(-1, 1, width)
@@ -203,14 +176,17 @@ def test_every_output_element_is_written(width, reduction):
     assert_close_to_reference(x, (width,))
 
 
-def test_non_contiguous_input():
+@ON_BOTH_PATHS
+def test_non_contiguous_input(reduction):
     x = torch.randn(64, 3, 96).transpose(0, 1)
     assert not x.is_contiguous()
     assert_close_to_reference(x, (96,), torch.randn(96), torch.randn(96))
     assert_close_to_reference(torch.randn(96, 40).t(), (96,))
 
 
-@settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@ON_BOTH_PATHS
+@settings(max_examples=40, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(
     rows=st.integers(1, 300),
     width=st.integers(1, 2100),
@@ -221,7 +197,7 @@ def test_non_contiguous_input():
     eps=st.sampled_from([1e-5, 1e-6, 1e-12, 0.1]),
     seed=st.integers(0, 2**31 - 1),
 )
-def test_random_shapes_and_values(rows, width, has_weight, has_bias, loc, scale, eps, seed):
+def test_random_shapes_and_values(rows, width, has_weight, has_bias, loc, scale, eps, seed, reduction):
     gen = torch.Generator().manual_seed(seed)
     x = loc + scale * torch.randn(rows, width, generator=gen)
     weight, bias = make_affine((width,), has_weight, has_bias, gen)
@@ -252,14 +228,17 @@ print("threads ok")
 """
 
 
-def test_many_threads_at_once_get_correct_results():
+@ON_BOTH_PATHS
+def test_many_threads_at_once_get_correct_results(reduction):
     # In a child process: sharing the buffer pool without the lock aborted the process.
-    run = subprocess.run([sys.executable, "-c", THREADS_CODE], capture_output=True, text=True, timeout=300)
+    env = {**os.environ, runtime_device.SUBGROUPS_ENV: "0"} if reduction == "workgroup" else None
+    run = subprocess.run([sys.executable, "-c", THREADS_CODE], capture_output=True, text=True, timeout=300, env=env)
     assert run.returncode == 0 and "threads ok" in run.stdout, run.stderr[-2000:]
 
 
+@ON_BOTH_PATHS
 @pytest.mark.parametrize("width", [333, 768])
-def test_threaded_copies_and_staged_upload_give_the_same_bits(width, monkeypatch):
+def test_threaded_copies_and_staged_upload_give_the_same_bits(width, monkeypatch, reduction):
     # The large-call path on a small input: the input through the mapped staging buffer, both
     # copies over torch's threads.
     x = torch.randn(1001, width) * 5 + 3
@@ -288,7 +267,8 @@ def test_threaded_copies_work_after_fork(monkeypatch):
     assert run.stdout.strip() == "child 0 True", run.stderr[-2000:]
 
 
-def test_stats_show_gpu_work():
+@ON_BOTH_PATHS
+def test_stats_show_gpu_work(reduction):
     before = runtime.stats()
     pipeline.layer_norm(torch.randn(10, 64), [64])
     after = runtime.stats()
@@ -297,7 +277,8 @@ def test_stats_show_gpu_work():
     assert after["bytes_read_back"] - before["bytes_read_back"] >= 10 * 64 * 4 + 2 * 10 * 4
 
 
-def test_pipelines_and_buffers_are_reused():
+@ON_BOTH_PATHS
+def test_pipelines_and_buffers_are_reused(reduction):
     x = torch.randn(33, 200)
     pipeline.layer_norm(x, [200])
     before = runtime.stats()
@@ -307,7 +288,8 @@ def test_pipelines_and_buffers_are_reused():
     assert after["buffers_allocated"] == before["buffers_allocated"]
 
 
-def test_an_eps_past_float32_gives_rstd_0_without_a_warning():
+@ON_BOTH_PATHS
+def test_an_eps_past_float32_gives_rstd_0_without_a_warning(reduction):
     import warnings
 
     x = torch.randn(3, 16)
@@ -318,7 +300,8 @@ def test_an_eps_past_float32_gives_rstd_0_without_a_warning():
     assert torch.equal(rstd, eager[2]) and torch.equal(rstd, torch.zeros_like(rstd))
 
 
-def test_bind_groups_are_reused_and_dropped_with_their_buffers():
+@ON_BOTH_PATHS
+def test_bind_groups_are_reused_and_dropped_with_their_buffers(reduction):
     g = runtime_device.gpu()
     x = torch.randn(33, 200)
     pipeline.layer_norm(x, [200])
@@ -329,7 +312,8 @@ def test_bind_groups_are_reused_and_dropped_with_their_buffers():
     assert not any(key in g.bind_groups for key in known), "a bind group outlived its buffer"
 
 
-def test_resident_weights_are_uploaded_once_and_freed_with_their_tensor():
+@ON_BOTH_PATHS
+def test_resident_weights_are_uploaded_once_and_freed_with_their_tensor(reduction):
     import gc
 
     g = runtime_device.gpu()
@@ -398,14 +382,16 @@ def test_argument_errors_are_value_or_type_errors_naming_the_argument(kwargs, er
         pipeline.layer_norm(**args)
 
 
-def test_integer_like_dims_and_eps_are_taken():
+@ON_BOTH_PATHS
+def test_integer_like_dims_and_eps_are_taken(reduction):
     x = torch.randn(3, 16)
     out = pipeline.layer_norm(x, (np.int64(16),), eps=np.float32(1e-3))[0]
     torch.testing.assert_close(out, ATEN(x, [16], None, None, 1e-3)[0], atol=2e-5, rtol=1e-5)
     torch.testing.assert_close(pipeline.layer_norm(x, torch.Size([16]), eps=0)[0], ATEN(x, [16], None, None, 0.0)[0])
 
 
-def test_inputs_that_require_grad_give_detached_outputs():
+@ON_BOTH_PATHS
+def test_inputs_that_require_grad_give_detached_outputs(reduction):
     x = torch.randn(3, 16, requires_grad=True)
     weight = torch.nn.Parameter(torch.randn(16))
     outputs = pipeline.layer_norm(x, (16,), weight)
@@ -418,7 +404,8 @@ def test_non_tensor_input_is_a_type_error():
         pipeline.layer_norm(np.zeros((2, 4), dtype=np.float32), [4])
 
 
-def test_empty_input():
+@ON_BOTH_PATHS
+def test_empty_input(reduction):
     out, mean, rstd = pipeline.layer_norm(torch.randn(0, 16), [16])
     assert out.shape == (0, 16) and mean.shape == (0, 1)
 
@@ -433,8 +420,6 @@ def test_import_leaves_executorch_and_transformers_unloaded():
 
 
 def test_ci_fails_rather_than_skipping_the_subgroup_path():
-    from conftest import missing_subgroups
-
     without = {"adapter": "llvmpipe", "backend": "OpenGL", "subgroup_size": 0}
     assert "has no subgroup operations" in missing_subgroups(without, {"PIPELINE_REQUIRE_GPU": "1"})
     forced = {"PIPELINE_REQUIRE_GPU": "1", runtime_device.SUBGROUPS_ENV: "0"}
@@ -590,9 +575,10 @@ def test_half_large_mean_small_variance(dtype, width, reduction):
     assert_half_close_to_reference(x, (width,), weight.to(dtype), bias.to(dtype))
 
 
+@ON_BOTH_PATHS
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
 @pytest.mark.parametrize("width", [1, 3, 768, 4097])
-def test_half_constant_rows(dtype, width):
+def test_half_constant_rows(dtype, width, reduction):
     x = torch.full((5, width), 3.25, dtype=dtype)
     x[1] = -1e4
     bias = torch.linspace(-1, 1, width).to(dtype)
@@ -648,8 +634,9 @@ def test_half_output_is_rounded_once_to_nearest_even(dtype, reduction, f16_store
         assert ((out[flushed] == expected[flushed]) | (out[flushed] == 0)).all()
 
 
+@ON_BOTH_PATHS
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
-def test_half_input_is_read_exactly(dtype):
+def test_half_input_is_read_exactly(dtype, reduction):
     # Every finite bit pattern as a row of one: with a float32 weight, mean comes back in
     # float32 and is the value itself.
     values = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(dtype)
@@ -666,8 +653,9 @@ def test_half_every_output_element_is_written(dtype, width, reduction, f16_store
     assert not out.isnan().any() and not mean.isnan().any() and not rstd.isnan().any()
 
 
+@ON_BOTH_PATHS
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
-def test_half_launches_split_at_the_binding_limit(dtype, monkeypatch):
+def test_half_launches_split_at_the_binding_limit(dtype, monkeypatch, reduction):
     # Odd rows of 2-byte values: every launch but the first starts mid-word in the tensor.
     g = runtime_device.gpu()
     monkeypatch.setitem(g.limits, "max-storage-buffer-binding-size", 1023 * 2 * 9 + 4)

@@ -14,7 +14,6 @@ import pipeline
 from pipeline.evaluation import executorch_verdict
 from pipeline.aot.lowering import lower_to_edge
 from pipeline.pte.file import PteFile
-from pipeline.native import build as native_build
 
 
 class Block(nn.Module):
@@ -31,20 +30,6 @@ class Block(nn.Module):
 
     def forward(self, x):
         return self.plain(torch.relu(self.linear(self.norm(x))))
-
-
-@pytest.fixture(scope="module")
-def native_runtime(gpu_info):
-    try:
-        native_build.find_compiler()
-    except native_build.BuildError as exc:
-        pytest.skip(str(exc))
-    import pipeline.native
-
-    available, reason = pipeline.native.device()
-    assert available, f"the native backend finds no device although wgpu does: {reason}"
-    pipeline.native.register()
-    return pipeline.native
 
 
 @pytest.fixture(scope="module")

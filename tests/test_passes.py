@@ -11,6 +11,7 @@ from pipeline.aot.passes import (
     native_group_norm_as_layer_norm,
     reframe_group_norm,
 )
+from support.inputs import randn
 
 aten = torch.ops.aten
 CASES = [  # (N, C, spatial, G)
@@ -20,10 +21,6 @@ CASES = [  # (N, C, spatial, G)
     (1, 12, (3, 3, 2), 4),
     (2, 10, (), 5),
 ]
-
-
-def randn(*shape, seed=0):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
 
 
 @pytest.mark.parametrize("n, c, spatial, groups", CASES)

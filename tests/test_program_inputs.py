@@ -9,8 +9,8 @@ import torch
 from torch.export import Dim
 
 import pipeline
-from tests.test_native import DynamicModel as Norms  # a LayerNorm over rows, a GroupNorm over a length
-from tests.test_pte import randn
+from support.inputs import randn
+from support.models import DynamicModel as Norms  # a LayerNorm over rows, a GroupNorm over a length
 
 pytestmark = pytest.mark.usefixtures("gpu_info")
 

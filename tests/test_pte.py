@@ -1,53 +1,30 @@
 """The artifact runs: pipeline.load on exported files, round trips, damaged files, run_pte.py."""
 
-import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from torch import nn
 
 import pipeline
-from lowering import assert_same_outputs
 from pipeline.evaluation.artifact import ArtifactError, read_artifact, same_outputs
 from pipeline.interpreter import Program
 from pipeline.pte.file import PteError
 from pipeline.pte.file import PteFile
 from pipeline.aot.export import ArtifactCheckError, export_model
-from tiny_models import write_checkpoint
+from support.inputs import randn
+from support.reference import assert_same_outputs
+from support.scripts import SCRIPTS, run_script, script_env
 
 pytestmark = pytest.mark.usefixtures("gpu_info")
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def randn(*shape, seed=0):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
-
-
-class Block(nn.Module):
-    """Linear, an affine LayerNorm and a GroupNorm reframed to a weight-less LayerNorm."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.proj = nn.Linear(12, 12)
-        self.ln = nn.LayerNorm(12)
-        self.gn = nn.GroupNorm(3, 6)
-
-    def forward(self, x, y):
-        return self.ln(self.proj(x)).relu(), self.gn(y) * 2.0
-
 
 @pytest.fixture(scope="module")
-def block(tmp_path_factory):
-    module = Block().eval()
-    inputs = (randn(2, 5, 12), randn(2, 6, 7, seed=1))
-    program = pipeline.lower(module, inputs)
-    path = tmp_path_factory.mktemp("block") / "block.pte"
-    program.save(path)
+def block(small_block):
+    """A linear, an affine LayerNorm and a GroupNorm reframed to a weight-less LayerNorm."""
+    module, inputs, program, path, _ = small_block
     return module, inputs, program, path
 
 
@@ -178,10 +155,9 @@ def test_foreign_delegates_and_unknown_operators_are_refused(block):
         Program(pte)
 
 
-def test_dynamic_bart_runs_at_three_lengths_from_one_file(tmp_path):
-    write_checkpoint("bart", tmp_path / "ckpt")
-    summary = export_model("bart", checkpoint=tmp_path / "ckpt", output_dir=tmp_path, dynamic=True)
-    spec = pipeline.models.build("bart", checkpoint=tmp_path / "ckpt", dynamic=True)
+def test_dynamic_bart_runs_at_three_lengths_from_one_file(checkpoints, exported):
+    summary = exported("bart", dynamic=True).summary
+    spec = pipeline.models.build("bart", checkpoint=checkpoints["bart"][0], dynamic=True)
     program = pipeline.load(summary["pte"])
     tokens, states = spec.example_inputs
     for length in (1, 5, tokens.shape[1] - 1):
@@ -192,44 +168,40 @@ def test_dynamic_bart_runs_at_three_lengths_from_one_file(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["bart", "whisper", "florence2"])
-def test_exported_files_of_the_three_families_reproduce_eager(tmp_path, name):
-    write_checkpoint(name, tmp_path / "ckpt")
-    summary = export_model(name, checkpoint=tmp_path / "ckpt", output_dir=tmp_path)
+def test_exported_files_of_the_three_families_reproduce_eager(checkpoints, exported, name):
+    summary = exported(name).summary
     assert read_artifact(summary["pte"])["pte_sha256"] == summary["pte_sha256"]
-    spec = pipeline.models.build(name, checkpoint=tmp_path / "ckpt", seed=1)
+    spec = pipeline.models.build(name, checkpoint=checkpoints[name][0], seed=1)
     program = pipeline.load(summary["pte"])
     assert program.coverage.complete and program.coverage.total == summary["layer_norm_ops"]
     with torch.no_grad():
         assert_same_outputs(program(*spec.example_inputs), spec.module(*spec.example_inputs), atol=1e-4)
 
 
-def test_export_keeps_no_file_that_does_not_reproduce_the_program(tmp_path, monkeypatch):
-    write_checkpoint("whisper", tmp_path / "ckpt")
-
+def test_export_keeps_no_file_that_does_not_reproduce_the_program(checkpoints, tmp_path, monkeypatch):
     def wrong_load(path):
         program = Program(PteFile.read(path))
         return lambda *inputs: program(*inputs) + 1.0
 
     monkeypatch.setattr(Program, "load", staticmethod(wrong_load))
     with pytest.raises(ArtifactCheckError, match="bit for bit"):
-        export_model("whisper", checkpoint=tmp_path / "ckpt", output_dir=tmp_path / "out")
+        export_model("whisper", checkpoint=checkpoints["whisper"][0], output_dir=tmp_path / "out")
     assert not list((tmp_path / "out").glob("*.pte")) and not list((tmp_path / "out").glob(".*.tmp"))
 
 
 def run_pte(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / "run_pte.py"), *args],
-                          capture_output=True, text=True, env=env, timeout=300)
+    return run_script("run_pte", *args)
 
 
-def test_run_pte_runs_an_export_and_refuses_damage(tmp_path):
-    write_checkpoint("whisper", tmp_path / "ckpt")
-    summary = export_model("whisper", checkpoint=tmp_path / "ckpt", output_dir=tmp_path)
-    ok = run_pte(summary["pte"], "--repeats", "1")
+def test_run_pte_runs_an_export_and_refuses_damage(checkpoints, exported, tmp_path):
+    export = exported("whisper")
+    for made in export.out.iterdir():  # a copy to damage
+        shutil.copy(made, tmp_path)
+    pte = tmp_path / Path(export.summary["pte"]).name
+    ok = run_pte(str(pte), "--repeats", "1")
     assert ok.returncode == 0, ok.stderr
     assert "passed" in ok.stdout and "output 0: [1, " in ok.stdout
     # A file changed after export no longer matches its coverage file.
-    pte = Path(summary["pte"])
     data = pte.read_bytes()
     pte.write_bytes(data[: len(data) // 2])
     bad = run_pte(str(pte))
@@ -238,33 +210,29 @@ def test_run_pte_runs_an_export_and_refuses_damage(tmp_path):
     with pytest.raises(ArtifactError):
         read_artifact(pte)
     # Run on the user's own inputs, the truncation itself is what is refused.
-    torch.save(pipeline.models.build("whisper", checkpoint=tmp_path / "ckpt").example_inputs, tmp_path / "in.pt")
+    torch.save(pipeline.models.build("whisper", checkpoint=checkpoints["whisper"][0]).example_inputs, tmp_path / "in.pt")
     (tmp_path / pte.name.replace(".pte", ".coverage.json")).unlink()
     truncated = run_pte(str(pte), "--inputs", str(tmp_path / "in.pt"))
     assert truncated.returncode == 1 and "truncated" in truncated.stderr.strip().splitlines()[-1]
     assert run_pte(str(pte), "--repeats", "0").returncode == 2
 
 
-def test_interrupted_export_leaves_no_temp_file(tmp_path, monkeypatch):
-    write_checkpoint("whisper", tmp_path / "ckpt")
-
+def test_interrupted_export_leaves_no_temp_file(checkpoints, tmp_path, monkeypatch):
     def interrupted(path):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(Program, "load", staticmethod(interrupted))
     with pytest.raises(KeyboardInterrupt):
-        export_model("whisper", checkpoint=tmp_path / "ckpt", output_dir=tmp_path / "out")
+        export_model("whisper", checkpoint=checkpoints["whisper"][0], output_dir=tmp_path / "out")
     assert list((tmp_path / "out").iterdir()) == []
 
 
-def test_sigterm_during_export_ends_with_one_line(tmp_path):
+def test_sigterm_during_export_ends_with_one_line(checkpoints, tmp_path):
     import signal
 
-    write_checkpoint("whisper", tmp_path / "ckpt")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "export_model.py"), "whisper", "--checkpoint",
-                             str(tmp_path / "ckpt"), "--output-dir", str(tmp_path / "out")],
-                            stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen([sys.executable, str(SCRIPTS / "export_model.py"), "whisper", "--checkpoint",
+                             str(checkpoints["whisper"][0]), "--output-dir", str(tmp_path / "out")],
+                            stderr=subprocess.PIPE, text=True, env=script_env())
     for line in proc.stderr:
         # At once: an unloaded machine lowers and writes this small model in under 0.5 s.
         if "lowering" in line:

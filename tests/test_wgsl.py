@@ -13,16 +13,15 @@ import pytest
 from pipeline.runtime import device as runtime_device
 from pipeline.wgsl import ShaderFiles
 from pipeline.wgsl.config import choose_config
-from tests.conftest import REQUIRE_GPU_ENV
+from support.gpu import REQUIRE_GPU_ENV
+from support.grids import DTYPE_PAIRS
 
 pytestmark = pytest.mark.usefixtures("gpu_info")
 
 COMPILERS = {"naga": "wgpu", "tint": "dawn"}
-DTYPE_PAIRS = [("float32", "float32"), ("float16", "float16"), ("float16", "float32"),
-               ("bfloat16", "bfloat16"), ("bfloat16", "float32")]
 # Scalar, vec2 and vec4 loads; rows held by one thread, one subgroup or several; rows
 # streamed; 768 and 1024 split into 4 vec4 loads a thread, which a large launch doubles.
-WIDTHS = [1, 7, 6, 384, 768, 1023, 1024, 4097, 4098, 100_000]
+COMPILED_WIDTHS = [1, 7, 6, 384, 768, 1023, 1024, 4097, 4098, 100_000]
 SUBGROUP_SIZES = [0, 4, 8, 32, 128]  # 0: the workgroup-memory path; the smallest, two common, the largest size
 PROBES = [("subgroup_size.wgsl", True), ("f16_pack_probe.wgsl", False), ("bench_copy.wgsl", False)]
 
@@ -51,7 +50,7 @@ def kernel_modules(compiler: str) -> dict[str, str]:
     files = ShaderFiles(compiler)
     modules: dict[str, str] = {}
     for (dtype, affine), width, (weight, bias), stats, subgroups in itertools.product(
-            DTYPE_PAIRS, WIDTHS, itertools.product((False, True), repeat=2), (False, True), SUBGROUP_SIZES):
+            DTYPE_PAIRS, COMPILED_WIDTHS, itertools.product((False, True), repeat=2), (False, True), SUBGROUP_SIZES):
         for pack in (False, True) if dtype == "float16" else (False,):
             for rows in (0, 1 << 20) if width in (768, 1024) else (0,):
                 config = choose_config(width, weight, bias, subgroups, dtype, affine, pack, rows=rows,

@@ -11,10 +11,11 @@ import struct
 import pytest
 import torch
 
-from damage import sweep
 from pipeline.pte import xnnpack_payload as xp
 from pipeline.pte.file import PteError, PteFile
-from tests.test_pte import Block, randn  # a linear, an affine LayerNorm, a GroupNorm
+from support.damage import sweep
+from support.inputs import randn
+from support.models import SmallBlock  # a linear, an affine LayerNorm, a GroupNorm
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +26,7 @@ def xnnpack_file(tmp_path_factory):
 
     folder = tmp_path_factory.mktemp("xnnpack")
     inputs = (randn(2, 5, 12), randn(2, 6, 7, seed=1))
-    edge, coverage = lower_to_edge(Block().eval(), inputs, None, "xnnpack")
+    edge, coverage = lower_to_edge(SmallBlock().eval(), inputs, None, "xnnpack")
     assert coverage.complete
     path = folder / "small-xnnpack.pte"
     path.write_bytes(edge.to_executorch().buffer)

@@ -31,6 +31,7 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]  # the checkout, whose pipeline the worker imports
 CASE_SECONDS = 60
 
 
@@ -62,7 +63,7 @@ def damage(data: bytes, case: str) -> bytes:
 def sweep(runtime: str, pte: Path, inputs: Path, cases: list[str], timeout: float = 600) -> dict[str, str]:
     """Each case's outcome; a worker that dies is replaced and its case recorded as a crash."""
     outcomes: dict[str, str] = {}
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     pending = list(cases)
     while pending:
         with tempfile.TemporaryFile("w+") as feed:

@@ -3,23 +3,10 @@
 from __future__ import annotations
 
 import torch
-import torch.utils._pytree as pytree
 
 import pipeline
 from pipeline import runtime
-
-TOLERANCE = 2e-4
-
-
-def assert_same_outputs(got, want, atol: float = TOLERANCE) -> None:
-    """Same pytree structure, dtypes and shapes; values within `atol`."""
-    got_leaves, got_spec = pytree.tree_flatten(got)
-    want_leaves, want_spec = pytree.tree_flatten(want)
-    assert got_spec == want_spec, f"output structure {got_spec} != eager {want_spec}"
-    for i, (g, w) in enumerate(zip(got_leaves, want_leaves)):
-        assert g.dtype == w.dtype and g.shape == w.shape, f"output {i}: {g.dtype} {g.shape} vs {w.dtype} {w.shape}"
-        err = (g.double() - w.double()).abs().max().item() if w.numel() else 0.0
-        assert err <= atol, f"output {i}: max abs error {err:.3g} > {atol}"
+from support.reference import assert_same_outputs
 
 
 def lower_and_compare(

@@ -1,0 +1,20 @@
+"""What CI requires of the adapter (PIPELINE_REQUIRE_GPU=1)."""
+
+from __future__ import annotations
+
+import os
+
+REQUIRE_GPU_ENV = "PIPELINE_REQUIRE_GPU"
+
+
+def missing_subgroups(info: dict, environ=os.environ) -> str | None:
+    """Why CI must fail rather than skip the kernel's subgroup path, or None. Under
+    PIPELINE_REQUIRE_GPU=1 (CI) an adapter without subgroups would silently test one
+    reduction path only; PIPELINE_WGPU_SUBGROUPS=0 (the workgroup-memory path by choice) is exempt."""
+    from pipeline.runtime.device import SUBGROUPS_ENV
+
+    if environ.get(REQUIRE_GPU_ENV) != "1" or environ.get(SUBGROUPS_ENV, "1") == "0" or info["subgroup_size"]:
+        return None
+    return (f"{REQUIRE_GPU_ENV}=1 but adapter {info['adapter']!r} ({info['backend']}) has no subgroup "
+            f"operations, so the subgroup path would be skipped: run scripts/setup.sh (installs lavapipe), "
+            f"or set {SUBGROUPS_ENV}=0 to test the workgroup-memory path alone")
