@@ -8,6 +8,8 @@ over aten's, for out / mean / rstd (rows of 16, widths 5-8196), then the issue's
 Only pipeline.layer_norm is used, so the same script measures an older checkout too: put
 that checkout's `pipeline` first on PYTHONPATH.
 """
+import argparse
+
 import torch
 
 import pipeline
@@ -70,4 +72,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     main()
