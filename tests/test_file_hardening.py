@@ -1,0 +1,145 @@
+"""Files and folders that are not what they claim: a constant re-declared as another dtype,
+a file far larger than its program, a path that is a folder, a socket, a link loop or a
+/proc file, a full disk under the commands, a bad coverage file, a closed pipe. Each is
+refused with an error that names it, or handled without losing work (issue 31).
+"""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+import torch
+from flatbuffers.table import Table
+from torch import nn
+
+import pipeline
+from pipeline.evaluation.artifact import runtime_loader, same_outputs
+from pipeline.pte import operators
+from pipeline.pte.file import PteError, PteFile
+
+
+def randn(*shape, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+class Block(nn.Module):
+    """Linear (a weight and a bias constant), an affine LayerNorm, a GroupNorm reframed to
+    a weight-less LayerNorm (its affine as [6, 1] constants) and a scalar constant."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.proj = nn.Linear(12, 12)
+        self.ln = nn.LayerNorm(12)
+        self.gn = nn.GroupNorm(3, 6)
+
+    def forward(self, x, y):
+        return self.ln(self.proj(x)).relu(), self.gn(y) * 2.0
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    inputs = (randn(2, 5, 12), randn(2, 6, 7, seed=1))
+    path = tmp_path_factory.mktemp("small") / "small.pte"
+    pipeline.lower(Block().eval(), inputs).save(path)
+    return path, inputs
+
+
+def _native_loader():
+    from pipeline.native import build
+
+    try:
+        build.find_compiler()
+        build.build()
+    except build.BuildError as exc:
+        pytest.skip(str(exc))
+    return runtime_loader("executorch")
+
+
+# -- a constant re-declared as another dtype (defect 7) -------------------------------------------
+
+
+def _scalar_type_at(data: bytes, j: int) -> int:
+    """Where value `j`'s (a tensor's) scalar_type byte lies in the file (program.fbs: Program's
+    execution_plan is field 1, ExecutionPlan's values field 2, EValue's val field 1, Tensor's
+    scalar_type field 0; a field's vtable slot is 4 + 2 * its index)."""
+
+    def item(table: Table, slot: int, k: int) -> Table:
+        return Table(table.Bytes, table.Indirect(table.Vector(table.Offset(slot)) + 4 * k))
+
+    root = Table(bytearray(data), struct.unpack_from("<I", data, 0)[0])
+    value = item(item(root, 6, 0), 8, j)
+    tensor = Table(value.Bytes, value.Indirect(value.Pos + value.Offset(6)))
+    assert tensor.Offset(4), "scalar_type is stored (FLOAT is not the schema's default)"
+    return tensor.Pos + tensor.Offset(4)
+
+
+def _constants(data: bytes) -> dict[int, tuple[int, bool]]:
+    """value -> (scalar_type, read by some instruction) for every constant tensor."""
+    from executorch.exir import schema
+
+    plan = PteFile(data, "intact").plan
+    read = {j for i in plan.chains[0].instructions for j in getattr(i.instr_args, "args", [])}
+    return {j: (int(v.val.scalar_type), j in read) for j, v in enumerate(plan.values)
+            if isinstance(v.val, schema.Tensor) and v.val.allocation_info is None and v.val.data_buffer_idx > 0}
+
+
+def test_every_constant_redeclared_as_another_dtype_is_refused_at_load(small, tmp_path):
+    # Issue 31 defect 7: type promotion kept every operator's output dtype (a float tensor
+    # times a scalar constant re-declared int16 is still float), and a small constant still
+    # fit its aligned slot, so such files ran to another answer. Now each is refused at
+    # load by both runtimes; a constant no instruction reads changes nothing (same outputs)
+    # unless it no longer fits its slot.
+    path, inputs = small
+    data = path.read_bytes()
+    loads = {"python": pipeline.load, "executorch": _native_loader()}
+    reference = {name: load(path)(*inputs) for name, load in loads.items()}
+    constants = _constants(data)
+    assert sum(read for _, read in constants.values()) >= 5, constants
+    outcomes = {}
+    for j, (code, read) in constants.items():
+        at = _scalar_type_at(data, j)
+        for other in operators.DTYPES:
+            if other == code:
+                continue
+            damaged = tmp_path / f"v{j}-{other}.pte"
+            damaged.write_bytes(data[:at] + bytes([other]) + data[at + 1:])
+            for name, load in loads.items():
+                try:
+                    program = load(damaged)
+                except PteError:
+                    outcomes[j, other, name] = "refused"
+                    continue
+                try:
+                    outputs = program(*inputs)
+                except RuntimeError:  # before: "self and mat2 must have the same dtype", at the call
+                    outcomes[j, other, name] = "failed at the call"
+                    continue
+                outcomes[j, other, name] = "same" if same_outputs(outputs, reference[name]) else "different"
+            # One no instruction reads is refused when it no longer fits its slot.
+            expected = {"refused"} if read else {"refused", "same"}
+            assert outcomes[j, other, "python"] == outcomes[j, other, "executorch"] in expected, \
+                (j, operators.DTYPES[other], {k: v for k, v in outcomes.items() if k[0] == j})
+
+
+def test_a_constant_of_its_operators_dtype_loads(tmp_path):
+    # The check is on what the exporter makes: an index constant keeps its integer dtype,
+    # an int buffer added to a float tensor is cast by the exporter first.
+    class Indexed(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ln = nn.LayerNorm(4)
+            self.register_buffer("order", torch.tensor([3, 2, 1, 0]))
+            self.register_buffer("shift", torch.tensor([1, 2, 3, 4], dtype=torch.int32))
+
+        def forward(self, x):
+            return self.ln(x).index_select(1, self.order) + self.shift
+
+    x = randn(2, 4)
+    module = Indexed().eval()
+    program = pipeline.lower(module, (x,))
+    program.save(tmp_path / "indexed.pte")
+    assert same_outputs(pipeline.load(tmp_path / "indexed.pte")(x), program(x))
+    torch.testing.assert_close(program(x), module(x))
+
