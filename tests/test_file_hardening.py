@@ -143,3 +143,51 @@ def test_a_constant_of_its_operators_dtype_loads(tmp_path):
     assert same_outputs(pipeline.load(tmp_path / "indexed.pte")(x), program(x))
     torch.testing.assert_close(program(x), module(x))
 
+
+# -- a file larger than its program (defect 3) ------------------------------------------------------
+
+GIB = 1 << 30
+
+
+def _peak_rss_bytes() -> int:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kilobytes on Linux
+
+
+@pytest.mark.parametrize("runtime", ["python", "executorch"])
+def test_a_sparse_4_gib_file_is_refused_from_its_first_bytes(tmp_path, runtime):
+    # Before: read whole (4.4 GB resident, 19 s) before its identifier was checked.
+    load = pipeline.load if runtime == "python" else _native_loader()
+    path = tmp_path / "sparse.pte"
+    with open(path, "wb") as f:
+        f.truncate(4 * GIB)  # no disk: a hole
+    peak = _peak_rss_bytes()
+    with pytest.raises(PteError, match=r"sparse\.pte: not an ExecuTorch program \(\.pte\): identifier"):
+        load(path)
+    assert _peak_rss_bytes() < peak + GIB
+
+
+@pytest.mark.parametrize("runtime", ["python", "executorch"])
+def test_a_program_followed_by_4_gib_is_refused_unread(small, tmp_path, runtime):
+    # Before: accepted, and all 4 GiB stayed in the loaded program's memory.
+    load = pipeline.load if runtime == "python" else _native_loader()
+    path = tmp_path / "long.pte"
+    data = small[0].read_bytes()
+    path.write_bytes(data)
+    with open(path, "r+b") as f:
+        f.truncate(len(data) + 4 * GIB)
+    peak = _peak_rss_bytes()
+    with pytest.raises(PteError, match=rf"long\.pte: {len(data) + 4 * GIB} bytes, but its header accounts for "
+                                       rf"{len(data)}: the {4 * GIB} bytes after the program's end"):
+        load(path)
+    assert _peak_rss_bytes() < peak + GIB
+
+
+def test_bytes_after_the_program_are_refused_in_memory_too(small):
+    data = small[0].read_bytes()
+    with pytest.raises(PteError, match="the 3 bytes after the program's end are no part of it"):
+        PteFile(data + b"abc", "long")
+    with pytest.raises(PteError, match=f"truncated: {len(data) - 1} bytes of {len(data)}"):
+        PteFile(data[:-1], "short")
+    assert PteFile(data, "intact").plan is not None
