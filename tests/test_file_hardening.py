@@ -6,7 +6,13 @@ refused with an error that names it, or handled without losing work (issue 31).
 
 from __future__ import annotations
 
+import errno
+import hashlib
+import importlib.util
+import json
+import os
 import struct
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,6 +23,8 @@ import pipeline
 from pipeline.evaluation.artifact import runtime_loader, same_outputs
 from pipeline.pte import operators
 from pipeline.pte.file import PteError, PteFile
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def randn(*shape, seed=0):
@@ -191,3 +199,147 @@ def test_bytes_after_the_program_are_refused_in_memory_too(small):
     with pytest.raises(PteError, match=f"truncated: {len(data) - 1} bytes of {len(data)}"):
         PteFile(data[:-1], "short")
     assert PteFile(data, "intact").plan is not None
+
+
+# -- a full disk (defect 9) -------------------------------------------------------------------------
+
+
+class _FullDisk:
+    """`os` as pipeline.ioutil sees it, on a disk that fills up: the `n`th write to a file
+    opened through it writes half its bytes and fails with ENOSPC, as do later writes."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.writes = 0
+
+    def __getattr__(self, name: str):
+        return getattr(os, name)
+
+    def fdopen(self, *args, **kwargs):
+        return _FillingFile(self, os.fdopen(*args, **kwargs))
+
+
+class _FillingFile:
+    def __init__(self, disk: _FullDisk, f) -> None:
+        self.disk = disk
+        self.f = f
+
+    def write(self, data: bytes) -> int:
+        self.disk.writes += 1
+        if self.disk.writes >= self.disk.n:
+            self.f.write(data[: len(data) // 2])
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return self.f.write(data)
+
+    def __getattr__(self, name: str):
+        return getattr(self.f, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.f.close()
+
+
+@pytest.fixture
+def full_disk(monkeypatch):
+    """`full_disk(n)`: from now on, the `n`th file write of pipeline.ioutil fails with ENOSPC."""
+    import pipeline.ioutil
+
+    def fill(n: int) -> _FullDisk:
+        disk = _FullDisk(n)
+        monkeypatch.setattr(pipeline.ioutil, "os", disk)
+        return disk
+    return fill
+
+
+def _load_script(name: str):
+    spec = importlib.util.spec_from_file_location(f"{name}_cli", ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_results_reach_stdout_when_the_disk_is_full(tmp_path, monkeypatch, capsys, full_disk):
+    # Before: a traceback, and every result lost.
+    bench = _load_script("bench_layer_norm")
+    result = {"adapter": "test", "results": [{"rows": 8, "width": 64, "kernel_us": 12.5}]}
+    monkeypatch.setattr(bench, "run_benchmark", lambda *a, **k: result)
+    full_disk(1)
+    assert bench.main(["--shapes", "8x64", "--json", str(tmp_path / "bench.json")]) == 1
+    out, err = capsys.readouterr()
+    assert json.loads(out) == result
+    assert err.count("\n") == 1 and "No space left on device" in err and "bench.json" in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
+def _tiny_bart_checkpoint(directory: Path, seed: int) -> Path:
+    from transformers import BartConfig, BartForConditionalGeneration
+
+    config = BartConfig(d_model=32, encoder_layers=1, decoder_layers=2, encoder_attention_heads=2,
+                        decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, vocab_size=128,
+                        max_position_embeddings=64)
+    torch.manual_seed(seed)
+    BartForConditionalGeneration(config).eval().save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """A tiny bart exported: (output folder, .pte, coverage file)."""
+    from pipeline.aot.export import export_model
+
+    folder = tmp_path_factory.mktemp("export")
+    checkpoint = _tiny_bart_checkpoint(folder / "checkpoint", seed=1)
+    summary = export_model("bart", checkpoint=checkpoint, output_dir=folder / "out")
+    return folder / "out", Path(summary["pte"]), Path(summary["coverage_json"])
+
+
+def test_an_export_writes_its_pte_and_coverage_file_as_a_pair(exported):
+    _, pte, coverage = exported
+    summary = json.loads(coverage.read_text())
+    assert summary["pte_sha256"] == hashlib.sha256(pte.read_bytes()).hexdigest()
+    assert summary["export_seconds"] > 0
+    assert sorted(p.name for p in pte.parent.iterdir()) == sorted([pte.name, coverage.name])
+
+
+@pytest.mark.parametrize("failing", [1, 2], ids=["the .pte", "the coverage file"])
+def test_a_full_disk_leaves_the_previous_pte_and_coverage_pair(exported, tmp_path, full_disk, failing):
+    # Before: with the coverage write failing, the new .pte stood beside the old coverage file.
+    from pipeline.aot.export import export_model
+
+    out, pte, coverage = exported
+    folder = tmp_path / "out"
+    folder.mkdir()
+    (folder / pte.name).write_bytes(b"the previous .pte")
+    (folder / coverage.name).write_text("the previous coverage")
+    checkpoint = _tiny_bart_checkpoint(tmp_path / "checkpoint", seed=2)
+    disk = full_disk(failing)
+    with pytest.raises(OSError, match="No space left on device"):
+        export_model("bart", checkpoint=checkpoint, output_dir=folder)
+    assert disk.writes == failing
+    assert (folder / pte.name).read_bytes() == b"the previous .pte"
+    assert (folder / coverage.name).read_text() == "the previous coverage"
+    assert sorted(p.name for p in folder.iterdir()) == sorted([pte.name, coverage.name])
+
+
+@pytest.mark.parametrize("failing", [1, 2, 3])
+def test_a_full_disk_leaves_the_previous_report_set(exported, tmp_path, capsys, full_disk, failing):
+    # Before: the report's JSON was replaced and its Markdown and HTML were not.
+    from pipeline.evaluation.runner import report_main
+
+    _, pte, _ = exported
+    reports = tmp_path / "reports"
+    assert report_main("coverage", "doc", ["--pte", str(pte), "--output-dir", str(reports)]) == 0
+    written = sorted(reports.iterdir())
+    assert [p.suffix for p in written] == [".html", ".json", ".md"]
+    for path in written:
+        path.write_text(f"the previous {path.suffix}")
+    capsys.readouterr()
+    full_disk(failing)
+    assert report_main("coverage", "doc", ["--pte", str(pte), "--output-dir", str(reports)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "No space left on device" in err, err
+    assert sorted(reports.iterdir()) == written
+    for path in written:
+        assert path.read_text() == f"the previous {path.suffix}"
