@@ -48,6 +48,29 @@ def read_artifact(pte_path: str | os.PathLike, data: bytes | None = None) -> dic
     Raises ArtifactError when the coverage file is missing, unreadable, or names another
     `.pte` (a hash that differs: the pair was mismatched, e.g. by an interrupted export).
     """
+    summary = _read_summary(pte_path)
+    _check_digest(summary, pte_path, sha256_of(pte_path) if data is None else hashlib.sha256(data).hexdigest())
+    return summary
+
+
+def read_artifact_file(pte_path: str | os.PathLike) -> tuple[dict[str, Any], bytes]:
+    """(export summary, bytes) of the `.pte` at `pte_path`, read once: the summary is
+    checked against exactly the bytes returned, which are what the caller runs
+    (`program_loader`), never a later read of the path. Raises ArtifactError as
+    `read_artifact` does, PteError for what is not a regular file, OSError as the OS does.
+    A file of another size than the summary names is refused before it is read."""
+    summary = _read_summary(pte_path)
+    size = summary.get("pte_bytes")
+    found = os.stat(pte_path)
+    if isinstance(size, int) and stat.S_ISREG(found.st_mode) and found.st_size != size:
+        raise ArtifactError(f"{coverage_path_of(pte_path)} describes another file than {pte_path} "
+                            f"({size} bytes, the file {found.st_size}); export again")
+    data = read_pte(pte_path)
+    _check_digest(summary, pte_path, hashlib.sha256(data).hexdigest())
+    return summary, data
+
+
+def _read_summary(pte_path: str | os.PathLike) -> dict[str, Any]:
     summary_path = coverage_path_of(pte_path)
     try:
         summary = json.loads(Path(summary_path).read_text())
@@ -57,19 +80,13 @@ def read_artifact(pte_path: str | os.PathLike, data: bytes | None = None) -> dic
         raise ArtifactError(f"{summary_path} unreadable: {exc}") from None
     if not isinstance(summary, dict) or not isinstance(summary.get("pte_sha256"), str):
         raise ArtifactError(f"{summary_path} names no .pte hash: not written by this version of export_model")
-    digest = sha256_of(pte_path) if data is None else hashlib.sha256(data).hexdigest()
-    if summary["pte_sha256"] != digest:
-        raise ArtifactError(f"{summary_path} describes another file than {pte_path} (sha256 differs); export again")
     return summary
 
 
-def read_artifact_file(pte_path: str | os.PathLike) -> tuple[dict[str, Any], bytes]:
-    """(export summary, bytes) of the `.pte` at `pte_path`, read once: the summary is
-    checked against exactly the bytes returned, which are what the caller runs
-    (`program_loader`), never a later read of the path. Raises ArtifactError as
-    `read_artifact` does, PteError for what is not a regular file, OSError as the OS does."""
-    data = read_pte(pte_path)
-    return read_artifact(pte_path, data), data
+def _check_digest(summary: dict[str, Any], pte_path: str | os.PathLike, digest: str) -> None:
+    if summary["pte_sha256"] != digest:
+        raise ArtifactError(f"{coverage_path_of(pte_path)} describes another file than {pte_path} (sha256 differs); "
+                            "export again")
 
 
 def read_pte(pte_path: str | os.PathLike) -> bytes:
@@ -185,10 +202,10 @@ def run_artifact(
     if not Path(pte_path).is_file():
         raise ArtifactError(f"{pte_path} is not a regular file")
     # Read once: what is hashed is what runs, whatever happens to the file meanwhile.
-    data = read_pte(pte_path)
-    summary = None
     if inputs_path is None or coverage_path_of(pte_path).exists():
-        summary = read_artifact(pte_path, data)
+        summary, data = read_artifact_file(pte_path)
+    else:
+        summary, data = None, read_pte(pte_path)
     spec = None
     if summary is not None:
         progress(f"building {summary['model']}-{summary['variant']} (seed {summary.get('seed', 0)}) for its inputs "
