@@ -11,6 +11,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import socket
 import struct
 from pathlib import Path
 
@@ -343,3 +344,46 @@ def test_a_full_disk_leaves_the_previous_report_set(exported, tmp_path, capsys, 
     assert sorted(reports.iterdir()) == written
     for path in written:
         assert path.read_text() == f"the previous {path.suffix}"
+
+
+# -- paths that are not a .pte file (defects 11 and 12) ---------------------------------------------
+
+
+def _paths(folder: Path) -> dict[str, tuple[Path, str]]:
+    """name -> (a path that is no .pte file, what the error must say)."""
+    (folder / "folder.pte").mkdir()
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(folder / "socket.pte"))
+    (folder / "loop-a.pte").symlink_to(folder / "loop-b.pte")
+    (folder / "loop-b.pte").symlink_to(folder / "loop-a.pte")
+    (folder / "proc.pte").symlink_to("/proc/self/status")
+    return {
+        "a folder": (folder / "folder.pte", "folder.pte: a directory, not a .pte file"),
+        "a socket": (folder / "socket.pte", r"socket.pte: not a regular file \(a socket\)"),
+        "a link loop": (folder / "loop-a.pte", "loop-a.pte: a loop of symbolic links, not a file"),
+        "a /proc file": (folder / "proc.pte", r"proc.pte: its size reads as 0 but it has contents: a file the "
+                                              r"kernel makes \(/proc, /sys\), not a .pte"),
+    }
+
+
+@pytest.mark.parametrize("runtime", ["python", "executorch"])
+def test_paths_that_are_not_files_are_refused_saying_what_they_are(tmp_path, runtime):
+    # Before: a folder was IsADirectoryError naming file descriptor "3", a socket an OSError
+    # (ENXIO), a link loop an OSError, a /proc file "empty file".
+    load = pipeline.load if runtime == "python" else _native_loader()
+    for name, (path, message) in _paths(tmp_path).items():
+        with pytest.raises(PteError, match=message):
+            load(path)
+
+
+def test_run_pte_says_what_a_path_is(tmp_path):
+    # Before: run_pte called a link loop "not found" and a /proc file "empty file".
+    from pipeline.evaluation.artifact import ArtifactError, read_artifact, run_artifact
+
+    for name, (path, message) in _paths(tmp_path).items():
+        with pytest.raises((ArtifactError, PteError), match=message):
+            run_artifact(path)
+        if name != "a /proc file":  # a regular file: its coverage file is what is missing
+            with pytest.raises(ArtifactError, match=message):
+                read_artifact(path)
+

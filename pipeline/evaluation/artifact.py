@@ -25,14 +25,27 @@ class ArtifactError(ValueError):
 
 def sha256_of(path: str | os.PathLike) -> str:
     """The sha256 of the regular file at `path` (a FIFO or device is refused, not waited on)."""
+    _check_is_file(path)
     digest = hashlib.sha256()
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # replaced since: checked before open() names it by its descriptor
+        os.close(fd)
+        raise ArtifactError(f"{path} is not a regular file")
     with open(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ArtifactError(f"{path} is not a regular file")
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def _check_is_file(path: str | os.PathLike) -> None:
+    """ArtifactError saying what `path` is when it is not a regular file (a folder, a socket,
+    a loop of links); FileNotFoundError or PermissionError as the OS says."""
+    from pipeline.pte.file import PteError, check_path
+
+    try:
+        check_path(path)
+    except PteError as exc:
+        raise ArtifactError(str(exc)) from None
 
 
 def coverage_path_of(pte_path: str | os.PathLike) -> Path:
@@ -48,6 +61,8 @@ def read_artifact(pte_path: str | os.PathLike, data: bytes | None = None) -> dic
     Raises ArtifactError when the coverage file is missing, unreadable, or names another
     `.pte` (a hash that differs: the pair was mismatched, e.g. by an interrupted export).
     """
+    if data is None and os.path.lexists(pte_path):
+        _check_is_file(pte_path)
     summary = _read_summary(pte_path)
     _check_digest(summary, pte_path, sha256_of(pte_path) if data is None else hashlib.sha256(data).hexdigest())
     return summary
@@ -59,7 +74,14 @@ def read_artifact_file(pte_path: str | os.PathLike) -> tuple[dict[str, Any], byt
     (`program_loader`), never a later read of the path. Raises ArtifactError as
     `read_artifact` does, PteError for what is not a regular file, OSError as the OS does.
     A file of another size than the summary names is refused before it is read."""
-    summary = _read_summary(pte_path)
+    from pipeline.pte.file import check_path
+
+    check_path(pte_path)
+    try:
+        summary = _read_summary(pte_path)
+    except ArtifactError:
+        read_pte(pte_path)  # what is wrong with the file itself, if anything, is said first
+        raise
     size = summary.get("pte_bytes")
     found = os.stat(pte_path)
     if isinstance(size, int) and stat.S_ISREG(found.st_mode) and found.st_size != size:
@@ -197,10 +219,10 @@ def run_artifact(
         raise ValueError(f"repeats must be at least 1, got {repeats}")
     if etdump is not None and runtime != "executorch":
         raise ValueError("etdump needs runtime='executorch'")
-    if not Path(pte_path).exists():  # before its coverage file is looked for
-        raise FileNotFoundError(f"{pte_path} not found")
-    if not Path(pte_path).is_file():
-        raise ArtifactError(f"{pte_path} is not a regular file")
+    try:  # before its coverage file is looked for
+        _check_is_file(pte_path)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{pte_path} not found") from None
     # Read once: what is hashed is what runs, whatever happens to the file meanwhile.
     if inputs_path is None or coverage_path_of(pte_path).exists():
         summary, data = read_artifact_file(pte_path)

@@ -66,9 +66,9 @@ class PteFile:
 
     @classmethod
     def read(cls, path: str | os.PathLike) -> PteFile:
-        """Read the file at `path` into private memory; raises FileNotFoundError,
-        PermissionError or IsADirectoryError as the OS does, PteError when it is not a
-        regular file or its contents are not a program."""
+        """Read the file at `path` into private memory; raises FileNotFoundError or
+        PermissionError as the OS does, PteError when it is not a regular file (a folder, a
+        socket, a loop of links, a /proc file) or its contents are not a program."""
         return cls(read_private(path), str(path))
 
     @property
@@ -120,17 +120,20 @@ def read_private(path: str | os.PathLike) -> bytes:
     file larger than that (a program followed by other bytes) is refused unread, as is one
     that changes while it is read.
     """
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise _not_openable(path, exc) from None
+    before = os.fstat(fd)
+    if not stat.S_ISREG(before.st_mode):  # checked before FileIO, which names a folder by its descriptor
+        os.close(fd)
+        raise PteError(f"{path}: {_not_regular(before.st_mode)}")
     with io.FileIO(fd, "rb") as f:
-        before = os.fstat(fd)
-        if stat.S_ISDIR(before.st_mode):
-            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), os.fspath(path))
-        if not stat.S_ISREG(before.st_mode):
-            raise PteError(f"{path}: not a regular file ({_file_kind(before.st_mode)}); a .pte must be one")
         size = before.st_size
-        if size == 0:
-            raise PteError(f"{path}: empty file, not an ExecuTorch program (.pte)")
         head = os.pread(fd, HEAD, 0)
+        if size == 0:
+            raise PteError(f"{path}: its size reads as 0 but it has contents: a file the kernel makes (/proc, "
+                           "/sys), not a .pte" if head else f"{path}: empty file, not an ExecuTorch program (.pte)")
         end = extent(head, size, str(path))
         if end is None:  # an older header: the segments the program lists say where the file ends
             program_size = EXTENDED.unpack_from(head, EXTENDED_AT)[2]
@@ -205,12 +208,38 @@ def _read_flatbuffer(program_bytes: bytes, source: str) -> schema.Program:
         raise PteError(f"{source}: program flatbuffer corrupt: {type(exc).__name__}: {exc}") from None
 
 
-def _file_kind(mode: int) -> str:
+def check_path(path: str | os.PathLike) -> None:
+    """Nothing when `path` names a regular file (following links); FileNotFoundError or
+    PermissionError as the OS says, PteError saying what it is otherwise (a folder, a
+    socket, a named pipe, a device, a loop of links)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        raise _not_openable(path, exc) from None
+    if not stat.S_ISREG(mode):
+        raise PteError(f"{path}: {_not_regular(mode)}")
+
+
+def _not_openable(path: str | os.PathLike, exc: OSError) -> OSError | PteError:
+    """What to raise for `path` that could not be opened or looked up."""
+    if exc.errno == errno.ELOOP:
+        return PteError(f"{path}: a loop of symbolic links, not a file")
+    if exc.errno == errno.ENXIO:  # a socket, or a device with no driver behind it
+        try:
+            return PteError(f"{path}: {_not_regular(os.stat(path).st_mode)}")
+        except OSError:
+            pass
+    return exc
+
+
+def _not_regular(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a directory, not a .pte file"
     for test, name in ((stat.S_ISFIFO, "a named pipe"), (stat.S_ISCHR, "a character device"),
                        (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
         if test(mode):
-            return name
-    return "not a regular file"
+            return f"not a regular file ({name}); a .pte must be one"
+    return "not a regular file; a .pte must be one"
 
 
 def _parse(data, source: str) -> tuple[schema.Program, list[Segment]]:
