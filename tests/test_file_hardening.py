@@ -6,6 +6,7 @@ refused with an error that names it, or handled without losing work (issue 31).
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import hashlib
 import importlib.util
@@ -22,7 +23,7 @@ from torch import nn
 
 import pipeline
 from pipeline.evaluation.artifact import runtime_loader, same_outputs
-from pipeline.pte import operators
+from pipeline.pte import blob, operators
 from pipeline.pte.file import PteError, PteFile
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -387,3 +388,48 @@ def test_run_pte_says_what_a_path_is(tmp_path):
             with pytest.raises(ArtifactError, match=message):
                 read_artifact(path)
 
+
+def _widened(data: bytes, width: int) -> bytes:
+    """A one-LayerNorm file (input and output [2, 8], no affine; input at offset 64 of arena 1)
+    made to normalize rows of `width` values: sizes, offsets, arena and blob changed alike,
+    so every check but the adapter's binding limit passes."""
+    def item(table: Table, slot: int, k: int) -> Table:
+        return Table(table.Bytes, table.Indirect(table.Vector(table.Offset(slot)) + 4 * k))
+
+    def tensor(j: int) -> Table:
+        value = item(plan, 8, j)
+        return Table(value.Bytes, value.Indirect(value.Pos + value.Offset(6)))
+
+    out = bytearray(data)
+    plan = item(Table(bytearray(data), struct.unpack_from("<I", data, 0)[0]), 6, 0)
+    for j in (0, 1):  # Tensor.sizes (field 2), int32
+        struct.pack_into("<ii", out, tensor(j).Vector(tensor(j).Offset(8)), 1, width)
+    allocation = Table(tensor(0).Bytes, tensor(0).Indirect(tensor(0).Pos + tensor(0).Offset(16)))
+    struct.pack_into("<I", out, allocation.Pos + allocation.Offset(6), width * 4)  # memory_offset_low
+    struct.pack_into("<q", out, plan.Vector(plan.Offset(20)) + 8, 2 * width * 4)  # non_const_buffer_sizes[1]
+    pte = PteFile(data, "small")
+    old = pte.delegate_bytes(pte.plan.delegates[0])
+    decoded = blob.decode(old)
+    new = blob.encode(dataclasses.replace(decoded, params=dataclasses.replace(decoded.params, normalized_shape=(width,))))
+    at = bytes(out).index(old)
+    out[at:at + len(old)] = new
+    return bytes(out)
+
+
+@pytest.mark.parametrize("runtime", ["python", "executorch"])
+def test_a_delegate_wider_than_the_binding_limit_is_refused_naming_both(tmp_path, runtime):
+    # Before: RuntimeError ("opening the delegate on the GPU failed") in the Python runtime,
+    # "Failed to load method forward, error: 0x:1" in ExecuTorch's.
+    from pipeline import runtime as webgpu
+
+    load = pipeline.load if runtime == "python" else _native_loader()
+    pipeline.lower(nn.LayerNorm(8, elementwise_affine=False).eval(), (randn(2, 8),)).save(tmp_path / "narrow.pte")
+    limits = webgpu.device_info()["limits"]
+    limit = min(limits["max-storage-buffer-binding-size"], limits["max-buffer-size"])
+    width = limit // 4 + 1
+    (tmp_path / "wide.pte").write_bytes(_widened((tmp_path / "narrow.pte").read_bytes(), width))
+    with pytest.raises(PteError, match=rf"wide.pte: delegate 0: a row of {width} values \({width * 4} bytes of "
+                                       rf"float32\) exceeds this adapter's binding limit of {limit} bytes"):
+        load(tmp_path / "wide.pte")
+    (tmp_path / "fits.pte").write_bytes(_widened((tmp_path / "narrow.pte").read_bytes(), 64))
+    assert load(tmp_path / "fits.pte")(randn(1, 64)) is not None
