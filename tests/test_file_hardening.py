@@ -14,6 +14,8 @@ import json
 import os
 import socket
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -433,3 +435,68 @@ def test_a_delegate_wider_than_the_binding_limit_is_refused_naming_both(tmp_path
         load(tmp_path / "wide.pte")
     (tmp_path / "fits.pte").write_bytes(_widened((tmp_path / "narrow.pte").read_bytes(), 64))
     assert load(tmp_path / "fits.pte")(randn(1, 64)) is not None
+
+
+# -- coverage files, files that cannot run, a closed stdout (defect 12) -----------------------------
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"model": None}, "has no 'model'"),
+    ({"variant": 3}, "'variant' is 3, expected str"),
+    ({"seed": "0"}, "'seed' is \"0\", expected int"),
+    ({"seed": -1}, "'seed' is -1, expected int \\(not negative\\)"),
+    ({"checkpoint": []}, "'checkpoint' is \\[\\], expected str or null"),
+    ({"dynamic": 1}, "'dynamic' is 1, expected bool"),
+])
+def test_a_bad_coverage_file_is_an_artifact_error(exported, tmp_path, change, message):
+    # Before: KeyError: 'model' (and the like) from deep inside run_pte and the --pte reports.
+    from pipeline.evaluation.artifact import ArtifactError, read_artifact_file, run_artifact
+
+    _, pte, coverage = exported
+    summary = json.loads(coverage.read_text())
+    for key, value in change.items():
+        if value is None:
+            del summary[key]
+        else:
+            summary[key] = value
+    (tmp_path / pte.name).write_bytes(pte.read_bytes())
+    (tmp_path / coverage.name).write_text(json.dumps(summary))
+    for read in (read_artifact_file, run_artifact):
+        with pytest.raises(ArtifactError, match=f"{coverage.name}: {message}" if "has no" not in message
+                           else f"{coverage.name} {message}: not a coverage file written by export_model"):
+            read(tmp_path / pte.name)
+
+
+def test_the_coverage_audit_of_a_file_that_cannot_run_fails(exported, tmp_path, monkeypatch, capsys):
+    # Before: "complete" (the audit counted the file's delegates and never ran it).
+    from pipeline.evaluation.runner import report_main
+    from pipeline.runtime.delegate import LayerNormDelegate
+
+    def lost(self, *args):
+        raise RuntimeError("the device was lost")
+
+    _, pte, _ = exported
+    monkeypatch.setattr(LayerNormDelegate, "__call__", lost)
+    assert report_main("coverage", "doc", ["--pte", str(pte), "--output-dir", str(tmp_path)]) == 1
+    report = json.loads((tmp_path / f"{pte.stem}.pte.coverage.json").read_text())
+    assert report["verdict"] == "incomplete"
+    assert report["notes"] == ["the program cannot run on the example inputs: RuntimeError: the device was lost"]
+    assert "verdict failed" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("script", ["coverage_audit", "accuracy_report"])
+def test_a_report_piped_into_head_writes_its_files_and_exits_quietly(exported, tmp_path, script):
+    # Before: BrokenPipeError at the second progress line: exit 1 and no report written.
+    _, pte, _ = exported
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, str(ROOT / "scripts" / f"{script}.py"), "--pte", str(pte),
+                             "--output-dir", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    first = proc.stdout.readline()
+    proc.stdout.close()  # as `| head -1` does
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=600) == 0, err
+    assert first.startswith(b"[")
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
+    kind = "coverage" if script == "coverage_audit" else "accuracy"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        f"{pte.stem}.pte.{kind}{suffix}" for suffix in (".html", ".json", ".md"))

@@ -23,6 +23,20 @@ class ArtifactError(ValueError):
     """A `.pte` and its `.coverage.json` do not belong together, or the pair is incomplete."""
 
 
+# What readers take from a coverage file: key -> (JSON types it may have, required).
+SUMMARY_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
+    "pte_sha256": ((str,), True),
+    "model": ((str,), True),
+    "variant": ((str,), True),
+    "checkpoint": ((str, type(None)), False),
+    "seed": ((int,), False),
+    "dynamic": ((bool,), False),
+    "dtype": ((str,), False),
+    "cpu_backend": ((str,), False),
+    "pte_bytes": ((int,), False),
+}
+
+
 def sha256_of(path: str | os.PathLike) -> str:
     """The sha256 of the regular file at `path` (a FIFO or device is refused, not waited on)."""
     _check_is_file(path)
@@ -102,6 +116,17 @@ def _read_summary(pte_path: str | os.PathLike) -> dict[str, Any]:
         raise ArtifactError(f"{summary_path} unreadable: {exc}") from None
     if not isinstance(summary, dict) or not isinstance(summary.get("pte_sha256"), str):
         raise ArtifactError(f"{summary_path} names no .pte hash: not written by this version of export_model")
+    for key, (kinds, required) in SUMMARY_FIELDS.items():
+        if key not in summary:
+            if required:
+                raise ArtifactError(f"{summary_path} has no {key!r}: not a coverage file written by export_model")
+            continue
+        value = summary[key]
+        if type(value) not in kinds or (type(value) is int and value < 0):
+            expected = " or ".join("null" if k is type(None) else k.__name__ for k in kinds)
+            raise ArtifactError(f"{summary_path}: {key!r} is {json.dumps(value)[:60]}, expected {expected}"
+                                f"{' (not negative)' if int in kinds else ''}: not a coverage file written by "
+                                "export_model")
     return summary
 
 
