@@ -12,12 +12,27 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import sys
 import warnings
 
 # The model registry's names (pipeline.models.NAMES, which imports transformers), known to
 # argument parsing before anything heavy is imported; tests/test_models.py holds them equal.
 MODEL_NAMES = ("bart", "florence2", "whisper")
 SEED_LIMIT = 2**64  # torch generators take seeds below this; numpy's take none below 0
+
+
+def print_progress(line: str) -> None:
+    """Print a progress line to stdout. Once stdout is a closed pipe (`| head -1`), the
+    rest goes nowhere: the work and the files it writes carry on, and the process ends
+    without a traceback."""
+    try:
+        print(line, flush=True)
+    except BrokenPipeError:
+        # Later prints, and the flush at exit, write to /dev/null instead of raising.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
 
 
 def seed(text: str) -> int:

@@ -1,11 +1,12 @@
-"""Atomic file writes: a temp file in the target's folder, then rename over the target."""
+"""Atomic file writes: a temp file in the target's folder, then rename over the target; several
+files as a set (all written before any is renamed)."""
 
 from __future__ import annotations
 
 import json
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 
@@ -15,21 +16,40 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes, check: Callable[[st
     `check(temp_path)` runs on the complete file before it takes its name; whatever it
     raises leaves `path` as it was.
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    write_files_atomic([(path, data, check)])
+
+
+def write_files_atomic(files: Sequence[tuple[str | os.PathLike, bytes | Callable[[], bytes],
+                                             Callable[[str], None] | None]]) -> None:
+    """Write several files, each `(path, data, check)` as `write_bytes_atomic` writes one,
+    as a set: every file is written in full to a temp file beside its target (and checked)
+    before any takes its name, so a full disk, a failed check or an interrupt on the way
+    removes every temp file and leaves the previous files as they were. Then each temp
+    file takes its name, in order (a rename writes no data). `data` may be a function,
+    called when the files before it are written and checked.
+    """
+    temps: list[tuple[str, Path]] = []
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        if check is not None:
-            check(tmp)
-        # mkstemp makes the file private (0600); give it the mode a plain open() would.
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
+        for path, data, check in files:
+            path = Path(path)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+            temps.append((tmp, path))
+            with os.fdopen(fd, "wb") as f:
+                f.write(data() if callable(data) else data)
+                f.flush()
+                os.fsync(f.fileno())
+            if check is not None:
+                check(tmp)
+            # mkstemp makes the file private (0600); give it the mode a plain open() would.
+            os.chmod(tmp, 0o666 & ~_umask())
+        while temps:
+            tmp, path = temps[0]
+            os.replace(tmp, path)
+            temps.pop(0)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        for tmp, _ in temps:
+            Path(tmp).unlink(missing_ok=True)
         raise
 
 
@@ -44,7 +64,12 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
 
 
 def write_json_atomic(path: str | os.PathLike, obj: object) -> None:
-    write_text_atomic(path, json.dumps(obj, indent=2) + "\n")
+    write_bytes_atomic(path, json_bytes(obj))
+
+
+def json_bytes(obj: object) -> bytes:
+    """`obj` as the JSON files are written: indented, one trailing newline."""
+    return (json.dumps(obj, indent=2) + "\n").encode()
 
 
 def check_output_file(path: str | os.PathLike) -> None:

@@ -16,7 +16,7 @@ if __name__ == "__main__":
     _interrupts.while_starting()
 
 from pipeline import cli  # noqa: E402
-from pipeline.ioutil import check_output_file, write_json_atomic  # noqa: E402
+from pipeline.ioutil import check_output_file, json_bytes, write_json_atomic  # noqa: E402
 from pipeline.benchmark import MAX_REPEATS, OUTPUTS, parse_shapes, run_benchmark  # noqa: E402
 
 
@@ -62,7 +62,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench_layer_norm: {exc}", file=sys.stderr)
         return 1
     if args.json:
-        write_json_atomic(args.json, result)
+        try:
+            write_json_atomic(args.json, result)
+        except OSError as exc:  # a full disk: the results go to stdout rather than nowhere
+            print(json_bytes(result).decode(), end="", flush=True)
+            print(f"bench_layer_norm: cannot write {args.json} ({exc.strerror or exc}); "
+                  "the results are above, on stdout", file=sys.stderr)
+            return 1
         print(f"wrote {args.json}")
     return 0
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.evaluation.artifact import same_outputs
-from pipeline.ioutil import write_bytes_atomic, write_json_atomic
+from pipeline.ioutil import json_bytes, write_files_atomic, write_json_atomic
 
 
 class IncompleteDelegationError(RuntimeError):
@@ -25,11 +25,10 @@ class ArtifactCheckError(RuntimeError):
     """The written `.pte`, loaded back and run, does not reproduce the program that wrote it."""
 
 
-def write_checked(buffer: bytes, path: Path, example_inputs: tuple, expected,
-                  load: Callable | None = None) -> None:
-    """Write `buffer` (a program) to `path` only if the file, loaded back with `load`
-    (default `pipeline.load`) and run on `example_inputs`, gives `expected` bit for bit;
-    otherwise nothing appears under `path`."""
+def reproduces(path: Path, example_inputs: tuple, expected, load: Callable | None = None) -> Callable[[str], None]:
+    """A check for a program written to a temp file on its way to `path`: loaded back with
+    `load` (default `pipeline.load`) and run on `example_inputs`, it gives `expected` bit
+    for bit, or ArtifactCheckError."""
     if load is None:
         from pipeline.interpreter import Program
 
@@ -39,8 +38,7 @@ def write_checked(buffer: bytes, path: Path, example_inputs: tuple, expected,
         if not same_outputs(load(written)(*example_inputs), expected):
             raise ArtifactCheckError(f"{path.name}: the written file, loaded back, does not reproduce the "
                                      "program's outputs bit for bit; nothing was written")
-
-    write_bytes_atomic(path, buffer, check)
+    return check
 
 
 def export_model(
@@ -138,12 +136,19 @@ def export_model(
         stage("running the program in ExecuTorch's runtime on the example inputs")
         expected, load = native.load(buffer)(*spec.example_inputs), native.load
     stage(f"writing {pte_path}, loading it back and checking it reproduces that run")
-    write_checked(buffer, pte_path, spec.example_inputs, expected, load)
     summary["pte"] = str(pte_path)
     summary["pte_bytes"] = len(buffer)
     summary["pte_sha256"] = hashlib.sha256(buffer).hexdigest()
-    summary["export_seconds"] = round(time.perf_counter() - start, 2)
-    write_json_atomic(coverage_path, summary)
+
+    def coverage_bytes() -> bytes:  # once the .pte is written and checked
+        summary["export_seconds"] = round(time.perf_counter() - start, 2)
+        return json_bytes(summary)
+
+    # The .pte and its coverage file take their names together, once both are written in
+    # full (the .pte checked): a full disk leaves no .pte without its coverage file, and
+    # the previous pair as it was.
+    write_files_atomic([(pte_path, buffer, reproduces(pte_path, spec.example_inputs, expected, load)),
+                        (coverage_path, coverage_bytes, None)])
     summary["coverage_json"] = str(coverage_path)
     stage("done")
     return summary

@@ -23,16 +23,44 @@ class ArtifactError(ValueError):
     """A `.pte` and its `.coverage.json` do not belong together, or the pair is incomplete."""
 
 
+# What readers take from a coverage file: key -> (JSON types it may have, required).
+SUMMARY_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
+    "pte_sha256": ((str,), True),
+    "model": ((str,), True),
+    "variant": ((str,), True),
+    "checkpoint": ((str, type(None)), False),
+    "checkpoint_sha256": ((str,), False),
+    "seed": ((int,), False),
+    "dynamic": ((bool,), False),
+    "dtype": ((str,), False),
+    "cpu_backend": ((str,), False),
+    "pte_bytes": ((int,), False),
+}
+
+
 def sha256_of(path: str | os.PathLike) -> str:
     """The sha256 of the regular file at `path` (a FIFO or device is refused, not waited on)."""
+    _check_is_file(path)
     digest = hashlib.sha256()
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # replaced since: checked before open() names it by its descriptor
+        os.close(fd)
+        raise ArtifactError(f"{path} is not a regular file")
     with open(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ArtifactError(f"{path} is not a regular file")
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def _check_is_file(path: str | os.PathLike) -> None:
+    """ArtifactError saying what `path` is when it is not a regular file (a folder, a socket,
+    a loop of links); FileNotFoundError or PermissionError as the OS says."""
+    from pipeline.pte.file import PteError, check_path
+
+    try:
+        check_path(path)
+    except PteError as exc:
+        raise ArtifactError(str(exc)) from None
 
 
 def coverage_path_of(pte_path: str | os.PathLike) -> Path:
@@ -48,6 +76,40 @@ def read_artifact(pte_path: str | os.PathLike, data: bytes | None = None) -> dic
     Raises ArtifactError when the coverage file is missing, unreadable, or names another
     `.pte` (a hash that differs: the pair was mismatched, e.g. by an interrupted export).
     """
+    if data is None and os.path.lexists(pte_path):
+        _check_is_file(pte_path)
+    summary = _read_summary(pte_path)
+    _check_digest(summary, pte_path, sha256_of(pte_path) if data is None else hashlib.sha256(data).hexdigest())
+    _check_checkpoint_record(summary, coverage_path_of(pte_path))
+    return summary
+
+
+def read_artifact_file(pte_path: str | os.PathLike) -> tuple[dict[str, Any], bytes]:
+    """(export summary, bytes) of the `.pte` at `pte_path`, read once: the summary is
+    checked against exactly the bytes returned, which are what the caller runs
+    (`program_loader`), never a later read of the path. Raises ArtifactError as
+    `read_artifact` does, PteError for what is not a regular file, OSError as the OS does.
+    A file of another size than the summary names is refused before it is read."""
+    from pipeline.pte.file import check_path
+
+    check_path(pte_path)
+    try:
+        summary = _read_summary(pte_path)
+    except ArtifactError:
+        read_pte(pte_path)  # what is wrong with the file itself, if anything, is said first
+        raise
+    size = summary.get("pte_bytes")
+    found = os.stat(pte_path)
+    if isinstance(size, int) and stat.S_ISREG(found.st_mode) and found.st_size != size:
+        raise ArtifactError(f"{coverage_path_of(pte_path)} describes another file than {pte_path} "
+                            f"({size} bytes, the file {found.st_size}); export again")
+    data = read_pte(pte_path)
+    _check_digest(summary, pte_path, hashlib.sha256(data).hexdigest())
+    _check_checkpoint_record(summary, coverage_path_of(pte_path))
+    return summary, data
+
+
+def _read_summary(pte_path: str | os.PathLike) -> dict[str, Any]:
     summary_path = coverage_path_of(pte_path)
     try:
         summary = json.loads(Path(summary_path).read_text())
@@ -57,11 +119,24 @@ def read_artifact(pte_path: str | os.PathLike, data: bytes | None = None) -> dic
         raise ArtifactError(f"{summary_path} unreadable: {exc}") from None
     if not isinstance(summary, dict) or not isinstance(summary.get("pte_sha256"), str):
         raise ArtifactError(f"{summary_path} names no .pte hash: not written by this version of export_model")
-    digest = sha256_of(pte_path) if data is None else hashlib.sha256(data).hexdigest()
-    if summary["pte_sha256"] != digest:
-        raise ArtifactError(f"{summary_path} describes another file than {pte_path} (sha256 differs); export again")
-    _check_checkpoint_record(summary, summary_path)
+    for key, (kinds, required) in SUMMARY_FIELDS.items():
+        if key not in summary:
+            if required:
+                raise ArtifactError(f"{summary_path} has no {key!r}: not a coverage file written by export_model")
+            continue
+        value = summary[key]
+        if type(value) not in kinds or (type(value) is int and value < 0):
+            expected = " or ".join("null" if k is type(None) else k.__name__ for k in kinds)
+            raise ArtifactError(f"{summary_path}: {key!r} is {json.dumps(value)[:60]}, expected {expected}"
+                                f"{' (not negative)' if int in kinds else ''}: not a coverage file written by "
+                                "export_model")
     return summary
+
+
+def _check_digest(summary: dict[str, Any], pte_path: str | os.PathLike, digest: str) -> None:
+    if summary["pte_sha256"] != digest:
+        raise ArtifactError(f"{coverage_path_of(pte_path)} describes another file than {pte_path} (sha256 differs); "
+                            "export again")
 
 
 def _check_checkpoint_record(summary: dict[str, Any], source: str | os.PathLike) -> None:
@@ -77,15 +152,6 @@ def _check_checkpoint_record(summary: dict[str, Any], source: str | os.PathLike)
     if not (isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):
         raise ArtifactError(f"{source}: names checkpoint {checkpoint} without the sha256 of its files "
                             "(written by an older export_model); export again")
-
-
-def read_artifact_file(pte_path: str | os.PathLike) -> tuple[dict[str, Any], bytes]:
-    """(export summary, bytes) of the `.pte` at `pte_path`, read once: the summary is
-    checked against exactly the bytes returned, which are what the caller runs
-    (`program_loader`), never a later read of the path. Raises ArtifactError as
-    `read_artifact` does, PteError for what is not a regular file, OSError as the OS does."""
-    data = read_pte(pte_path)
-    return read_artifact(pte_path, data), data
 
 
 def read_pte(pte_path: str | os.PathLike) -> bytes:
@@ -201,15 +267,15 @@ def run_artifact(
         raise ValueError(f"repeats must be at least 1, got {repeats}")
     if etdump is not None and runtime != "executorch":
         raise ValueError("etdump needs runtime='executorch'")
-    if not Path(pte_path).exists():  # before its coverage file is looked for
-        raise FileNotFoundError(f"{pte_path} not found")
-    if not Path(pte_path).is_file():
-        raise ArtifactError(f"{pte_path} is not a regular file")
+    try:  # before its coverage file is looked for
+        _check_is_file(pte_path)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{pte_path} not found") from None
     # Read once: what is hashed is what runs, whatever happens to the file meanwhile.
-    data = read_pte(pte_path)
-    summary = None
     if inputs_path is None or coverage_path_of(pte_path).exists():
-        summary = read_artifact(pte_path, data)
+        summary, data = read_artifact_file(pte_path)
+    else:
+        summary, data = None, read_pte(pte_path)
     spec = None
     if summary is not None:
         progress(f"building {summary['model']}-{summary['variant']} (seed {summary.get('seed', 0)}) for its inputs "

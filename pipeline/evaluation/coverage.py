@@ -83,10 +83,21 @@ def audit_coverage(
     program,
     model: str = "",
     variant: str | None = None,
+    run: bool = False,
 ) -> CoverageAudit:
-    """Hold what eager `module(*example_inputs)` runs against the lowered `program`'s LayerNorms."""
+    """Hold what eager `module(*example_inputs)` runs against the lowered `program`'s LayerNorms.
+
+    With `run`, the program is called on the example inputs too: a program that cannot run
+    delegates nothing, so its failure is a note and the verdict is not complete."""
     eager = run_eager(module, example_inputs, keep_tensors=False)
-    return coverage_of(eager.calls, program_records(program, eager.calls), program, model, variant)
+    audit = coverage_of(eager.calls, program_records(program, eager.calls), program, model, variant)
+    if run:
+        try:
+            program(*example_inputs)
+        except Exception as exc:  # whatever stops it, the verdict says so
+            audit.notes.append(f"the program cannot run on the example inputs: {type(exc).__name__}: "
+                               f"{' '.join(str(exc).split())[:300]}")
+    return audit
 
 
 def coverage_of(

@@ -8,7 +8,7 @@ import io
 import math
 from pathlib import Path
 
-from pipeline.ioutil import write_bytes_atomic, write_json_atomic, write_text_atomic
+from pipeline.ioutil import json_bytes, write_files_atomic
 
 
 def json_safe(obj: object) -> object:
@@ -94,10 +94,10 @@ def error_plot(labels: list[str], series: dict[str, list[float | None]], title: 
 
 
 def write_report(out_dir: str | Path, stem: str, data: dict, markdown: str, page: str) -> list[Path]:
-    """Write STEM.json, STEM.md and STEM.html under `out_dir`, each atomically."""
+    """Write STEM.json, STEM.md and STEM.html under `out_dir` as a set: all three are written
+    in full before any takes its name, so a failure (a full disk) leaves the previous set."""
     out = Path(out_dir)
     paths = [out / f"{stem}.json", out / f"{stem}.md", out / f"{stem}.html"]
-    write_json_atomic(paths[0], json_safe(data))
-    write_text_atomic(paths[1], markdown)
-    write_bytes_atomic(paths[2], page.encode("utf-8"))
+    write_files_atomic([(paths[0], json_bytes(json_safe(data)), None), (paths[1], markdown.encode(), None),
+                        (paths[2], page.encode("utf-8"), None)])
     return paths

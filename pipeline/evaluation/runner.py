@@ -64,9 +64,10 @@ def _stem(model: str, variant: str | None, kind: str, dtype: str = "float32") ->
     return f"{name}{'' if dtype == 'float32' else '-' + dtype}.{kind}"
 
 
-def coverage_for(spec, program, seed: int) -> dict:
-    """The coverage audit of one built model and its lowered program, as a report dict."""
-    audit = audit_coverage(spec.module, spec.example_inputs, program, model=spec.name, variant=spec.variant)
+def coverage_for(spec, program, seed: int, run: bool = False) -> dict:
+    """The coverage audit of one built model and its lowered program, as a report dict; with
+    `run` (a program read from a file), the program must also run on the example inputs."""
+    audit = audit_coverage(spec.module, spec.example_inputs, program, model=spec.name, variant=spec.variant, run=run)
     env = environment(seed)
     return {**audit.as_dict(), "adapter": env["adapter"], "environment": env}
 
@@ -137,7 +138,7 @@ def run_reports(
             stem = _stem(name, spec.variant, kind, dtype)
         progress(f"[{name}] evaluating {kind} ...")
         if kind == "coverage":
-            data = coverage_for(spec, program, seed)
+            data = coverage_for(spec, program, seed, run=pte is not None)
             markdown, page, line, ok = (coverage_markdown(data), coverage_html(data), coverage_line(data),
                                         data["verdict"] == "complete")
         else:
@@ -230,8 +231,7 @@ def report_main(kind: str, description: str, argv: list[str] | None = None) -> i
                              f"(choose from {', '.join(models.variants(name))})")
     try:
         return run_reports(kind, args.model, args.variant, args.output_dir, args.seed,
-                           progress=lambda line: print(line, flush=True), pte=args.pte, dtype=args.dtype,
-                           runtime=runtime)
+                           progress=cli.print_progress, pte=args.pte, dtype=args.dtype, runtime=runtime)
     except Exception as exc:  # one line for the user, status 1
         print(f"{parser.prog}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1

@@ -50,6 +50,12 @@ PIPELINE_EXPORT int pipeline_webgpu_subgroup_size() {
   return device ? static_cast<int>(device->subgroup_size()) : -1;
 }
 
+// The most bytes one binding holds on the backend's device (0 without one).
+PIPELINE_EXPORT uint64_t pipeline_webgpu_binding_limit() {
+  webgpu::WebGPUDevice* device = webgpu::WebGPUDevice::get(nullptr);
+  return device ? device->binding_limit() : 0;
+}
+
 // 1 when the device's float16 stores use pack2x16float, 0 when not, -1 without a device.
 PIPELINE_EXPORT int pipeline_webgpu_pack2x16float() {
   webgpu::WebGPUDevice* device = webgpu::WebGPUDevice::get(nullptr);

@@ -51,6 +51,12 @@ PIPELINE_EXPORT int pipeline_layer_norm_subgroup_size() {
   return device ? static_cast<int>(device->subgroup_size()) : -1;
 }
 
+// The most bytes one binding holds on the library's device (0 without one).
+PIPELINE_EXPORT uint64_t pipeline_layer_norm_binding_limit() {
+  webgpu::WebGPUDevice* device = webgpu::WebGPUDevice::get(nullptr);
+  return device ? device->binding_limit() : 0;
+}
+
 // The size from which host copies run over threads (HostCopy): the generated value of
 // pipeline/wgsl/config.py's THREADED_COPY_BYTES, as compiled into this library.
 PIPELINE_EXPORT uint64_t pipeline_layer_norm_threaded_copy_bytes() { return webgpu::kThreadedCopyBytes; }

@@ -27,6 +27,11 @@ class WebGPUDevice {
   WGPUDevice device() const { return device_; }
   WGPUQueue queue() const { return queue_; }
   const WGPULimits& limits() const { return limits_; }
+  // The most bytes one binding holds: a row of x must fit in one.
+  uint64_t binding_limit() const {
+    return limits_.maxStorageBufferBindingSize < limits_.maxBufferSize ? limits_.maxStorageBufferBindingSize
+                                                                       : limits_.maxBufferSize;
+  }
   // The smallest subgroup size the kernel may rely on; 0 when subgroups are not used.
   uint32_t subgroup_size() const { return subgroup_size_; }
   // Whether pack2x16float rounds as aten does here (f16_pack_probe.wgsl): float16 stores use it.

@@ -50,6 +50,7 @@ def library() -> ctypes.CDLL:
             lib.pipeline_webgpu_probe.restype = ctypes.c_int
             lib.pipeline_webgpu_subgroup_size.restype = ctypes.c_int
             lib.pipeline_webgpu_pack2x16float.restype = ctypes.c_int
+            lib.pipeline_webgpu_binding_limit.restype = ctypes.c_uint64
             lib.pipeline_webgpu_wgsl_source.argtypes = [
                 ctypes.c_uint64, ctypes.c_int, ctypes.c_int, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_uint32,
                 ctypes.c_int, ctypes.c_uint64, ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t,
@@ -162,6 +163,7 @@ class NativeProgram:
                            f"{pte.plan.name!r})")
         self._plan = pte.plan
         register()
+        _check_rows_fit(pte)
         from executorch.runtime import Runtime
 
         try:
@@ -186,6 +188,23 @@ class NativeProgram:
                 flat[k] = checks.laid_out(declared, given)
         outputs = self.method.execute(flat)
         return [o.clone() if hasattr(o, "clone") else o for o in outputs]
+
+
+def _check_rows_fit(pte) -> None:
+    """PteError unless a row of each of our delegates fits a binding on the backend's device
+    (ExecuTorch's runtime would report only an error code)."""
+    from pipeline.pte import blob
+    from pipeline.pte.file import PteError
+
+    limit = library().pipeline_webgpu_binding_limit()
+    if not limit:
+        return  # no device: ExecuTorch's runtime says so
+    for i, d in enumerate(pte.plan.delegates):
+        if d.id == BACKEND_ID:
+            try:
+                blob.decode(pte.delegate_bytes(d)).params.check_fits(limit)
+            except ValueError as exc:
+                raise PteError(f"{pte.source}: delegate {i}: {exc}") from None
 
 
 def load(path: str | os.PathLike, method: str = "forward") -> NativeProgram:

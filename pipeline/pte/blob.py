@@ -65,6 +65,7 @@ OP_NATIVE_LAYER_NORM = 1
 # (pipeline.aot.preprocess.WebGPUBackend), as ExecuTorch records it.
 BACKEND_ID = "WebGPUBackend"
 DTYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2}
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 # How constants of each dtype are held as numpy arrays (numpy has no bfloat16: its bits).
 CONSTANT_ARRAYS = {"float32": np.dtype("<f4"), "float16": np.dtype("<f2"), "bfloat16": np.dtype("<u2")}
 
@@ -211,6 +212,14 @@ class LayerNormParams:
     def width(self) -> int | None:
         """Floats in one row; None when a dim is dynamic."""
         return None if DYNAMIC in self.normalized_shape else math.prod(self.normalized_shape)
+
+    def check_fits(self, limit: int) -> None:
+        """ValueError unless one row of x (static width) fits a binding of `limit` bytes,
+        the adapter's most (a row is one launch's unit)."""
+        width = self.width
+        if width is not None and width * DTYPE_BYTES[self.dtype] > limit:
+            raise ValueError(f"a row of {width} values ({width * DTYPE_BYTES[self.dtype]} bytes of {self.dtype}) "
+                             f"exceeds this adapter's binding limit of {limit} bytes: the delegate cannot run here")
 
     def resolve(self, input_shape: tuple[int, ...]) -> tuple[int, ...]:
         """normalized_shape with dynamic dims read from the trailing dims of `input_shape`."""

@@ -11,7 +11,9 @@ it must be consistent with:
   serializer lays it out (its bytes rounded up to the segment's alignment);
 - shapes and dtypes: every instruction is run once on meta tensors (no data, no work), in
   file order, and what each operator and delegate produces must be what the file declares
-  for its outputs — a flipped size, dtype, argument index or shape argument shows here.
+  for its outputs — a flipped size, dtype, argument index or shape argument shows here;
+  and a constant an operator reads has the dtype of one of its other tensors (type
+  promotion would hide one re-declared as another dtype).
 
 What stays undetectable without a checksum: a change that keeps every shape and dtype
 consistent (a scalar argument such as `alpha`, an argument or output re-pointed to another
@@ -38,6 +40,8 @@ from pipeline.pte import operators
 MAX_NUMEL = 2**48
 # How far a planned arena may reach past its last tensor (the planner's alignment padding).
 ARENA_SLACK = 4096
+# Operator arguments that are integers whatever the data's dtype (ATen's names for them).
+INDEX_ARGUMENTS = frozenset({"index", "indices"})
 
 
 class CheckError(ValueError):
@@ -598,6 +602,7 @@ def _check_kernel(plan: schema.ExecutionPlan, a: schema.KernelCall, values: list
         for j, got in zip(targets, results):
             _hold(plan, j, got)
             values[j] = got
+        _check_constant_dtypes(plan, fn, [args[i] for i in keep], [ids[i] for i in keep], vals, results)
         return
     kernel = operators.resolve(op.name, op.overload, True)
     if kernel is None:
@@ -609,6 +614,65 @@ def _check_kernel(plan: schema.ExecutionPlan, a: schema.KernelCall, values: list
     for j in ids:
         if isinstance(plan.values[j].val, schema.Tensor) and isinstance(values[j], torch.Tensor):
             _hold(plan, j, values[j])
+
+
+def _is_constant(val) -> bool:
+    return isinstance(val, schema.Tensor) and val.allocation_info is None and val.data_buffer_idx > 0
+
+
+def _check_constant_dtypes(plan: schema.ExecutionPlan, fn, args: list, ids: list[int], vals: list,
+                           results: list) -> None:
+    """A constant that an operator reads has the dtype of one of the operator's other tensors.
+
+    ExecuTorch's exporter stores a constant in the dtype its operator computes in (it casts
+    the inputs of a mixed-dtype add, sub, mul or div itself), and type promotion would hide a
+    re-declared one: a float tensor times a constant re-declared int32 or float16 is still
+    float, computed from other numbers. So a constant whose dtype none of the call's other
+    tensors has is refused when the operator takes it in theirs just as well. An argument
+    the operator holds to a dtype of its own (the meta kernel refuses it in theirs: a mask,
+    a condition; or an index, by its schema name) keeps it, as does an operator given a
+    `dtype`.
+    """
+    if any(str(arg.type).rstrip("?") == "ScalarType" and v is not None for arg, v in zip(args, vals)):
+        return
+    for k, (arg, j) in enumerate(zip(args, ids)):
+        if arg.name in INDEX_ARGUMENTS:
+            continue
+        val = plan.values[j].val
+        if isinstance(val, schema.Tensor):
+            found = [(None, j)] if _is_constant(val) else []
+        elif isinstance(val, (schema.TensorList, schema.OptionalTensorList)):
+            found = [(m, item) for m, item in enumerate(val.items) if item >= 0 and _is_constant(plan.values[item].val)]
+        else:
+            continue
+        for m, c in found:
+            mine = vals[k] if m is None else vals[k][m]
+            others = [v for n, v in enumerate(vals) if n != k] + list(results)
+            if m is not None:
+                others += [v for n, v in enumerate(vals[k]) if n != m]
+            dtypes = {t.dtype for t in _tensors(others)}
+            if not dtypes or mine.dtype in dtypes:
+                continue
+            for dtype in sorted(dtypes, key=str):
+                swapped = torch.empty_strided(tuple(mine.shape), mine.stride(), dtype=dtype, device="meta")
+                trial = list(vals)
+                trial[k] = swapped if m is None else [*vals[k][:m], swapped, *vals[k][m + 1:]]
+                try:
+                    fn(*[v for a, v in zip(args, trial) if not a.kwarg_only],
+                       **{a.name: v for a, v in zip(args, trial) if a.kwarg_only})
+                except (RuntimeError, ValueError, TypeError, IndexError, NotImplementedError):
+                    continue
+                raise CheckError(f"reads constant value {c} as {mine.dtype}, a dtype none of its other tensors "
+                                 f"has ({', '.join(sorted(map(str, dtypes)))}), where it takes {dtype} alike: "
+                                 "a constant is stored in the dtype its operator computes in")
+
+
+def _tensors(values: list):
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            yield v
+        elif isinstance(v, (list, tuple)):
+            yield from _tensors(list(v))
 
 
 # Transformer layers repeat the same operators on the same shapes: results by signature.

@@ -14,8 +14,8 @@ import numpy as np
 import torch
 
 from pipeline.pte import blob as blob_format
-from pipeline.runtime import native_call
-from pipeline.runtime.launch import _STORED, DTYPES, check_arguments, native_layer_norm
+from pipeline.runtime import device, native_call
+from pipeline.runtime.launch import _STORED, DTYPES, binding_limit, check_arguments, native_layer_norm
 
 
 class LayerNormDelegate:
@@ -27,7 +27,12 @@ class LayerNormDelegate:
         self.params = decoded.params
         # decode() returns fresh, writable arrays: no copy needed.
         self._constants = {role: _tensor(arr, self.params.affine_dtype) for role, arr in decoded.constants.items()}
-        self._native = native_call.open_or_warn(processed_bytes)
+        native = native_call.available()
+        if self.params.width is not None:  # a row wider than a binding cannot run here: refused now
+            limit = native_call.binding_limit() if native else binding_limit(device.gpu())
+            if limit:  # 0: the library has no device, and opening the delegate says why
+                self.params.check_fits(limit)
+        self._native = native_call.NativeCall(processed_bytes) if native else None
 
     def _operand(self, role: str, args: tuple[torch.Tensor, ...]) -> torch.Tensor | None:
         op = getattr(self.params, role)

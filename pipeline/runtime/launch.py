@@ -198,11 +198,16 @@ def _words(data: np.ndarray) -> np.ndarray:
     return raw if raw.size % 4 == 0 else np.concatenate([raw, np.zeros(4 - raw.size % 4, np.uint8)])
 
 
+def binding_limit(g: Gpu) -> int:
+    """The most bytes one binding holds on this adapter: a row of x must fit in one."""
+    return min(g.limits["max-storage-buffer-binding-size"], g.limits["max-buffer-size"])
+
+
 def _run(g: Gpu, src, weight, bias, eps, out, mean, rstd, poison, resident, dtype, affine_dtype) -> None:
     """Normalizes `src` into `out`, and into `mean` and `rstd` unless they are None."""
     rows, width = src.shape
     row_bytes = width * src.itemsize
-    limit = min(g.limits["max-storage-buffer-binding-size"], g.limits["max-buffer-size"])
+    limit = binding_limit(g)
     if row_bytes > limit:
         raise ValueError(f"a row of {width} values exceeds the adapter's binding limit of {limit} bytes")
 

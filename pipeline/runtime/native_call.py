@@ -84,6 +84,8 @@ def _load() -> ctypes.CDLL:
     lib.pipeline_layer_norm_run.restype = ctypes.c_int
     lib.pipeline_layer_norm_close.argtypes = [ctypes.c_void_p]
     lib.pipeline_layer_norm_close.restype = None
+    lib.pipeline_layer_norm_binding_limit.argtypes = []
+    lib.pipeline_layer_norm_binding_limit.restype = ctypes.c_uint64
     lib.pipeline_layer_norm_dispatches.argtypes = []
     lib.pipeline_layer_norm_dispatches.restype = ctypes.c_uint64
     return lib
@@ -119,12 +121,12 @@ def subgroup_size() -> int:
     return library().pipeline_layer_norm_subgroup_size()
 
 
-def open_or_warn(blob: bytes) -> NativeCall | None:
-    """A NativeCall for the delegate blob where wanted() and the library is available;
-    None otherwise, after one warning per process saying why the call stays in Python."""
+def available() -> bool:
+    """Whether delegates call through the library: wanted() and the library loads; when it
+    does not, one warning per process says why the call stays in Python."""
     global _warned
     if not wanted():
-        return None
+        return False
     try:
         library()
     except RuntimeError as exc:
@@ -133,8 +135,13 @@ def open_or_warn(blob: bytes) -> NativeCall | None:
             warnings.warn(f"{exc}; LayerNorm delegates launch the kernel from Python instead (same WebGPU "
                           f"kernel, a slower call). Run `python -m pipeline.native.build --runtime-only`, or "
                           f"set {NATIVE_CALL_ENV}=0 to choose this.", RuntimeWarning, stacklevel=3)
-        return None
-    return NativeCall(blob)
+        return False
+    return True
+
+
+def binding_limit() -> int:
+    """The most bytes one binding holds on the library's device (0 without one)."""
+    return library().pipeline_layer_norm_binding_limit()
 
 
 class NativeCall:
