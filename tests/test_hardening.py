@@ -263,7 +263,7 @@ def test_interrupts_end_gpu_waits(gpu_info, tmp_path, implementation, rows):
         for k in range(3):
             time.sleep(random.uniform(0.1, 0.5))
             process.send_signal(signal.SIGINT)
-            _expect(lines, "interrupted", 10, f"SIGINT {k + 1}")
+            _expect(lines, "interrupted", 60, f"SIGINT {k + 1}")
         _expect(lines, "checked", 60, "the check after the interrupts")
         time.sleep(random.uniform(0.1, 0.5))
         process.send_signal(signal.SIGINT)

@@ -29,7 +29,7 @@ SUMMARY_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
     "model": ((str,), True),
     "variant": ((str,), True),
     "checkpoint": ((str, type(None)), False),
-    "checkpoint_sha256": ((str,), False),
+    "checkpoint_sha256": ((str, type(None)), False),
     "seed": ((int,), False),
     "dynamic": ((bool,), False),
     "dtype": ((str,), False),
