@@ -27,27 +27,13 @@ import pipeline
 from pipeline.evaluation.artifact import runtime_loader, same_outputs
 from pipeline.pte import blob, operators
 from pipeline.pte.file import PteError, PteFile
+from support.models import SmallBlock as Block
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def randn(*shape, seed=0):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
-
-
-class Block(nn.Module):
-    """Linear (a weight and a bias constant), an affine LayerNorm, a GroupNorm reframed to
-    a weight-less LayerNorm (its affine as [6, 1] constants) and a scalar constant."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.proj = nn.Linear(12, 12)
-        self.ln = nn.LayerNorm(12)
-        self.gn = nn.GroupNorm(3, 6)
-
-    def forward(self, x, y):
-        return self.ln(self.proj(x)).relu(), self.gn(y) * 2.0
 
 
 @pytest.fixture(scope="module")
