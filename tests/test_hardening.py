@@ -252,8 +252,11 @@ def test_interrupts_end_gpu_waits(gpu_info, tmp_path, implementation, rows):
     script = tmp_path / "loop.py"
     script.write_text(_INTERRUPTED_LOOP)
     env = {**os.environ, "PIPELINE_WEBGPU": implementation, "PYTHONUNBUFFERED": "1"}
+    # A test run started in the background inherits SIGINT ignored, and so would the loop
+    # (Python then installs no handler): it starts with the default, as from a terminal.
     process = subprocess.Popen([sys.executable, str(script), str(rows), "4096", "3"], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, env=env)
+                               stderr=subprocess.PIPE, text=True, env=env,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=_lines, args=(process.stdout, lines), daemon=True).start()
     errors: list[str] = []
