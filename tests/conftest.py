@@ -2,7 +2,9 @@
 here, session-scoped, for every test module that does not need its own; plain helpers live in
 tests/support."""
 
+import contextlib
 import importlib
+import io
 import json
 import os
 from types import SimpleNamespace
@@ -85,22 +87,25 @@ def checkpoints(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def exported(checkpoints, tmp_path_factory):
-    """export(name, dynamic=False): scripts/export_model.py run on the shrunken checkpoint of
-    family `name` in a subprocess, as a user runs it, once per test run. Returns the finished
-    process, its output folder and the summary it wrote. Tests read the files; one that
-    changes them copies them first."""
-    from support.scripts import run_script
+    """export(name, dynamic=False): the shrunken checkpoint of family `name` exported once per
+    test run by scripts/export_model.py's main(), in this process (a new one would add ~10 s of
+    imports to an export of seconds). Returns the output folder, the summary written there and
+    what main() printed. Tests read the files; one that changes them copies them first."""
+    from support.scripts import load_script
 
+    cli = load_script("export_model")
     done = {}
 
     def export(name: str, dynamic: bool = False) -> SimpleNamespace:
         if (name, dynamic) not in done:
             out = tmp_path_factory.mktemp(f"{name}-export")
-            process = run_script("export_model", name, "--checkpoint", str(checkpoints[name][0]), "--output-dir",
-                                 str(out), *(["--dynamic"] if dynamic else []))
-            assert process.returncode == 0, process.stderr
-            coverage = next(out.glob("*.coverage.json"))
-            done[name, dynamic] = SimpleNamespace(process=process, out=out, summary=json.loads(coverage.read_text()))
+            stdout, stderr = io.StringIO(), io.StringIO()
+            with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+                status = cli.main([name, "--checkpoint", str(checkpoints[name][0]), "--output-dir", str(out),
+                                   *(["--dynamic"] if dynamic else [])])
+            assert status == 0, stderr.getvalue()
+            summary = json.loads(next(out.glob("*.coverage.json")).read_text())
+            done[name, dynamic] = SimpleNamespace(out=out, summary=summary, stdout=stdout.getvalue())
         return done[name, dynamic]
 
     return export

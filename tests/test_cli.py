@@ -66,16 +66,24 @@ def test_export_whisper_tiny(tmp_path):
     assert (coverage["model"], coverage["variant"]) == ("whisper", "tiny")
 
 
-@pytest.mark.parametrize(("name", "layer_norms", "dynamic"), [("whisper", 5, False), ("bart", 7, True),
-                                                              ("florence2", 21, False)])
-def test_export_from_checkpoint(checkpoints, exported, name, layer_norms, dynamic):
-    result = exported(name, dynamic).process  # exited 0
-    stem = f"{name}-custom" + ("-dynamic" if dynamic else "")
-    coverage = _check_artifacts(exported(name, dynamic).out, stem, layer_norms)
-    assert coverage["checkpoint"] == str(checkpoints[name][0])
-    assert coverage["dynamic"] == dynamic
-    assert f"{layer_norms}/{layer_norms} LayerNorms delegated" in result.stdout
+def test_export_from_checkpoint_in_a_subprocess(checkpoints, tmp_path):
+    checkpoint = str(checkpoints["whisper"][0])
+    result = run_cli("whisper", "--checkpoint", checkpoint, "--output-dir", str(tmp_path / "out"))
+    assert result.returncode == 0, result.stderr
+    coverage = _check_artifacts(tmp_path / "out", "whisper-custom", 5)
+    assert coverage["checkpoint"] == checkpoint
+    assert "5/5 LayerNorms delegated" in result.stdout
     assert "lowering" in result.stderr
+
+
+@pytest.mark.parametrize(("name", "layer_norms", "extra"), [("bart", 7, ["--dynamic"]), ("florence2", 21, [])])
+def test_export_from_checkpoint(checkpoints, exported, name, layer_norms, extra):
+    export = exported(name, dynamic="--dynamic" in extra)  # main() returned 0
+    stem = f"{name}-custom" + ("-dynamic" if "--dynamic" in extra else "")
+    coverage = _check_artifacts(export.out, stem, layer_norms)
+    assert coverage["checkpoint"] == str(checkpoints[name][0])
+    assert coverage["dynamic"] == ("--dynamic" in extra)
+    assert f"{layer_norms}/{layer_norms} LayerNorms delegated" in export.stdout
 
 
 @pytest.mark.slow
