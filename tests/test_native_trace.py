@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -136,7 +137,8 @@ def test_accuracy_report_in_executorch_runtime_writes_the_verdict(block_files, m
 
     spec, _, xnnpack = block_files
     summary = {"pte_sha256": "0" * 64, "seed": 0, "cpu_backend": "xnnpack"}
-    monkeypatch.setattr(pipeline.evaluation.artifact, "read_artifact", lambda pte, data=None: summary)
+    monkeypatch.setattr(pipeline.evaluation.artifact, "read_artifact_file",
+                        lambda pte: (summary, Path(pte).read_bytes()))
     monkeypatch.setattr(pipeline.evaluation.artifact, "build_for_artifact",
                         lambda s: types.SimpleNamespace(**vars(spec), name="block", variant="small"))
     assert runner.run_reports("accuracy", None, output_dir=tmp_path, pte=xnnpack, runtime="executorch") == 0
