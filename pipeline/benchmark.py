@@ -17,6 +17,11 @@ write-back cache may keep from reaching memory at all between launches.
 against torch at that dtype; bandwidth counts 2 bytes a value. On CUDA, torch.compile of
 F.layer_norm (default mode, compiled and warmed before timing) is timed too, as eager is:
 CUDA graph + events.
+
+`accuracy` also measures each shape's errors against float64 (`layer_norm_errors`) on rows
+where a one-pass variance loses its digits; `columns` adds another implementation's columns
+(bench_layer_norm.py --ort: ONNX Runtime's WebGPU LayerNorm, pipeline/benchmark_ort.py),
+timed and checked in the same run, on the same shapes.
 """
 
 from __future__ import annotations
@@ -25,7 +30,9 @@ import math
 import platform
 import statistics
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, replace
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -436,6 +443,104 @@ def _time_torch_cuda(rows: int, width: int, affine: bool, warmup: int, repeats: 
     return statistics.median(times)
 
 
+# Rows of mean + scale * randn, by name: plain random rows, and large-mean rows, where a
+# variance taken in one pass as E[x^2] - mean^2 cancels away its digits (mean 1e4, spread
+# 1e-2: the variance is 1e-4 of a mean square of 1e8, below float32's resolution of it).
+ACCURACY_ROWS: dict[str, tuple[float, float]] = {"random": (0.0, 1.0), "mean_1e4": (1e4, 1e-2), "mean_300": (300.0, 1.0)}
+
+# name -> make(weight, bias) -> call(x) -> out: one implementation's LayerNorm over the last
+# dim with that affine (eps 1e-5), host tensors in and out.
+Runner = Callable[[torch.Tensor, torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]
+
+
+def error_stats(out: torch.Tensor, reference: torch.Tensor) -> dict[str, float | int | None]:
+    """max_abs and rel_l2 of `out` against the float64 `reference` over its finite values,
+    and how many values are not finite (NaN or inf, counted apart: JSON has no NaN)."""
+    out = out.detach().to("cpu", torch.float64)
+    finite = torch.isfinite(out)
+    diff = torch.where(finite, out - reference, torch.zeros((), dtype=torch.float64))
+    ref_norm = float(torch.linalg.vector_norm(torch.where(finite, reference, torch.zeros((), dtype=torch.float64))))
+    return {
+        "max_abs": float(diff.abs().max()) if bool(finite.any()) else None,
+        "rel_l2": float(torch.linalg.vector_norm(diff)) / ref_norm if ref_norm else None,
+        "nonfinite": int((~finite).sum()),
+    }
+
+
+def default_runners(width: int) -> dict[str, Runner]:
+    """Ours (a LayerNorm delegate, as the models' are) and torch eager (on CUDA where there
+    is CUDA, else the CPU); torch.compile on CUDA."""
+
+    def ours(w: torch.Tensor, b: torch.Tensor):
+        delegate = layer_norm_delegate(w, b)
+        return lambda x: delegate(x)[0]
+
+    def eager(w: torch.Tensor, b: torch.Tensor):
+        dev = "cuda" if torch.cuda.is_available() else "cpu"
+        wd, bd = w.to(dev), b.to(dev)
+        return lambda x: torch.nn.functional.layer_norm(x.to(dev), (width,), wd, bd).cpu()
+
+    runners: dict[str, Runner] = {"ours": ours, "torch": eager}
+    if torch.cuda.is_available():
+        def compiled(w: torch.Tensor, b: torch.Tensor):
+            wd, bd = w.cuda(), b.cuda()
+            fn = None
+
+            def call(x: torch.Tensor) -> torch.Tensor:
+                nonlocal fn
+                xd = x.cuda()
+                fn = fn or compiled_layer_norm(xd, width, wd, bd)
+                return fn(xd, (width,), wd, bd).cpu()
+
+            return call
+
+        runners["compiled"] = compiled
+    return runners
+
+
+def layer_norm_errors(rows: int, width: int, dtype: str = "float32", runners: dict[str, Runner] | None = None,
+                      seed: int = 0) -> dict[str, dict[str, dict]]:
+    """{row kind: {runner: error_stats}}: each runner's output on rows x width of each of
+    ACCURACY_ROWS, at `dtype`, against float64 LayerNorm of the same (rounded) values; weight
+    and bias random, the same for every runner and kind."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    kind = DTYPES[dtype]
+    gen = torch.Generator().manual_seed(seed)
+    w = torch.randn(width, generator=gen).to(kind)
+    b = torch.randn(width, generator=gen).to(kind)
+    calls = {name: make(w, b) for name, make in (runners or default_runners(width)).items()}
+    errors = {}
+    for name, (mean, scale) in ACCURACY_ROWS.items():
+        x = (mean + scale * torch.randn(rows, width, generator=gen, dtype=torch.float64)).to(kind)
+        reference = torch.nn.functional.layer_norm(x.double(), (width,), w.double(), b.double(), 1e-5)
+        errors[name] = {runner: error_stats(call(x), reference) for runner, call in calls.items()}
+    return errors
+
+
+class Column(Protocol):
+    """Another implementation's columns in the same run (bench_layer_norm.py --ort)."""
+
+    name: str  # its key in `accuracy`
+
+    def describe(self) -> dict:
+        """What the result's top level says of it (version, clocks)."""
+
+    def time(self, rows: int, width: int, dtype: str, repeats: int) -> dict:
+        """Its timing columns for one shape, merged into the shape's result."""
+
+    def runner(self, rows: int, width: int, dtype: str) -> Runner:
+        """Its LayerNorm for `layer_norm_errors`."""
+
+    def progress(self, result: dict) -> str:
+        """Its part of the shape's progress line."""
+
+
+def _max_abs_text(stats: dict) -> str:
+    text = "none finite" if stats["max_abs"] is None else f"{stats['max_abs']:.2g}"
+    return text + (f" ({stats['nonfinite']} not finite)" if stats["nonfinite"] else "")
+
+
 # (rows, width) of the LayerNorms in the three models, plus two large generic shapes.
 MODEL_SHAPES: list[tuple[int, int]] = (
     [(rows, w) for w in (768, 1024) for rows in (1024, 4096)]  # BART decoder: tokens x d_model
@@ -472,17 +577,22 @@ def parse_shapes(spec: str) -> list[tuple[int, int]]:
 
 def run_benchmark(shapes: list[tuple[int, int]], repeats: int = 100, sweep: bool = False, progress=print,
                   dtype: str = "float32", outputs: str = "rotating", stats: bool = False,
-                  host_path: bool = False) -> dict:
+                  host_path: bool = False, accuracy: bool = False, columns: Sequence[Column] = ()) -> dict:
     """Time kernel and torch (eager, and compiled on CUDA) on each shape at `dtype`; the
     JSON-ready result of bench_layer_norm.py.
 
     With `sweep`, also time the candidate configs of each shape (under "sweep"). With
     `host_path`, also the wall time from host tensors to host tensors (`time_host_path`:
-    call_us, cuda_roundtrip_us, torch_cpu_us).
+    call_us, cuda_roundtrip_us, torch_cpu_us). Each of `columns` adds its own timing columns
+    to each shape after ours. With `accuracy`, each shape's "accuracy" holds
+    `layer_norm_errors` of ours, torch eager, torch.compile on CUDA and each column.
     """
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     _check_outputs(outputs)
+    names = ["ours", "torch", "compiled", *(c.name for c in columns)]
+    if len(set(names)) != len(names):
+        raise ValueError(f"column names must differ from each other and from ours, got {names[3:]}")
     itemsize = DTYPES[dtype].itemsize
     info = device_info()
     results = []
@@ -513,6 +623,12 @@ def run_benchmark(shapes: list[tuple[int, int]], repeats: int = 100, sweep: bool
         }
         if host_path:
             result.update(time_host_path(rows, width, dtype))
+        for column in columns:
+            result.update(column.time(rows, width, dtype, repeats))
+        if accuracy:
+            runners = default_runners(width)
+            runners.update({c.name: c.runner(rows, width, dtype) for c in columns})
+            result["accuracy"] = layer_norm_errors(rows, width, dtype, runners)
         if sweep:
             result["config"] = asdict(configs[0])
             result["sweep"] = sorted(
@@ -527,8 +643,12 @@ def run_benchmark(shapes: list[tuple[int, int]], repeats: int = 100, sweep: bool
             best += (f" | call {result['call_us']:9.1f} us, torch cpu {result['torch_cpu_us']:9.1f} us"
                      + ("" if cuda is None else f", cuda round trip {cuda:9.1f} us"))
         compiled = "" if compiled_us is None else f" | compiled {compiled_us:9.2f} us {result['compiled_gbps']:8.1f} GB/s"
+        extra = "".join(f" | {c.progress(result)}" for c in columns)
+        if accuracy:
+            extra += "".join(f" | {kind} max abs " + ", ".join(f"{name} {_max_abs_text(s)}" for name, s in errs.items())
+                             for kind, errs in result["accuracy"].items())
         progress(f"{rows:>6}x{width:<5} {info['implementation']} {wgpu_us:9.2f} us {result['wgpu_gbps']:8.1f} GB/s | "
-                 f"torch {torch_us:9.2f} us {result['torch_gbps']:8.1f} GB/s{compiled}{best}")
+                 f"torch {torch_us:9.2f} us {result['torch_gbps']:8.1f} GB/s{compiled}{best}{extra}")
     return {
         "dtype": dtype,
         "outputs": outputs,
@@ -542,5 +662,8 @@ def run_benchmark(shapes: list[tuple[int, int]], repeats: int = 100, sweep: bool
         "torch_clock": torch_clock,
         "torch_device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         "subgroup_size": gpu().subgroup_size,
+        **({"accuracy_rows": {name: f"{mean:g} + {scale:g} * randn" for name, (mean, scale) in ACCURACY_ROWS.items()}}
+           if accuracy else {}),
+        **{c.name: c.describe() for c in columns},
         "results": results,
     }

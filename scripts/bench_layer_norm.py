@@ -2,6 +2,13 @@
 
 Runs on a GPU host that has torch and wgpu but no ExecuTorch.
     python scripts/bench_layer_norm.py --shapes model --json benchmarks/results/NAME.json
+    python scripts/bench_layer_norm.py --shapes model --ort --json benchmarks/results/NAME.json
+
+--ort (the `bench` extra: onnxruntime-webgpu, onnx) adds ONNX Runtime's WebGPU
+LayerNormalization in the same run: its kernel's GPU time from ORT's profiler and its
+session.run host to host, beside our kernel and our delegate's call (--host-path), and the
+errors of every implementation against float64 (--accuracy). A run on ORT's CPU provider is
+refused.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ if __name__ == "__main__":
 from pipeline import cli  # noqa: E402
 from pipeline.ioutil import check_output_file, json_bytes, write_json_atomic  # noqa: E402
 from pipeline.benchmark import MAX_REPEATS, OUTPUTS, parse_shapes, run_benchmark  # noqa: E402
+from pipeline.benchmark_ort import ORT_DTYPES, OrtColumn  # noqa: E402  (imports ORT only when a column is made)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,6 +47,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host-path", action="store_true",
                         help="also time the call from host tensors to host tensors, as a delegate makes it (call_us), "
                         "the CUDA round trip on CUDA hosts (cuda_roundtrip_us) and torch on the CPU (torch_cpu_us)")
+    parser.add_argument("--accuracy", action="store_true",
+                        help="also each implementation's error against float64 LayerNorm on random rows and on rows "
+                        "of 1e4 + 1e-2*randn and 300 + randn (ours, torch eager, torch.compile on CUDA)")
+    parser.add_argument("--ort", action="store_true",
+                        help="also ONNX Runtime's WebGPU LayerNormalization (pip install -e '.[bench]'): its kernel "
+                        "from ORT's profiler and session.run host to host; implies --host-path and --accuracy")
     cli.add_verbose(parser)
     args = parser.parse_args(argv)
     if args.repeats > MAX_REPEATS:
@@ -48,6 +62,9 @@ def main(argv: list[str] | None = None) -> int:
         cli.check_bench_shapes(shapes)
     except ValueError as exc:
         parser.error(str(exc))
+    if args.ort and args.dtype not in ORT_DTYPES:
+        parser.error(f"argument --ort: ORT's WebGPU LayerNormalization takes {' or '.join(ORT_DTYPES)}, "
+                     f"not {args.dtype}")
     if args.json:
         try:
             check_output_file(args.json)
@@ -55,9 +72,11 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"argument --json: {exc}")
     cli.quiet_dependencies(args.verbose)
     try:
+        columns = [OrtColumn()] if args.ort else []
         result = run_benchmark(shapes, repeats=args.repeats, sweep=args.sweep,
                                progress=lambda line: print(line, flush=True), dtype=args.dtype,
-                               outputs=args.outputs, stats=args.stats, host_path=args.host_path)
+                               outputs=args.outputs, stats=args.stats, host_path=args.host_path or args.ort,
+                               accuracy=args.accuracy or args.ort, columns=columns)
     except Exception as exc:  # one line for the user, status 1
         print(f"bench_layer_norm: {exc}", file=sys.stderr)
         return 1

@@ -8,43 +8,16 @@ checked through their compilation info, warnings included.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import os
-from pathlib import Path
 
 import numpy as np
+from pydawn import webgpu as w
 
-from pipeline.runtime.webgpu import ADAPTER_ENV, Pipeline, no_adapter_help
+from pipeline.runtime.webgpu import ADAPTER_ENV, Pipeline, no_adapter_help, with_swiftshader
 
 NAME = "dawn"
 COMPILER = "tint"
-
-# Where set-up puts a Vulkan driver Dawn accepts on a machine without a GPU: SwiftShader,
-# from Debian's chromium-common (Mesa 22.3's lavapipe lacks features Dawn requires).
-SWIFTSHADER_ICD = Path("/usr/lib/chromium/vk_swiftshader_icd.json")
-
-
-@contextlib.contextmanager
-def _with_swiftshader():
-    """While Dawn makes its Vulkan instance: SwiftShader offered to the Vulkan loader beside
-    the system's drivers (a GPU's among them, which Dawn prefers), unless the driver list
-    was chosen explicitly. Only then: the process's other Vulkan users (wgpu, the native
-    backend) keep the drivers they would find without Dawn."""
-    before = os.environ.get("VK_ADD_DRIVER_FILES")
-    if SWIFTSHADER_ICD.is_file() and not (os.environ.get("VK_ICD_FILENAMES") or os.environ.get("VK_DRIVER_FILES")):
-        extra = [p for p in (before or "").split(os.pathsep) if p]
-        os.environ["VK_ADD_DRIVER_FILES"] = os.pathsep.join([*extra, str(SWIFTSHADER_ICD)])
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop("VK_ADD_DRIVER_FILES", None)
-        else:
-            os.environ["VK_ADD_DRIVER_FILES"] = before
-
-
-from pydawn import webgpu as w  # noqa: E402
 
 WHOLE_SIZE = 0xFFFFFFFFFFFFFFFF
 # How long one wait blocks in Dawn before Python runs again (to raise a pending signal).
@@ -115,7 +88,7 @@ class Device:
         self._errors: list[str] = []  # reported outside any error scope, raised at the next submit
         desc = w.WGPUInstanceDescriptor()
         desc.features.timedWaitAnyEnable = True
-        with _with_swiftshader():
+        with with_swiftshader():
             self.instance = w.wgpuCreateInstance(desc)
             self.adapter = self._request_adapter()
         info = w.WGPUAdapterInfo()
