@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Idempotent set-up: .venv with the package (editable) and a Vulkan adapter for wgpu.
+# Idempotent set-up: .venv with the package (editable, with its dev and bench extras) and a Vulkan
+# adapter for wgpu.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -13,7 +14,8 @@ stamp=.venv/.pipeline-installed
 if [ ! -f "$stamp" ] || ! cmp -s pyproject.toml "$stamp"; then
     echo "setup: installing the package and its dependencies into .venv" >&2
     .venv/bin/python -m pip install -q --upgrade pip
-    .venv/bin/python -m pip install -q -e '.[dev]'
+    # bench: the benchmark's ORT column, which the tests run too
+    .venv/bin/python -m pip install -q -e '.[dev,bench]'
     cp pyproject.toml "$stamp"
 fi
 

@@ -147,6 +147,7 @@ def test_report_bad_usage_exits_2_before_work(kind, argv, message, capsys, monke
         (["--shapes", "8x1073741824"], "width at most 1073741823"),
         (["--json", "{file}/b.json"], "is not a directory"),
         (["--json", "{dir}"], "is a directory"),
+        (["--ort", "--dtype", "bfloat16"], "takes float32 or float16, not bfloat16"),
     ],
 )
 def test_bench_bad_usage_exits_2_before_benchmarking(argv, message, capsys, monkeypatch, tmp_path):
