@@ -109,7 +109,7 @@ class OrtLayerNorm:
         _check_dtype(self.dtype)
         model = layer_norm_model(rows, width, weight.detach().cpu().numpy(), bias.detach().cpu().numpy(), eps)
         so = ort.SessionOptions()
-        so.log_severity_level = 3  # errors only: Dawn's adapter probe warns about each driver it skips
+        so.log_severity_level = 4  # its errors come back in the exception; Dawn warns of each driver it skips
         so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
         for key, value in (options or {}).items():
             so.add_session_config_entry(OPTION_PREFIX + key, str(value))
