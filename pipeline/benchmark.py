@@ -444,8 +444,9 @@ def _time_torch_cuda(rows: int, width: int, affine: bool, warmup: int, repeats: 
 
 
 # Rows of mean + scale * randn, by name: plain random rows, and large-mean rows, where a
-# variance taken in one pass as E[x^2] - mean^2 cancels away its digits (mean 1e4, spread
-# 1e-2: the variance is 1e-4 of a mean square of 1e8, below float32's resolution of it).
+# variance taken in one pass as E[x^2] - mean^2 cancels away its digits: at mean 1e4 and
+# spread 1e-2 the variance is 1e-12 of the mean square, below float32's resolution of it;
+# at 300 + randn, 1e-5 of it, which leaves a few bits.
 ACCURACY_ROWS: dict[str, tuple[float, float]] = {"random": (0.0, 1.0), "mean_1e4": (1e4, 1e-2), "mean_300": (300.0, 1.0)}
 
 # name -> make(weight, bias) -> call(x) -> out: one implementation's LayerNorm over the last
