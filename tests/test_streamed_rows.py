@@ -167,6 +167,32 @@ def test_large_mean_rows_within_twice_eagers_error(width, dtype, reduction):
                 f"mean {center:g} sd {spread:g}, {name}: error {err:.3g} vs float64, eager {eager_err:.3g}")
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("width", WIDTHS)
+def test_rows_far_from_zero_are_centred_below_their_means_ulp(width, dtype, reduction):
+    """Rows far from zero are centred at better than their mean's float32 ulp: out within
+    its own dtype's rounding plus a few float32 ulps of float64, where centring x at the
+    rounded mean left out up to 0.2 off at 1e4 +- 1e-2 (half an ulp at 1e4 over the spread).
+    A row whose first value is an outlier stays within 2x eager's error and half an ulp of
+    its largest value (first, far from the mean, is not the centre there: centred at it,
+    out was 3-5x eager's error)."""
+    gen = torch.Generator().manual_seed(width)
+    centres = [(1e4, 1e-2), (1e6, 0.1), (300.0, 1.0)] if dtype == torch.float32 else LARGE_MEAN[dtype]
+    for center, spread in centres:
+        x = (torch.randn(8, width, generator=gen, dtype=torch.float64) * spread + center).to(dtype)
+        out = pipeline.layer_norm(x, [width], None, None, EPS)[0]
+        truth = ATEN(x.double(), [width], None, None, EPS)[0]
+        top = truth.abs().max().item()
+        limit = _half_ulp(dtype, top) + 8 * float(torch.finfo(torch.float32).eps) * top
+        assert _max_error(out, truth) <= limit, f"mean {center:g} sd {spread:g}"
+    x = torch.randn(8, width, generator=gen, dtype=torch.float64)
+    x[:, 0] = 16.0
+    x = x.to(dtype)
+    out, truth = pipeline.layer_norm(x, [width], None, None, EPS)[0], ATEN(x.double(), [width], None, None, EPS)[0]
+    eager_error = _max_error(ATEN(x, [width], None, None, EPS)[0], truth)
+    assert _max_error(out, truth) <= 2 * eager_error + _half_ulp(dtype, truth.abs().max().item()), "first an outlier"
+
+
 @pytest.mark.parametrize("width", WIDTHS)
 def test_huge_rows_keep_their_mean(width, reduction):
     """Rows that span float32's range (starting at |x| >= 1: the kernel then takes their

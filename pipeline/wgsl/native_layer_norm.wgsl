@@ -151,6 +151,19 @@ fn unframed(frame: vec2<f32>, mean_d: f32, correction: f32, m2_d: f32) -> vec2<f
     return vec2<f32>((sum + (dropped + correction)) * unscale, m2_d * unscale * unscale);
 }
 
+// How the output centres x, as (x * a - b - c) * r, from the row's frame, its centre in d
+// (mean_d + correction), its mean and M2, and rstd. A row far from zero (|mean| > 4 std)
+// is centred in d = x * scale - first * scale, exact there (each x within 2x of first), at
+// the centre in d, which holds far more of the mean than x's own ulp: at 1e4 +- 1e-2 the
+// mean's float32 rounding alone is 5% of the spread, and out went 0.2 off where this gives
+// 1e-6. Other rows centre x at the mean, whose rounding is small beside their spread and
+// which stays right where first is an outlier of the row (d then rounds at first's ulp).
+fn centring(frame: vec2<f32>, centre_d: f32, stats: vec2<f32>, rstd_row: f32) -> vec4<f32> {
+    let far = stats.x * stats.x * f32(WIDTH) > 16.0 * stats.y;
+    return select(vec4<f32>(1.0, stats.x, 0.0, rstd_row),
+                  vec4<f32>(frame.y, frame.x, centre_d, rstd_row / frame.y), far);
+}
+
 // (count, mean, M2) of one V, exact.
 fn value_stats(v: V) -> vec3<f32> {
     let m = hsum(v) / f32(VEC);
@@ -235,9 +248,10 @@ fn bias_at(i: u32, in_row: bool) -> V {
     return V(0.0);
 }
 
-fn store_out(base: u32, i: u32, in_row: bool, v: V, mean_rstd: vec2<f32>, w: V, b: V) {
+// c: the row's centring (a, b, c, r), the output (x * a - b - c) * r (`centring`).
+fn store_out(base: u32, i: u32, in_row: bool, v: V, c: vec4<f32>, w: V, b: V) {
     if (in_row) {
-        var y = (v - V(mean_rstd.x)) * mean_rstd.y;  // NaN throughout for a non-finite row
+        var y = ((v * c.x - V(c.y)) - V(c.z)) * c.w;  // NaN throughout for a non-finite row
         if (HAS_WEIGHT) { y = y * w; }
         if (HAS_BIAS) { y = y + b; }
         write_out(base + i, y);
@@ -278,8 +292,8 @@ fn normalize_held(tid: u32, row: u32, lanes: u32) {
     if (row >= params.rows) {
         return;
     }
-    let mean_rstd = finish_row(row, lane, stats);
-    store_out(base, i_K, in_K, v_K, mean_rstd, w_K, b_K);  // each held value
+    let c = centring(frame, mean_d + sums.x, stats, finish_row(row, lane, stats).y);
+    store_out(base, i_K, in_K, v_K, c, w_K, b_K);  // each held value
 }
 
 fn normalize_streamed(tid: u32, row: u32, lanes: u32) {
@@ -302,11 +316,11 @@ fn normalize_streamed(tid: u32, row: u32, lanes: u32) {
     if (row >= params.rows) {
         return;
     }
-    let mean_rstd = finish_row(row, lane, stats);
+    let c = centring(frame, mean_d + sums.x, stats, finish_row(row, lane, stats).y);
     for (var at = lane; at < ROW_VECS; at += STEP * THREADS_PER_ROW) {
         let i_K = at + K * THREADS_PER_ROW;  // each step value
         let in_K = i_K < ROW_VECS;  // each step value
         let v_K = load_x(base, i_K, in_K);  // each step value
-        store_out(base, i_K, in_K, v_K, mean_rstd, weight_at(i_K, in_K), bias_at(i_K, in_K));  // each step value
+        store_out(base, i_K, in_K, v_K, c, weight_at(i_K, in_K), bias_at(i_K, in_K));  // each step value
     }
 }
