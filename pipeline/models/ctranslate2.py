@@ -349,7 +349,7 @@ def _parse(r: _Reader, where: str) -> tuple[dict[str, Variable], dict[str, str]]
         if rank == 0:
             value = torch.frombuffer(bytearray(r.take(nbytes, f"{shown}'s value")), dtype=torch_dtype).item()
         else:
-            r.skip(nbytes, f"{shown}'s {nbytes} bytes")
+            r.skip(nbytes, f"{shown}'s data")
         variables[name] = Variable(name, shape, dtype, offset, nbytes, value)
     count = r.number("I", "the alias count")
     if count > r.left // MIN_ALIAS_BYTES:
