@@ -117,6 +117,18 @@ def test_build_loads_the_encoder_and_lowers_with_every_layer_norm_delegated(mode
     lower_and_compare(spec.module, spec.example_inputs, layer_norms=3)
 
 
+def test_links_inside_the_directory_are_followed_and_links_out_refused(model, tmp_path):
+    directory = write_ct2(tmp_path / "m", model)
+    (directory / "blobs").mkdir()
+    (directory / "model.bin").rename(directory / "blobs" / "weights")
+    (directory / "model.bin").symlink_to("blobs/weights")
+    assert torch.equal(load_state(read_ctranslate2(directory))["model.encoder.conv1.bias"],
+                       model.model.encoder.conv1.bias.detach())
+    (directory / "vocabulary.txt").rename(tmp_path / "vocabulary.txt")
+    (directory / "vocabulary.txt").symlink_to(tmp_path / "vocabulary.txt")
+    refused(directory, "vocabulary.txt lies outside the checkpoint directory")
+
+
 def test_a_changed_checkpoint_is_refused(model, tmp_path):
     directory = write_ct2(tmp_path / "m", model)
     digest = models.build("whisper", checkpoint=directory).checkpoint_sha256

@@ -114,6 +114,7 @@ class CTranslate2Checkpoint:
 
     shown: str  # "checkpoint DIR" as the caller named it, for messages
     directory: Path  # absolute, symlinks resolved
+    model_file: Path  # model.bin, symlinks resolved (inside `directory`)
     config: WhisperConfig  # of the whole model: sizes from the shapes, token ids from the vocabulary
     variables: dict[str, Variable]
     aliases: dict[str, str]  # alias -> the variable it names
@@ -185,7 +186,7 @@ def read_ctranslate2(directory: str | os.PathLike, sha256: str | None = None) ->
                               "the checkpoint changed since; export again")
     lang_ids = _token_list(raw, "lang_ids", len(tokens), f"{shown}: {CONFIG}")
     heads = _alignment_heads(raw, config, f"{shown}: {CONFIG}")
-    return CTranslate2Checkpoint(shown, root, config, variables, aliases, sources, zero_biases, tokens,
+    return CTranslate2Checkpoint(shown, root, model_path, config, variables, aliases, sources, zero_biases, tokens,
                                  lang_ids, heads, ordered, digest, identities, weights)
 
 
@@ -206,7 +207,7 @@ def load_state(checkpoint: CTranslate2Checkpoint, keys: Collection[str] | None =
     for key in wanted:
         by_variable.setdefault(checkpoint.sources[key].name, []).append(key)
     state: dict[str, torch.Tensor] = {}
-    model_path = checkpoint.directory / MODEL_FILE
+    model_path = checkpoint.model_file
     try:
         fd = os.open(model_path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
