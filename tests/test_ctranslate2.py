@@ -247,10 +247,9 @@ def test_a_duplicated_variable_is_refused(model, write):
     variables, aliases = ct2_variables(model)
     data = model_bin(variables, aliases)
     # One more copy of the first variable, the count raised to match.
-    first = variable_bytes(sorted(variables)[0], variables[sorted(variables)[0]])
-    start = len(header(0))
-    data = header(len(variables) + 1) + first + data[start:]
-    refused(write(data=data), f"{sorted(variables)[0]} is declared twice")
+    name = min(variables)
+    data = header(len(variables) + 1) + variable_bytes(name, variables[name]) + data[len(header(0)):]
+    refused(write(data=data), f"{name} is declared twice")
 
 
 def test_truncation_at_any_offset_is_refused(model, write):

@@ -29,8 +29,9 @@ def _weights_lines(data: dict) -> list[str]:
         return []
     if weights["checkpoint"] is None:
         return ["weights: seeded random"]
-    return [f"weights: checkpoint {weights['checkpoint']} ({weights['format']}, {weights['stored']} weights; "
-            f"sha256 {weights['sha256']})"]
+    line = (f"weights: checkpoint {weights['checkpoint']} ({weights['format']}, {weights['stored']} weights; "
+            f"sha256 {weights['sha256']})")
+    return [line]
 
 
 def _coverage_rows(data: dict) -> list[list[object]]:
