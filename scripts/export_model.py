@@ -29,8 +29,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", choices=cli.MODEL_NAMES, help="which model to export")
     parser.add_argument("--variant", help="bart: base, large; florence2: base, large; "
-                        "whisper: tiny, base, small, medium, large-v3 (default: base)")
-    parser.add_argument("--checkpoint", metavar="DIR", help="local Hugging Face directory (config.json + safetensors)")
+                        "whisper: tiny, tiny.en, base, base.en, small, small.en, medium, medium.en, "
+                        "large-v3 (default: base)")
+    parser.add_argument("--checkpoint", metavar="DIR", help="local checkpoint: a Hugging Face directory (config.json + "
+                        "safetensors) or, for whisper, a CTranslate2 one (model.bin, config.json, vocabulary)")
     parser.add_argument("--output-dir", metavar="DIR", default="out", help="where to write the files (default: out/)")
     parser.add_argument("--seed", type=cli.seed, default=0,
                         help="seed of the random weights and example inputs, 0 to 2**64 - 1 (default 0)")

@@ -190,7 +190,7 @@ def test_a_delegate_with_eps_dropped_fails_the_verdict(gpu_info, blocks, monkeyp
 
 def test_report_files_hold_the_keys_and_an_embedded_png(gpu_info, blocks, tmp_path):
     module, inputs, program = blocks
-    spec = SimpleNamespace(module=module, example_inputs=inputs, name="blocks", variant="tiny")
+    spec = SimpleNamespace(module=module, example_inputs=inputs, name="blocks", variant="tiny", checkpoint=None)
     data = accuracy_for(spec, program, seed=0)
     paths = write_report(tmp_path, "blocks-tiny.accuracy", data, "# md\n", accuracy_html(data))
     saved = json.loads(paths[0].read_text())
@@ -208,8 +208,8 @@ def test_run_reports_writes_files_and_exits_1_on_a_failed_verdict(gpu_info, bloc
     from pipeline.evaluation import runner
 
     module, inputs, program = blocks
-    spec = SimpleNamespace(module=module, example_inputs=inputs, name="bart", variant="tiny")
-    monkeypatch.setattr(runner, "_build_and_lower", lambda name, variant, seed, dtype: (spec, program))
+    spec = SimpleNamespace(module=module, example_inputs=inputs, name="bart", variant="tiny", checkpoint=None)
+    monkeypatch.setattr(runner, "_build_and_lower", lambda name, variant, seed, dtype, checkpoint: (spec, program))
     assert runner.run_reports("coverage", "bart", output_dir=tmp_path, progress=lambda line: None) == 0
     drop_eps(monkeypatch)
     assert runner.run_reports("accuracy", "bart", output_dir=tmp_path, progress=lambda line: None) == 1

@@ -56,7 +56,8 @@ def test_embedded_configs_are_the_published_architectures():
     assert hidden == {
         "bart": {"base": 768, "large": 1024},
         "florence2": {"base": 768, "large": 1024},
-        "whisper": {"tiny": 384, "base": 512, "small": 768, "medium": 1024, "large-v3": 1280},
+        "whisper": {"tiny": 384, "tiny.en": 384, "base": 512, "base.en": 512, "small": 768, "small.en": 768,
+                    "medium": 1024, "medium.en": 1024, "large-v3": 1280},
     }
     assert models.embedded_config("whisper", "large-v3").num_mel_bins == 128
     assert models.embedded_config("bart", "large").decoder_layers == 12
@@ -135,7 +136,8 @@ def test_broken_checkpoint_is_refused(damage, message, checkpoints, tmp_path):
 def test_unknown_model_and_variant_list_the_choices():
     with pytest.raises(ValueError, match="unknown model 'gpt2'; choose one of bart, florence2, whisper"):
         models.build("gpt2")
-    with pytest.raises(ValueError, match="unknown whisper variant 'huge'; choose one of tiny, base, small, medium, large-v3"):
+    with pytest.raises(ValueError, match="unknown whisper variant 'huge'; choose one of tiny, tiny.en, base, base.en, "
+                       "small, small.en, medium, medium.en, large-v3"):
         models.build("whisper", "huge")
     with pytest.raises(ValueError, match="no dynamic dimension"):
         models.build("whisper", dynamic=True)

@@ -101,6 +101,8 @@ def export_model(
         # Absolute, with the sha256 of its files: readers rebuild from this checkpoint and no other.
         "checkpoint": spec.checkpoint,
         "checkpoint_sha256": spec.checkpoint_sha256,
+        "checkpoint_format": spec.checkpoint_format,
+        "checkpoint_weights": spec.checkpoint_weights,
         "seed": seed,
         "dynamic": dynamic,
         "dtype": dtype,

@@ -23,6 +23,17 @@ def _env_lines(env: dict) -> list[str]:
     ]
 
 
+def _weights_lines(data: dict) -> list[str]:
+    weights = data.get("weights")
+    if weights is None:
+        return []
+    if weights["checkpoint"] is None:
+        return ["weights: seeded random"]
+    line = (f"weights: checkpoint {weights['checkpoint']} ({weights['format']}, {weights['stored']} weights; "
+            f"sha256 {weights['sha256']})")
+    return [line]
+
+
 def _coverage_rows(data: dict) -> list[list[object]]:
     return [
         [i, r["module_path"] or "<root>", "x".join(str(d) for d in r["input_shape"]), r["row_width"],
@@ -45,12 +56,13 @@ def _coverage_summary(data: dict) -> list[str]:
 
 def _markdown(data: dict, kind: str, summary: list[str], body: list[str]) -> str:
     parts = [f"# {_title(data, kind)}", ""]
-    parts += [f"- {line}" for line in summary + _env_lines(data["environment"])]
+    parts += [f"- {line}" for line in summary + _weights_lines(data) + _env_lines(data["environment"])]
     return "\n".join(parts + ["", *body, ""])
 
 
 def _html(data: dict, kind: str, passed: bool, summary: list[str], sections: list[str]) -> str:
-    items = "".join(f"<li>{html.escape(line)}</li>" for line in summary + _env_lines(data["environment"]))
+    items = "".join(f"<li>{html.escape(line)}</li>" for line in summary + _weights_lines(data)
+                    + _env_lines(data["environment"]))
     verdict = f"<h2 class='{'pass' if passed else 'fail'}'>{html.escape(data['verdict'])}</h2><ul>{items}</ul>"
     return html_page(_title(data, kind), [verdict, *sections])
 

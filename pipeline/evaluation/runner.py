@@ -50,11 +50,11 @@ def resolve_models(name: str) -> list[str]:
     return [name]
 
 
-def _build_and_lower(name: str, variant: str | None, seed: int, dtype: str = "float32"):
+def _build_and_lower(name: str, variant: str | None, seed: int, dtype: str = "float32", checkpoint=None):
     import pipeline
 
     torch.manual_seed(seed)
-    spec = pipeline.models.build(name, variant=variant, seed=seed, dtype=dtype)
+    spec = pipeline.models.build(name, variant=variant, seed=seed, dtype=dtype, checkpoint=checkpoint)
     program = pipeline.lower(spec.module, spec.example_inputs, spec.dynamic_shapes)
     return spec, program
 
@@ -64,12 +64,21 @@ def _stem(model: str, variant: str | None, kind: str, dtype: str = "float32") ->
     return f"{name}{'' if dtype == 'float32' else '-' + dtype}.{kind}"
 
 
+def weights_of(spec) -> dict:
+    """Where the model's weights came from, for a report: a checkpoint (absolute path, the
+    sha256 of its files, its format, how its weights were stored) or seeded random ones."""
+    if spec.checkpoint is None:
+        return {"checkpoint": None}
+    return {"checkpoint": spec.checkpoint, "sha256": spec.checkpoint_sha256, "format": spec.checkpoint_format,
+            "stored": spec.checkpoint_weights}
+
+
 def coverage_for(spec, program, seed: int, run: bool = False) -> dict:
     """The coverage audit of one built model and its lowered program, as a report dict; with
     `run` (a program read from a file), the program must also run on the example inputs."""
     audit = audit_coverage(spec.module, spec.example_inputs, program, model=spec.name, variant=spec.variant, run=run)
     env = environment(seed)
-    return {**audit.as_dict(), "adapter": env["adapter"], "environment": env}
+    return {**audit.as_dict(), "weights": weights_of(spec), "adapter": env["adapter"], "environment": env}
 
 
 def accuracy_for(spec, program, seed: int) -> dict:
@@ -77,8 +86,8 @@ def accuracy_for(spec, program, seed: int) -> dict:
     as a report dict."""
     report = evaluate_accuracy(spec.module, spec.example_inputs, program, model=spec.name, variant=spec.variant)
     env = environment(seed)
-    return {**report.as_dict(), "coverage": report.coverage.as_dict()["coverage"], "adapter": env["adapter"],
-            "environment": env}
+    return {**report.as_dict(), "coverage": report.coverage.as_dict()["coverage"], "weights": weights_of(spec),
+            "adapter": env["adapter"], "environment": env}
 
 
 def _build_and_load(pte: str | Path):
@@ -101,9 +110,12 @@ def run_reports(
     pte: str | Path | None = None,
     dtype: str = "float32",
     runtime: str = "python",
+    checkpoint: str | Path | None = None,
 ) -> int:
     """Run the coverage audit (`kind="coverage"`) or accuracy report (`"accuracy"`) for `model` or `all`,
     or for the exported file `pte` (its model, variant and seed from the `.coverage.json` beside it).
+    `checkpoint`: build `model` (one, not `all`) from this checkpoint directory (Hugging Face, or
+    CTranslate2 for whisper) instead of seeded random weights.
 
     `dtype` (float32, float16, bfloat16) casts the model and its inputs; the accuracy verdict
     then holds the program against eager at that dtype, both against float64.
@@ -124,6 +136,8 @@ def run_reports(
         return _executorch_accuracy(pte, output_dir, progress)
     if runtime != "python":
         raise ValueError(f"runtime must be 'python' or 'executorch', got {runtime!r}")
+    if checkpoint is not None and (pte is not None or model == "all"):
+        raise ValueError("checkpoint= is for one model, not for 'all' nor with pte= (the file names its own)")
     names = [None] if pte is not None else resolve_models(model)
     lines, failed = [], []
     for name in names:
@@ -134,7 +148,7 @@ def run_reports(
             stem = f"{Path(pte).name.removesuffix('.pte')}.pte.{kind}"
         else:
             progress(f"[{name}] building and lowering ...")
-            spec, program = _build_and_lower(name, variant, seed, dtype)
+            spec, program = _build_and_lower(name, variant, seed, dtype, checkpoint)
             stem = _stem(name, spec.variant, kind, dtype)
         progress(f"[{name}] evaluating {kind} ...")
         if kind == "coverage":
@@ -199,6 +213,8 @@ def report_main(kind: str, description: str, argv: list[str] | None = None) -> i
     parser.add_argument("--pte", metavar="FILE", help="report on this exported file instead of a fresh lowering "
                         "(its model, variant and seed come from the .coverage.json beside it)")
     parser.add_argument("--variant", help="model variant (default: each model's default)")
+    parser.add_argument("--checkpoint", metavar="DIR", help="build the model from this local checkpoint: a Hugging "
+                        "Face directory (config.json + safetensors) or, for whisper, a CTranslate2 one (model.bin)")
     parser.add_argument("--output-dir", default=str(DEFAULT_OUTPUT_DIR), help=f"default {DEFAULT_OUTPUT_DIR}")
     parser.add_argument("--seed", type=cli.seed, default=0, help="seed of weights and inputs, 0 to 2**64 - 1 (default 0)")
     if kind == "accuracy":
@@ -214,6 +230,8 @@ def report_main(kind: str, description: str, argv: list[str] | None = None) -> i
         parser.error("argument --dtype: not allowed with --pte (the file's dtype is used)")
     if args.pte is not None and args.variant is not None:
         parser.error("argument --variant: not allowed with --pte (the file's variant is used)")
+    if args.checkpoint is not None and (args.pte is not None or args.model == "all"):
+        parser.error("argument --checkpoint: for one model, not with all or --pte (the file names its checkpoint)")
     runtime = getattr(args, "runtime", "python")
     if runtime == "executorch" and args.pte is None:
         parser.error("argument --runtime: executorch needs --pte FILE")
@@ -231,7 +249,8 @@ def report_main(kind: str, description: str, argv: list[str] | None = None) -> i
                              f"(choose from {', '.join(models.variants(name))})")
     try:
         return run_reports(kind, args.model, args.variant, args.output_dir, args.seed,
-                           progress=cli.print_progress, pte=args.pte, dtype=args.dtype, runtime=runtime)
+                           progress=cli.print_progress, pte=args.pte, dtype=args.dtype, runtime=runtime,
+                           checkpoint=args.checkpoint)
     except Exception as exc:  # one line for the user, status 1
         print(f"{parser.prog}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1

@@ -5,7 +5,7 @@
 
 Each variant's architecture is the published checkpoint's configuration, embedded as package
 data (`configs/<name>-<variant>.json`); weights are seeded random unless `checkpoint=` names
-a local Hugging Face directory.
+a local Hugging Face directory, or for whisper a CTranslate2 one (`pipeline.models.ctranslate2`).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from typing import Any
 import torch
 from transformers import PretrainedConfig
 
-from pipeline.models import bart, florence2, whisper
-from pipeline.models.checkpoint import config_from_dict, load_weights, plan_weights, read_checkpoint
+from pipeline.models import bart, ctranslate2, florence2, whisper
+from pipeline.models.checkpoint import FLOAT_DTYPES, config_from_dict, load_weights, plan_weights, read_checkpoint
 from pipeline.models.spec import CheckpointError, ModelFamily, ModelSpec
 from pipeline.wgsl import DTYPES
 
@@ -79,10 +79,13 @@ def build(
 
     variant: one of `variants(name)`; default the family's default. With `checkpoint`, the
         variant is read from the checkpoint's architecture (`variant`, if given, must match).
-    checkpoint: a local Hugging Face directory (config.json + safetensors) of this family;
-        CheckpointError (a ValueError) names the directory and the cause when it cannot be used.
-        Its files must lie inside it, its config's sizes must describe exactly the float
-        weights it holds; all of this is checked before the module is built.
+    checkpoint: a local Hugging Face directory (config.json + safetensors) of this family,
+        or for whisper a CTranslate2 directory (model.bin, config.json, vocabulary: the whole
+        model, read by `pipeline.models.ctranslate2`); CheckpointError (a ValueError) names
+        the directory and the cause when it cannot be used. Its files must lie inside it, its
+        config's sizes (a CTranslate2 model's shapes) must describe exactly the weights it
+        holds; all of this is checked before the module is built. The spec records its
+        format and how its weights were stored (`checkpoint_format`, `checkpoint_weights`).
     seed: seeds the random weights (when there is no checkpoint) and the example inputs.
     dynamic: export with dynamic sequence lengths (only models that have one: bart).
     config: build this config instead of an embedded one (for shrunken test models); the
@@ -105,7 +108,7 @@ def build(
     if checkpoint_sha256 is not None and checkpoint is None:
         raise ValueError("checkpoint_sha256= needs checkpoint=")
 
-    stored = read_checkpoint(checkpoint, fam, checkpoint_sha256) if checkpoint is not None else None
+    stored = _read(checkpoint, fam, checkpoint_sha256) if checkpoint is not None else None
     if stored is not None:
         config = stored.config
         matched = _matching_variant(fam, config)
@@ -121,11 +124,17 @@ def build(
         variant = variant or fam.default_variant
         config = embedded_config(name, variant)
     config._attn_implementation = ATTENTION
-    plan = plan_weights(stored, fam) if stored is not None else None
+    ct2 = isinstance(stored, ctranslate2.CTranslate2Checkpoint)
+    plan = plan_weights(stored, fam) if stored is not None and not ct2 else None
 
     torch.manual_seed(seed)
     module = fam.make_module(config)
-    if stored is not None:
+    if ct2:
+        # The zoo's module is the model's encoder; the file's decoder was read and checked
+        # with it (its weights are not loaded here: `ctranslate2.whole_model` loads them).
+        state = ctranslate2.load_state(stored, [f"model.{key}" for key in module.state_dict()])
+        module.load_state_dict({key.removeprefix("model."): value for key, value in state.items()}, strict=True)
+    elif stored is not None:
         load_weights(module, stored, plan)
     module.eval().to(getattr(torch, dtype))
 
@@ -139,7 +148,20 @@ def build(
         config=config,
         checkpoint=str(stored.directory) if stored is not None else None,
         checkpoint_sha256=stored.sha256 if stored is not None else None,
+        checkpoint_format=None if stored is None else ctranslate2.FORMAT if ct2 else "huggingface",
+        checkpoint_weights=None if stored is None else stored.weights if ct2 else ", ".join(
+            sorted({FLOAT_DTYPES[stored.tensors[name].dtype] for name in plan.values()})),
     )
+
+
+def _read(checkpoint: str | os.PathLike, fam: ModelFamily, sha256: str | None):
+    """The checkpoint directory read in its format, recognised by what it holds."""
+    if not ctranslate2.holds_ctranslate2(checkpoint):
+        return read_checkpoint(checkpoint, fam, sha256)
+    if fam.name != "whisper":
+        raise CheckpointError(f"checkpoint {checkpoint}: a CTranslate2 directory ({ctranslate2.MODEL_FILE}); "
+                              f"only whisper is read in that format, {fam.name} from Hugging Face directories")
+    return ctranslate2.read_ctranslate2(checkpoint, sha256)
 
 
 def cast_inputs(inputs, dtype: str):

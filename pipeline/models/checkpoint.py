@@ -94,14 +94,8 @@ def read_checkpoint(directory: str | os.PathLike, family: ModelFamily, sha256: s
     `sha256`: the digest the files must have (an export's record of them). CheckpointError
     names the directory and the cause for anything that cannot be used.
     """
-    shown = f"checkpoint {directory}"
-    try:
-        root = Path(directory).resolve()
-    except (OSError, RuntimeError, ValueError) as exc:
-        raise CheckpointError(f"{shown}: cannot be resolved: {exc}") from None
-    if not root.is_dir():
-        raise CheckpointError(f"{shown}: not a directory")
-    config_path = _inside(root, CONFIG, shown)
+    shown, root = checkpoint_root(directory)
+    config_path = inside(root, CONFIG, shown)
     if not config_path.exists():
         raise CheckpointError(f"{shown}: no {CONFIG}")
     raw = read_json(config_path, f"{shown}: {CONFIG}")
@@ -117,12 +111,25 @@ def read_checkpoint(directory: str | os.PathLike, family: ModelFamily, sha256: s
     config = config_from_dict(raw, family, f"{shown}: {CONFIG}")
     check_sizes(config, family, f"{shown}: {CONFIG}", len(tensors), sum(t.numel for t in tensors.values()))
     files = tuple(sorted({config_path, *weight_files}, key=lambda p: p.relative_to(root).as_posix()))
-    identities = tuple(_identity(p) for p in files)
+    identities = tuple(file_identity(p) for p in files)
     digest = files_sha256(root, files)
     if sha256 is not None and digest != sha256:
         raise CheckpointError(f"{shown}: its files' sha256 is {digest}, not {sha256} as the export recorded: "
                               "the checkpoint changed since; export again")
     return Checkpoint(shown, root, config, tensors, files, digest, identities)
+
+
+def checkpoint_root(directory: str | os.PathLike) -> tuple[str, Path]:
+    """("checkpoint DIR" for messages, the directory absolute with symlinks resolved);
+    CheckpointError unless it is a directory."""
+    shown = f"checkpoint {directory}"
+    try:
+        root = Path(directory).resolve()
+    except (OSError, RuntimeError, ValueError) as exc:
+        raise CheckpointError(f"{shown}: cannot be resolved: {exc}") from None
+    if not root.is_dir():
+        raise CheckpointError(f"{shown}: not a directory")
+    return shown, root
 
 
 def config_from_dict(raw: dict[str, Any], family: ModelFamily, where: str) -> PretrainedConfig:
@@ -238,12 +245,12 @@ def load_weights(module: torch.nn.Module, checkpoint: Checkpoint, plan: dict[str
             except (SafetensorError, OSError) as exc:
                 raise CheckpointError(f"{checkpoint.shown}: {file.name} is unreadable: {exc}") from exc
             state[key] = tensor.to(current[key].dtype)
-    if tuple(_identity(p) for p in checkpoint.files) != checkpoint.identities:
+    if tuple(file_identity(p) for p in checkpoint.files) != checkpoint.identities:
         raise CheckpointError(f"{checkpoint.shown}: its files changed while they were read; nothing was built")
     module.load_state_dict(state, strict=True)
 
 
-def _inside(root: Path, entry: str, shown: str, listed_in: str | None = None) -> Path:
+def inside(root: Path, entry: str, shown: str, listed_in: str | None = None) -> Path:
     """`root / entry` with symlinks resolved, refused unless it lies inside `root`: an index
     naming `../other/w.safetensors` or `/etc/passwd`, or a link out of the directory."""
     source = f"{listed_in} entry {entry!r}" if listed_in else entry
@@ -259,9 +266,9 @@ def _inside(root: Path, entry: str, shown: str, listed_in: str | None = None) ->
 def _tensor_table(root: Path, shown: str) -> tuple[dict[str, StoredTensor], set[Path]]:
     """Every tensor of the checkpoint by name, and the safetensors files holding them."""
     if os.path.lexists(root / SHARD_INDEX):  # a link out of the directory is refused, not passed over
-        index = _inside(root, SHARD_INDEX, shown)
+        index = inside(root, SHARD_INDEX, shown)
         weight_map = _weight_map(read_json(index, f"{shown}: {SHARD_INDEX}"), f"{shown}: {SHARD_INDEX}")
-        shards = {entry: _inside(root, entry, shown, SHARD_INDEX) for entry in sorted(set(weight_map.values()))}
+        shards = {entry: inside(root, entry, shown, SHARD_INDEX) for entry in sorted(set(weight_map.values()))}
         absent = sorted(entry for entry, path in shards.items() if not path.is_file())
         if absent:
             raise CheckpointError(f"{shown}: shard(s) listed but absent: {', '.join(absent)}")
@@ -273,7 +280,7 @@ def _tensor_table(root: Path, shown: str) -> tuple[dict[str, StoredTensor], set[
                 raise CheckpointError(f"{shown}: {SHARD_INDEX} places {name} in {entry}, which does not hold it")
             tensors[name] = stored
         return tensors, set(shards.values())
-    single = _inside(root, SINGLE_FILE, shown) if os.path.lexists(root / SINGLE_FILE) else None
+    single = inside(root, SINGLE_FILE, shown) if os.path.lexists(root / SINGLE_FILE) else None
     if single is None or not single.is_file():
         raise CheckpointError(f"{shown}: no {SINGLE_FILE} (only safetensors weights are read)")
     return _header(single, SINGLE_FILE, shown), {single}
@@ -334,7 +341,7 @@ def _depth(value: Any) -> int:
     return deepest
 
 
-def _identity(path: Path) -> tuple[int, int, int, int]:
+def file_identity(path: Path) -> tuple[int, int, int, int]:
     info = os.stat(path)
     return info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns
 

@@ -32,6 +32,10 @@ class ModelSpec:
     # (`pipeline.models.checkpoint.files_sha256`); None for seeded random weights.
     checkpoint: str | None = None
     checkpoint_sha256: str | None = None
+    # Its format ("huggingface" or "ctranslate2") and how its weights were stored and read
+    # ("float16", "dequantized int8, float32", ...); None for seeded random weights.
+    checkpoint_format: str | None = None
+    checkpoint_weights: str | None = None
 
 
 @dataclass(frozen=True)

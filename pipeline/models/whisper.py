@@ -56,7 +56,9 @@ def make_inputs(config: WhisperConfig, preprocessor: dict[str, Any], seed: int) 
 
 FAMILY = ModelFamily(
     name="whisper",
-    variants=("tiny", "base", "small", "medium", "large-v3"),
+    # The English-only models (.en) share their encoder with the multilingual ones; their
+    # vocabulary (51864 tokens, not 51865) tells them apart.
+    variants=("tiny", "tiny.en", "base", "base.en", "small", "small.en", "medium", "medium.en", "large-v3"),
     default_variant="base",
     model_type="whisper",
     config_class=WhisperConfig,
@@ -64,7 +66,7 @@ FAMILY = ModelFamily(
     make_inputs=make_inputs,
     signature=lambda c: (
         c.d_model, c.encoder_layers, c.encoder_attention_heads, c.encoder_ffn_dim,
-        c.num_mel_bins, c.max_source_positions,
+        c.num_mel_bins, c.max_source_positions, c.vocab_size,
     ),
     hidden_size=lambda c: c.d_model,
     sizes=(
