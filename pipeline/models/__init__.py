@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+from collections.abc import Sequence
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -21,6 +22,7 @@ import torch
 from transformers import PretrainedConfig
 
 from pipeline.models import bart, ctranslate2, florence2, whisper
+from pipeline.models.audio import audio_paths, audio_sha256, shipped_utterances
 from pipeline.models.checkpoint import FLOAT_DTYPES, config_from_dict, load_weights, plan_weights, read_checkpoint
 from pipeline.models.spec import CheckpointError, ModelFamily, ModelSpec
 from pipeline.wgsl import DTYPES
@@ -74,6 +76,7 @@ def build(
     config: PretrainedConfig | None = None,
     dtype: str = "float32",
     checkpoint_sha256: str | None = None,
+    audio: Sequence[str | os.PathLike] | None = None,
 ) -> ModelSpec:
     """Build model `name` in eval mode with example inputs for export.
 
@@ -95,6 +98,10 @@ def build(
     checkpoint_sha256: with `checkpoint`, the sha256 its files must have (the spec's
         `checkpoint_sha256` of an earlier build, as an export records it); CheckpointError
         when they differ.
+    audio: whisper only: WAV files (any rate and channel count) whose log-mel, one batch row
+        each, are the example inputs. Default: with a checkpoint, the utterances the package
+        ships (`pipeline.models.audio.shipped_utterances`); without one, a synthetic chirp.
+        The spec records the files (`audio`, absolute paths) and the sha256 of their bytes.
     """
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
@@ -107,6 +114,8 @@ def build(
         raise ValueError("pass either checkpoint= or config=, not both")
     if checkpoint_sha256 is not None and checkpoint is None:
         raise ValueError("checkpoint_sha256= needs checkpoint=")
+    if audio is not None and name != "whisper":
+        raise ValueError(f"audio=: only whisper takes speech, not {name}")
 
     stored = _read(checkpoint, fam, checkpoint_sha256) if checkpoint is not None else None
     if stored is not None:
@@ -139,11 +148,18 @@ def build(
     module.eval().to(getattr(torch, dtype))
 
     preprocessor = _embedded(name, variant if variant != CUSTOM_VARIANT else fam.default_variant).get("preprocessor", {})
+    if audio is None and stored is not None and name == "whisper":
+        audio = [path for path, _ in shipped_utterances()]
+    if audio is not None:
+        files = audio_paths(audio)
+        inputs = whisper.speech_inputs(config, preprocessor, files)
+    else:
+        files, inputs = None, fam.make_inputs(config, preprocessor, seed)
     return ModelSpec(
         name=name,
         variant=variant,
         module=module,
-        example_inputs=tuple(cast_inputs(fam.make_inputs(config, preprocessor, seed), dtype)),
+        example_inputs=tuple(cast_inputs(inputs, dtype)),
         dynamic_shapes=fam.make_dynamic_shapes(config) if dynamic else None,
         config=config,
         checkpoint=str(stored.directory) if stored is not None else None,
@@ -151,6 +167,8 @@ def build(
         checkpoint_format=None if stored is None else ctranslate2.FORMAT if ct2 else "huggingface",
         checkpoint_weights=None if stored is None else stored.weights if ct2 else ", ".join(
             sorted({FLOAT_DTYPES[stored.tensors[name].dtype] for name in plan.values()})),
+        audio=files,
+        audio_sha256=None if files is None else audio_sha256(files),
     )
 
 

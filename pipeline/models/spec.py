@@ -36,6 +36,10 @@ class ModelSpec:
     # ("float16", "dequantized int8, float32", ...); None for seeded random weights.
     checkpoint_format: str | None = None
     checkpoint_weights: str | None = None
+    # The WAV files (absolute paths) whose log-mel are the example inputs, and the sha256 of
+    # their bytes (`pipeline.models.audio.audio_sha256`); None for synthetic inputs.
+    audio: tuple[str, ...] | None = None
+    audio_sha256: str | None = None
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -10,6 +11,7 @@ import torch
 from transformers import WhisperConfig, WhisperFeatureExtractor
 from transformers.models.whisper.modeling_whisper import WhisperEncoder
 
+from pipeline.models import audio
 from pipeline.models.spec import ConfigInt, ModelFamily
 
 CLIP_SECONDS = 8.0
@@ -38,9 +40,9 @@ def synthetic_speechlike(sampling_rate: int, seed: int) -> np.ndarray:
     return wave.astype(np.float32)
 
 
-def make_inputs(config: WhisperConfig, preprocessor: dict[str, Any], seed: int) -> tuple[torch.Tensor]:
+def feature_extractor(config: WhisperConfig, preprocessor: dict[str, Any]) -> WhisperFeatureExtractor:
     # The mel count comes from the model: large-v3 takes 128 bins, the others 80.
-    extractor = WhisperFeatureExtractor(
+    return WhisperFeatureExtractor(
         feature_size=config.num_mel_bins,
         sampling_rate=preprocessor["sampling_rate"],
         hop_length=preprocessor["hop_length"],
@@ -48,10 +50,25 @@ def make_inputs(config: WhisperConfig, preprocessor: dict[str, Any], seed: int) 
         n_fft=preprocessor["n_fft"],
         padding_value=preprocessor["padding_value"],
     )
-    wave = synthetic_speechlike(preprocessor["sampling_rate"], seed)
-    # Pads to the 30 s window the encoder's positions are sized for.
-    features = extractor(wave, sampling_rate=preprocessor["sampling_rate"], return_tensors="pt").input_features
-    return (features.to(torch.float32),)
+
+
+def log_mel(waves: list[np.ndarray], config: WhisperConfig, preprocessor: dict[str, Any]) -> torch.Tensor:
+    """(B, num_mel_bins, 3000) float32: the log-mel of each 16 kHz waveform, padded to the
+    30 s window the encoder's positions are sized for."""
+    extractor = feature_extractor(config, preprocessor)
+    features = extractor(waves, sampling_rate=preprocessor["sampling_rate"], return_tensors="pt").input_features
+    return features.to(torch.float32)
+
+
+def make_inputs(config: WhisperConfig, preprocessor: dict[str, Any], seed: int) -> tuple[torch.Tensor]:
+    return (log_mel([synthetic_speechlike(preprocessor["sampling_rate"], seed)], config, preprocessor),)
+
+
+def speech_inputs(config: WhisperConfig, preprocessor: dict[str, Any], files: Sequence[str]) -> tuple[torch.Tensor]:
+    """The log-mel of each WAV file (any rate and channel count), one batch row per file."""
+    if preprocessor["sampling_rate"] != audio.SAMPLING_RATE:
+        raise ValueError(f"the model's features are at {preprocessor['sampling_rate']} Hz, not {audio.SAMPLING_RATE}")
+    return (log_mel([audio.read_wav(path) for path in files], config, preprocessor),)
 
 
 FAMILY = ModelFamily(
