@@ -51,6 +51,9 @@ class AccuracyReport:
     coverage: CoverageAudit | None = None
     dtype: str = "float32"  # of the module and inputs, and so of the eager run held against
     eager_float32_vs_fp64: dict | None = None  # for a half dtype: float32 eager, same weights
+    # The outputs compared (not part of `as_dict`): "eager", "fp64", "delegated", and for a
+    # half dtype "eager_float32".
+    outputs: dict | None = None
 
     @property
     def worst_layer_norm(self) -> LayerNormError | None:
@@ -132,9 +135,11 @@ def evaluate_accuracy(
         eager_fp32_vs_fp64=compare(flatten_output(fp32.outputs), reference),
         dtype=str(dtype).removeprefix("torch."),
     )
+    report.outputs = {"eager": fp32.outputs, "fp64": fp64.outputs, "delegated": delegated_out}
     if dtype != torch.float32:
         single = run_eager(*to_dtype(module, inputs, torch.float32)).outputs
         report.eager_float32_vs_fp64 = compare(flatten_output(single), reference)
+        report.outputs["eager_float32"] = single
     records = program_records(program, fp32.calls)
     report.coverage = coverage_of(fp32.calls, records, program, model, variant)
     calls32, _ = match_calls(records, fp32.calls)

@@ -115,7 +115,20 @@ def _accuracy_summary(data: dict) -> list[str]:
         *single,
         "worst LayerNorm: " + ("–" if worst is None else f"{worst['module_path'] or '<root>'} "
                                                           f"({worst['node']}) max abs {fmt(worst['max_abs'])}"),
+        *_inputs_lines(data),
     ]
+
+
+def _inputs_lines(data: dict) -> list[str]:
+    inputs, section = data.get("inputs"), data.get("transcripts")
+    lines = []
+    if inputs is not None and inputs.get("audio"):
+        lines.append(f"inputs: log-mel of {', '.join(inputs['audio'])} (sha256 {inputs['audio_sha256']})")
+    if section is not None:
+        from pipeline.evaluation.transcripts import verdict_line
+
+        lines.append(verdict_line(section) + ("" if section["identical"] else ": the verdict fails"))
+    return lines
 
 
 def _eager_label(accuracy: dict) -> str:
@@ -139,14 +152,61 @@ def accuracy_plot(data: dict) -> bytes:
 
 def accuracy_markdown(data: dict) -> str:
     return _markdown(data, "Accuracy report", _accuracy_summary(data),
-                     ["Per-LayerNorm max abs error (the HTML page has the plot):", "",
+                     [*transcripts_markdown(data), "Per-LayerNorm max abs error (the HTML page has the plot):", "",
                       markdown_table(_accuracy_headers(data), _accuracy_rows(data))])
 
 
 def accuracy_html(data: dict) -> str:
     return _html(data, "Accuracy report", data["verdict"] == "pass", _accuracy_summary(data),
-                 [png_img(accuracy_plot(data), "per-LayerNorm max abs error"),
+                 [*transcripts_html(data), png_img(accuracy_plot(data), "per-LayerNorm max abs error"),
                   html_table(_accuracy_headers(data), _accuracy_rows(data))])
+
+
+def _transcript_headers(section: dict) -> list[str]:
+    program = section["program"]
+    headers = ["audio", "spoken", "from eager's encoder output", f"from the {program} program's", "tokens identical",
+               "token agreement", "first difference", f"encoder {program} vs fp64", "encoder eager vs fp64"]
+    if any("encoder_eager_float32_vs_fp64_max_abs" in r for r in section["utterances"]):
+        headers.append("encoder eager fp32 vs fp64")
+    return headers
+
+
+def _transcript_rows(section: dict) -> list[list[object]]:
+    program = section["program"]
+    rows = []
+    for r in section["utterances"]:
+        row = [r["audio"], r["spoken"], r["text_eager"], r[f"text_{program}"], "yes" if r["tokens_identical"] else "NO",
+               r["token_agreement"], r["first_difference"], r[f"encoder_{program}_vs_fp64_max_abs"],
+               r["encoder_eager_vs_fp64_max_abs"]]
+        if "encoder_eager_float32_vs_fp64_max_abs" in r:
+            row.append(r["encoder_eager_float32_vs_fp64_max_abs"])
+        rows.append(row)
+    return rows
+
+
+def _transcript_intro(section: dict) -> str:
+    from pipeline.evaluation.transcripts import verdict_line
+
+    return (f"{verdict_line(section)}; decode: {section['decode']}. The verdict fails when the tokens differ. "
+            "Encoder-output errors are max abs against eager float64, per utterance.")
+
+
+def transcripts_markdown(data: dict) -> list[str]:
+    """The transcript check's section (none when the report has none), as Markdown lines."""
+    section = data.get("transcripts")
+    if section is None:
+        return []
+    return ["## Transcripts", "", _transcript_intro(section), "",
+            markdown_table(_transcript_headers(section), _transcript_rows(section)), ""]
+
+
+def transcripts_html(data: dict) -> list[str]:
+    """The same section as HTML fragments."""
+    section = data.get("transcripts")
+    if section is None:
+        return []
+    return ["<h2>Transcripts</h2>", f"<p>{html.escape(_transcript_intro(section))}</p>",
+            html_table(_transcript_headers(section), _transcript_rows(section))]
 
 
 def accuracy_line(data: dict) -> str:
@@ -156,4 +216,14 @@ def accuracy_line(data: dict) -> str:
         f"  (eager fp32 {fmt(a['eager_float32_vs_fp64_max_abs'])})")
     return (f"{data['model']:<10} {data['verdict']:<5} delegated {fmt(a['delegated_vs_fp64_max_abs']):>8}  "
             f"{_eager_label(a)} {fmt(a['eager_fp32_vs_fp64_max_abs']):>8}{single}  cos {a['cosine']:.7f}  "
-            f"SQNR {fmt(a['sqnr_db'])} dB  worst LN {'–' if worst is None else worst['module_path']}")
+            f"SQNR {fmt(a['sqnr_db'])} dB  worst LN {'–' if worst is None else worst['module_path']}"
+            + _transcripts_count(data))
+
+
+def _transcripts_count(data: dict) -> str:
+    section = data.get("transcripts")
+    if section is None:
+        return ""
+    rows = section["utterances"]
+    return f"  transcripts {sum(r['tokens_identical'] for r in rows)}/{len(rows)} identical"
+

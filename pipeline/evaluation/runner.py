@@ -50,11 +50,12 @@ def resolve_models(name: str) -> list[str]:
     return [name]
 
 
-def _build_and_lower(name: str, variant: str | None, seed: int, dtype: str = "float32", checkpoint=None):
+def _build_and_lower(name: str, variant: str | None, seed: int, dtype: str = "float32", checkpoint=None,
+                     audio=None):
     import pipeline
 
     torch.manual_seed(seed)
-    spec = pipeline.models.build(name, variant=variant, seed=seed, dtype=dtype, checkpoint=checkpoint)
+    spec = pipeline.models.build(name, variant=variant, seed=seed, dtype=dtype, checkpoint=checkpoint, audio=audio)
     program = pipeline.lower(spec.module, spec.example_inputs, spec.dynamic_shapes)
     return spec, program
 
@@ -81,13 +82,31 @@ def coverage_for(spec, program, seed: int, run: bool = False) -> dict:
     return {**audit.as_dict(), "weights": weights_of(spec), "adapter": env["adapter"], "environment": env}
 
 
-def accuracy_for(spec, program, seed: int) -> dict:
+def accuracy_for(spec, program, seed: int, progress: Callable[[str], None] = lambda line: None) -> dict:
     """The accuracy report (with the coverage counts of its own eager run) of one built model,
-    as a report dict."""
+    as a report dict. A whole Whisper (a checkpoint with its decoder) also decodes each
+    utterance from eager's and the program's encoder output: the verdict fails when the
+    tokens differ (`pipeline.evaluation.transcripts`)."""
+    from pipeline.evaluation.transcripts import transcripts_for
+
     report = evaluate_accuracy(spec.module, spec.example_inputs, program, model=spec.name, variant=spec.variant)
     env = environment(seed)
-    return {**report.as_dict(), "coverage": report.coverage.as_dict()["coverage"], "weights": weights_of(spec),
-            "adapter": env["adapter"], "environment": env}
+    data = {**report.as_dict(), "coverage": report.coverage.as_dict()["coverage"], "weights": weights_of(spec),
+            "inputs": inputs_of(spec), "adapter": env["adapter"], "environment": env}
+    transcripts = transcripts_for(spec, report.outputs, progress=progress)
+    if transcripts is not None:
+        data["transcripts"] = transcripts
+        if not transcripts["identical"]:
+            data["verdict"] = "fail"
+    return data
+
+
+def inputs_of(spec) -> dict:
+    """What the example inputs are, for a report: WAV files (with the sha256 of their bytes)
+    or the model's synthetic inputs."""
+    if spec.audio is None:
+        return {"audio": None}
+    return {"audio": list(spec.audio), "audio_sha256": spec.audio_sha256}
 
 
 def _build_and_load(pte: str | Path):
@@ -111,11 +130,14 @@ def run_reports(
     dtype: str = "float32",
     runtime: str = "python",
     checkpoint: str | Path | None = None,
+    audio: str | list[str] | None = None,
 ) -> int:
     """Run the coverage audit (`kind="coverage"`) or accuracy report (`"accuracy"`) for `model` or `all`,
     or for the exported file `pte` (its model, variant and seed from the `.coverage.json` beside it).
     `checkpoint`: build `model` (one, not `all`) from this checkpoint directory (Hugging Face, or
-    CTranslate2 for whisper) instead of seeded random weights.
+    CTranslate2 for whisper) instead of seeded random weights. `audio` (whisper; "A.wav,B.wav"
+    or a list): the example inputs are the log-mel of these files (by default, with a checkpoint,
+    the utterances the package ships); a whole-model checkpoint's transcripts are checked.
 
     `dtype` (float32, float16, bfloat16) casts the model and its inputs; the accuracy verdict
     then holds the program against eager at that dtype, both against float64.
@@ -138,6 +160,8 @@ def run_reports(
         raise ValueError(f"runtime must be 'python' or 'executorch', got {runtime!r}")
     if checkpoint is not None and (pte is not None or model == "all"):
         raise ValueError("checkpoint= is for one model, not for 'all' nor with pte= (the file names its own)")
+    if audio is not None and (pte is not None or model != "whisper"):
+        raise ValueError("audio= is for whisper, not with pte= (the file's export names its inputs)")
     names = [None] if pte is not None else resolve_models(model)
     lines, failed = [], []
     for name in names:
@@ -148,7 +172,7 @@ def run_reports(
             stem = f"{Path(pte).name.removesuffix('.pte')}.pte.{kind}"
         else:
             progress(f"[{name}] building and lowering ...")
-            spec, program = _build_and_lower(name, variant, seed, dtype, checkpoint)
+            spec, program = _build_and_lower(name, variant, seed, dtype, checkpoint, audio)
             stem = _stem(name, spec.variant, kind, dtype)
         progress(f"[{name}] evaluating {kind} ...")
         if kind == "coverage":
@@ -156,7 +180,7 @@ def run_reports(
             markdown, page, line, ok = (coverage_markdown(data), coverage_html(data), coverage_line(data),
                                         data["verdict"] == "complete")
         else:
-            data = accuracy_for(spec, program, seed)
+            data = accuracy_for(spec, program, seed, progress)
             markdown, page, line, ok = (accuracy_markdown(data), accuracy_html(data), accuracy_line(data),
                                         data["verdict"] == "pass")
         data["program"] = {"source": "lowered in this run"} if pte is None else {
@@ -221,9 +245,14 @@ def report_main(kind: str, description: str, argv: list[str] | None = None) -> i
         parser.add_argument("--runtime", choices=("python", "executorch"), default="python",
                             help="with --pte: run the file in our Python runtime (default) or in ExecuTorch's "
                             "runtime, held against the same model exported without the WebGPU delegate")
+    parser.add_argument("--audio", metavar="A.wav[,B.wav]", help="whisper: the log-mel of these WAV files (any rate "
+                        "and channel count) as the inputs, one batch row each (default with --checkpoint: the "
+                        "utterances the package ships); a checkpoint with its decoder transcribes them")
     cli.add_dtype(parser)
     cli.add_verbose(parser)
     args = parser.parse_args(argv)
+    if args.audio is not None and (args.pte is not None or args.model != "whisper"):
+        parser.error("argument --audio: for whisper, not with --pte (the file's export names its inputs)")
     if (args.model is None) == (args.pte is None):
         parser.error("give a model or --pte FILE (one of them)")
     if args.pte is not None and args.dtype != "float32":
@@ -250,7 +279,7 @@ def report_main(kind: str, description: str, argv: list[str] | None = None) -> i
     try:
         return run_reports(kind, args.model, args.variant, args.output_dir, args.seed,
                            progress=cli.print_progress, pte=args.pte, dtype=args.dtype, runtime=runtime,
-                           checkpoint=args.checkpoint)
+                           checkpoint=args.checkpoint, audio=args.audio)
     except Exception as exc:  # one line for the user, status 1
         print(f"{parser.prog}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1

@@ -193,3 +193,37 @@ def check_transcripts(decoder: WhisperDecoder, spec, eager: torch.Tensor, progra
         "utterances": rows,
         "identical": all(r["tokens_identical"] for r in rows),
     }
+
+
+def encoder_output(outputs) -> torch.Tensor:
+    """The encoder's hidden states from a module's or a runtime's outputs (a tensor, or a
+    list or tuple holding one)."""
+    if isinstance(outputs, (list, tuple)) and len(outputs) == 1:
+        outputs = outputs[0]
+    if not isinstance(outputs, torch.Tensor):
+        raise TypeError(f"expected the encoder's output tensor, got {type(outputs).__name__}")
+    return outputs
+
+
+def transcripts_for(spec, outputs: dict, program_name: str = "delegated",
+                    progress=lambda line: None) -> dict[str, Any] | None:
+    """The transcript check of `spec`'s example inputs, given the encoder outputs `outputs`
+    ("eager", "fp64", `program_name`, optionally "eager_float32"); None when the spec's
+    checkpoint holds no decoder."""
+    decoder = decoder_of(spec)
+    if decoder is None:
+        return None
+    progress(f"[{spec.name}] decoding {spec.example_inputs[0].shape[0]} utterance(s) from eager's and the "
+             f"{program_name} program's encoder output ...")
+    single = outputs.get("eager_float32")
+    return check_transcripts(decoder, spec, encoder_output(outputs["eager"]), encoder_output(outputs[program_name]),
+                             encoder_output(outputs["fp64"]), program_name,
+                             None if single is None else encoder_output(single))
+
+
+def verdict_line(section: dict[str, Any]) -> str:
+    """One line: how many utterances decode to the same tokens."""
+    rows = section["utterances"]
+    same = sum(r["tokens_identical"] for r in rows)
+    return (f"transcripts: {same}/{len(rows)} utterances decode to identical tokens from eager's and the "
+            f"{section['program']} program's encoder output ({section['dtype']} decoder)")
