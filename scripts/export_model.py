@@ -41,9 +41,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="what runs the ops that are not LayerNorms: portable (ExecuTorch's CPU kernels; "
                         "default) or xnnpack (XNNPACK delegates: for ExecuTorch's runtime, see pipeline.native); "
                         "files of the latter are named <model>-<variant>-xnnpack.*")
+    parser.add_argument("--audio", metavar="A.wav[,B.wav]", help="whisper: export with the log-mel of these WAV "
+                        "files as the example inputs, one batch row each (default with --checkpoint: the utterances "
+                        "the package ships); recorded in the coverage file")
     cli.add_dtype(parser)
     cli.add_verbose(parser)
     args = parser.parse_args(argv)
+    if args.audio is not None and args.model != "whisper":
+        parser.error("argument --audio: only whisper takes speech")
     try:
         check_output_dir(args.output_dir)
     except ValueError as exc:
@@ -62,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         summary = export_model(
             args.model, args.variant, args.checkpoint, args.output_dir, args.seed, args.dynamic,
             progress=lambda line: print(line, file=sys.stderr, flush=True), cpu_backend=args.cpu_backend,
-            dtype=args.dtype,
+            dtype=args.dtype, audio=args.audio,
         )
     except KeyboardInterrupt:
         print("export_model: interrupted; no file was left half-written", file=sys.stderr)

@@ -39,6 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("pte", help="the .pte file")
     parser.add_argument("--inputs", metavar="FILE.pt", help="inputs saved with torch.save (default: the model's)")
+    parser.add_argument("--audio", metavar="A.wav[,B.wav]", help="whisper: run the log-mel of these WAV files "
+                        "(as many as the file's batch) instead of the inputs its export recorded")
     parser.add_argument("--runtime", choices=RUNTIMES, default="python",
                         help="python: pipeline.load (default); executorch: ExecuTorch's runtime with the native backend")
     parser.add_argument("--repeats", type=cli.positive_int, default=3, help="timed runs (default 3)")
@@ -46,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
                         "(an event per LayerNorm delegate call) to FILE")
     cli.add_verbose(parser)
     args = parser.parse_args(argv)
+    if args.audio is not None and args.inputs is not None:
+        parser.error("argument --audio: not with --inputs")
     if args.etdump is not None:
         if args.runtime != "executorch":
             parser.error("argument --etdump: needs --runtime executorch")
@@ -65,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         result = run_artifact(args.pte, args.inputs, args.runtime, args.repeats,
-                              progress=lambda line: print(line, file=sys.stderr, flush=True), etdump=args.etdump)
+                              progress=lambda line: print(line, file=sys.stderr, flush=True), etdump=args.etdump,
+                              audio=args.audio)
     except KeyboardInterrupt:
         print("run_pte: interrupted", file=sys.stderr)
         return 130
@@ -88,12 +93,23 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  max abs error: vs eager {dtype} {result['max_abs_vs_eager']:.3g}, vs float64 "
               f"{result['max_abs_vs_fp64']:.3g} (eager {dtype} vs float64 {result['eager_max_abs_vs_fp64']:.3g}, "
               f"limit {result['envelope']:g}x)")
+    if "transcripts" in result:
+        from pipeline.evaluation.transcripts import verdict_line
+
+        print(f"  {verdict_line(result['transcripts'])}")
+        for row in result["transcripts"]["utterances"]:
+            mark = "" if row["tokens_identical"] else f"  DIFFERENT from token {row['first_difference']}"
+            print(f"    {row['audio']}: {row['text_delegated']!r}{mark}")
+            if not row["tokens_identical"]:
+                print(f"    {' ' * len(row['audio'])}  eager: {row['text_eager']!r}")
     if "etdump" in result:
         print(f"  ETDump: {result['etdump']} (executorch.devtools.Inspector(etdump_path=...))")
     if not result["passed"]:
         why = "outputs are not finite" if not result["finite"] else "error against float64 exceeds the envelope"
         if "executorch_verdict" in result:
-            why = result["executorch_verdict"]["why"]
+            why = result["executorch_verdict"]["why"] or why
+        if "transcripts" in result and not result["transcripts"]["identical"]:
+            why = "the transcripts differ: a token decoded from the file's encoder output is not eager's"
         print(f"run_pte: {why}", file=sys.stderr)
         return 1
     print("  passed")

@@ -51,6 +51,7 @@ def export_model(
     progress: Callable[[str], None] | None = None,
     cpu_backend: str = "portable",
     dtype: str = "float32",
+    audio: str | list[str] | None = None,
 ) -> dict[str, Any]:
     """Export model `name` to `<output_dir>/<name>-<variant>.pte` with its `.coverage.json`.
 
@@ -68,6 +69,10 @@ def export_model(
 
     `cpu_backend="xnnpack"` puts what is not a LayerNorm on XNNPACK: such a file runs in
     ExecuTorch's runtime (`pipeline.native`), which then does the check above.
+
+    `audio` (whisper): WAV files whose log-mel are the example inputs (default with a
+    checkpoint: the utterances the package ships); the coverage file records the files named
+    here and the sha256 of the inputs' audio, so a rebuild from the file feeds the same speech.
     """
     from pipeline import models
     from pipeline.interpreter import Program
@@ -84,7 +89,8 @@ def export_model(
         stage(f"building {name} from checkpoint {checkpoint}")
     else:
         stage(f"building {name} {variant or models.default_variant(name)} (seeded random weights, seed {seed})")
-    spec = models.build(name, variant=variant, checkpoint=checkpoint, seed=seed, dynamic=dynamic, dtype=dtype)
+    spec = models.build(name, variant=variant, checkpoint=checkpoint, seed=seed, dynamic=dynamic, dtype=dtype,
+                        audio=audio)
     shapes = ", ".join("x".join(map(str, t.shape)) for t in spec.example_inputs)
     stage(f"lowering {name}-{spec.variant}: torch.export ({shapes}{', dynamic' if dynamic else ''}), "
           "LayerNorm partitioning, WebGPU delegate")
@@ -103,6 +109,10 @@ def export_model(
         "checkpoint_sha256": spec.checkpoint_sha256,
         "checkpoint_format": spec.checkpoint_format,
         "checkpoint_weights": spec.checkpoint_weights,
+        # The WAV files given (absolute; None: the model's default inputs) and the sha256 of
+        # the audio the example inputs were made from (None: no audio).
+        "audio": None if audio is None else list(spec.audio),
+        "audio_sha256": spec.audio_sha256,
         "seed": seed,
         "dynamic": dynamic,
         "dtype": dtype,

@@ -35,6 +35,8 @@ SUMMARY_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
     "dtype": ((str,), False),
     "cpu_backend": ((str,), False),
     "pte_bytes": ((int,), False),
+    "audio": ((list, type(None)), False),
+    "audio_sha256": ((str, type(None)), False),
 }
 
 
@@ -161,19 +163,29 @@ def read_pte(pte_path: str | os.PathLike) -> bytes:
     return read_private(pte_path)
 
 
-def build_for_artifact(summary: dict[str, Any]):
+def build_for_artifact(summary: dict[str, Any], audio: str | list[str] | None = None):
     """The zoo model (module and example inputs) an exported file was made from.
 
     From a checkpoint only if its files still hash to what the export recorded
-    (CheckpointError otherwise, before the module is built)."""
+    (CheckpointError otherwise, before the module is built); its example inputs from the
+    audio the export recorded, checked by hash (ArtifactError), unless `audio` names other
+    WAV files to take instead."""
     from pipeline import models
 
     checkpoint = summary.get("checkpoint")
     _check_checkpoint_record(summary, "export summary")
-    return models.build(summary["model"], variant=None if checkpoint else summary["variant"], checkpoint=checkpoint,
+    recorded = audio is None
+    audio = summary.get("audio") if recorded else audio
+    if recorded and audio is not None and not (audio and all(isinstance(p, str) and os.path.isabs(p) for p in audio)):
+        raise ArtifactError(f"export summary: audio {json.dumps(audio)[:80]} is not a list of absolute paths")
+    spec = models.build(summary["model"], variant=None if checkpoint else summary["variant"], checkpoint=checkpoint,
                         seed=summary.get("seed", 0), dynamic=summary.get("dynamic", False),
                         dtype=summary.get("dtype", "float32"),
-                        checkpoint_sha256=summary.get("checkpoint_sha256") if checkpoint else None)
+                        checkpoint_sha256=summary.get("checkpoint_sha256") if checkpoint else None, audio=audio)
+    if recorded and "audio_sha256" in summary and spec.audio_sha256 != summary["audio_sha256"]:
+        raise ArtifactError(f"export summary: the inputs' audio has sha256 {spec.audio_sha256}, the export's "
+                            f"{summary['audio_sha256']}: the audio changed since; export again")
+    return spec
 
 
 def same_outputs(got, want) -> bool:
@@ -246,6 +258,7 @@ def run_artifact(
     repeats: int = 3,
     progress=lambda line: None,
     etdump: str | os.PathLike | None = None,
+    audio: str | list[str] | None = None,
 ) -> dict[str, Any]:
     """Run an exported file: its model's example inputs (from the `.coverage.json` beside
     it) or a user's (`inputs_path`), timed over `repeats` runs, compared with eager at the
@@ -256,6 +269,11 @@ def run_artifact(
     delegate instead (`pipeline.evaluation.executorch_verdict`, under "executorch_verdict"),
     and `etdump` names a file to write the timed runs' ETDump to (an event per LayerNorm
     delegate call, for ExecuTorch's Inspector).
+
+    `audio` (whisper): run the log-mel of these WAV files instead of the recorded inputs (as
+    many as the file's batch). A file of a whole-model checkpoint also decodes each utterance
+    from eager's and the file's encoder output: under "transcripts", and `passed` is False when
+    the tokens differ (`pipeline.evaluation.transcripts`).
     """
     import time
 
@@ -267,6 +285,8 @@ def run_artifact(
         raise ValueError(f"repeats must be at least 1, got {repeats}")
     if etdump is not None and runtime != "executorch":
         raise ValueError("etdump needs runtime='executorch'")
+    if audio is not None and inputs_path is not None:
+        raise ValueError("pass inputs_path or audio, not both")
     try:  # before its coverage file is looked for
         _check_is_file(pte_path)
     except FileNotFoundError:
@@ -280,7 +300,9 @@ def run_artifact(
     if summary is not None:
         progress(f"building {summary['model']}-{summary['variant']} (seed {summary.get('seed', 0)}) for its inputs "
                  "and eager reference")
-        spec = build_for_artifact(summary)
+        spec = build_for_artifact(summary, audio)
+    elif audio is not None:
+        raise ValueError(f"audio: {coverage_path_of(pte_path)} not found: the model of {pte_path} is unknown")
     inputs = read_inputs(inputs_path) if inputs_path is not None else spec.example_inputs
     progress(f"loading {pte_path} ({runtime} runtime)")
     load = program_loader(runtime)  # imports the runtime first: the timing is of the load alone
@@ -325,12 +347,19 @@ def run_artifact(
             max_abs_vs_fp64=got["max_abs"], eager_max_abs_vs_fp64=eager["max_abs"], envelope=ENVELOPE,
         )
         result["passed"] = result["finite"] and got["max_abs"] <= ENVELOPE * eager["max_abs"]
+        compared = {"delegated": outputs, "eager": same_dtype, "fp64": fp64}
         if runtime == "executorch":
             from pipeline.evaluation.executorch_verdict import evaluate_in_executorch
 
             verdict = evaluate_in_executorch(pte_path, summary, spec, inputs, progress, eager=(same_dtype, fp64),
                                              data=data)
             result.update(executorch_verdict=verdict, passed=verdict["passed"])
+        if inputs_path is None:
+            from pipeline.evaluation.transcripts import transcripts_for
+
+            transcripts = transcripts_for(spec, compared, progress=progress)
+            if transcripts is not None:
+                result.update(transcripts=transcripts, passed=result["passed"] and transcripts["identical"])
     else:
         result["passed"] = result["finite"]
     return result

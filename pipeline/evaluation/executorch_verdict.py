@@ -110,14 +110,16 @@ def _errors(output, reference: torch.Tensor) -> dict[str, Any]:
 
 def evaluate_in_executorch(pte_path, summary: dict, spec, inputs: Sequence | None = None,
                            progress: Callable[[str], None] = lambda line: None,
-                           eager: tuple | None = None, data: bytes | None = None) -> dict[str, Any]:
+                           eager: tuple | None = None, data: bytes | None = None,
+                           outputs: dict | None = None) -> dict[str, Any]:
     """Run the exported file `pte_path` in ExecuTorch's runtime (capturing its WebGPU
     delegate calls), its no-delegate reference there, eager (at the file's dtype) and eager
     float64, on the example inputs of `spec` (or `inputs`); return the errors, the
     per-LayerNorm identity and the verdict (`passed`, `why` when not). `eager` passes the
     two eager outputs when the caller has them already; `data`, the file's bytes when the
     caller has read (and checked) them: those run, the path is not read again. Without it
-    the file is read once here."""
+    the file is read once here. `outputs`, a dict, receives the outputs compared: "delegated"
+    (the file's, in ExecuTorch's runtime), "eager" and "fp64"."""
     from pipeline.pte.file import PteFile, read_private
     from pipeline.native.trace import TracedProgram
 
@@ -127,7 +129,7 @@ def evaluate_in_executorch(pte_path, summary: dict, spec, inputs: Sequence | Non
     cpu_backend = summary.get("cpu_backend", "portable")
     progress(f"running {pte_path} in ExecuTorch's runtime, capturing its LayerNorm delegate calls")
     with TracedProgram(data, capture=True, source=str(pte_path)) as program:
-        outputs = program(*inputs)
+        file_outputs = program(*inputs)
         calls = program.captured_calls()
     progress(f"exporting the reference: the same model with {cpu_backend}, no WebGPU delegate")
     started = time.perf_counter()
@@ -143,7 +145,10 @@ def evaluate_in_executorch(pte_path, summary: dict, spec, inputs: Sequence | Non
     progress("re-running each captured LayerNorm call in the Python runtime")
     layer_norms = layer_norm_identity(PteFile(data, str(pte_path)), calls)
 
-    file_err, ref_err, eager_err = _errors(outputs, exact), _errors(reference_out, exact), _errors(eager[0], exact)
+    if outputs is not None:
+        outputs.update(delegated=file_outputs, eager=eager[0], fp64=eager[1])
+    file_err, ref_err, eager_err = (_errors(file_outputs, exact), _errors(reference_out, exact),
+                                    _errors(eager[0], exact))
     rel_ratio = file_err["rel_l2"] / ref_err["rel_l2"] if ref_err["rel_l2"] > 0 else float("inf")
     abs_ratio = file_err["max_abs"] / ref_err["max_abs"] if ref_err["max_abs"] > 0 else float("inf")
     different = [r["call"] for r in layer_norms if not r["identical"]]
@@ -205,6 +210,10 @@ def report_markdown(data: dict[str, Any]) -> str:
              "## LayerNorm delegate calls: ExecuTorch's runtime vs the Python runtime, same inputs", "",
              markdown_table(["call", "delegate", "input shape", "dtype", "bit-identical", "max abs difference"],
                             _layer_norm_rows(v)), ""]
+    from pipeline.evaluation.render import transcripts_markdown
+
+    lines[lines.index("## Errors against eager float64"):lines.index("## Errors against eager float64")] = (
+        transcripts_markdown(data))
     return "\n".join(lines)
 
 
@@ -218,8 +227,11 @@ def report_html(data: dict[str, Any]) -> str:
     verdict = (f"<h2 class='{'pass' if v['passed'] else 'fail'}'>{html.escape(data['verdict'])}</h2>"
                f"<p>{html.escape(v['why'])}</p><p>rule: {html.escape(v['rule'])}</p>"
                f"<pre>{html.escape(chr(10).join(verdict_lines(v)))}</pre>")
+    from pipeline.evaluation.render import transcripts_html
+
     return html_page(f"Accuracy in ExecuTorch's runtime: {data['model']}-{data['variant']}", [
         verdict,
+        *transcripts_html(data),
         "<h2>Errors against eager float64</h2>",
         html_table(["run", "rel L2", "max abs", "cosine", "SQNR dB"], _error_rows(v)),
         "<h2>LayerNorm delegate calls: ExecuTorch's runtime vs the Python runtime</h2>",
@@ -234,7 +246,13 @@ def report_line(data: dict[str, Any]) -> str:
     return (f"{data['model']:<10} {data['verdict']:<5} executorch/{v['cpu_backend']}: rel L2 {v['rel_l2_ratio']:.3f}x "
             f"and max abs {v['max_abs_ratio']:.3f}x the no-delegate reference's (limits {v['rel_l2_factor']:g}x, "
             f"{v['max_abs_factor']:g}x); eager's rel L2 {v['eager_vs_fp64']['rel_l2']:.3g} vs the file's "
-            f"{v['file_vs_fp64']['rel_l2']:.3g}; LayerNorms bit-identical {same}/{len(v['layer_norms'])}")
+            f"{v['file_vs_fp64']['rel_l2']:.3g}; LayerNorms bit-identical {same}/{len(v['layer_norms'])}"
+            + _transcripts_count(data))
+
+
+def _transcripts_count(data: dict[str, Any]) -> str:
+    rows = data.get("transcripts", {}).get("utterances")
+    return "" if rows is None else f"; transcripts {sum(r['tokens_identical'] for r in rows)}/{len(rows)} identical"
 
 
 def _error_rows(v: dict[str, Any]) -> list[list[object]]:

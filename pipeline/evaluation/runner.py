@@ -209,11 +209,22 @@ def _executorch_accuracy(pte: str | Path, output_dir: str | Path, progress: Call
     progress(f"[{pte}] building its model for the eager reference ...")
     torch.manual_seed(summary.get("seed", 0))
     spec = build_for_artifact(summary)
-    verdict = executorch_verdict.evaluate_in_executorch(pte, summary, spec, progress=progress, data=pte_bytes)
+    from pipeline.evaluation.transcripts import transcripts_for, verdict_line
+
+    outputs: dict = {}
+    verdict = executorch_verdict.evaluate_in_executorch(pte, summary, spec, progress=progress, data=pte_bytes,
+                                                        outputs=outputs)
+    transcripts = transcripts_for(spec, outputs, progress=progress)
+    if transcripts is not None and not transcripts["identical"]:
+        verdict["passed"] = False
+        verdict["why"] = "; ".join(filter(None, [verdict["why"], verdict_line(transcripts)]))
     env = environment(summary.get("seed", 0))
     data = {"model": spec.name, "variant": spec.variant, "verdict": "pass" if verdict["passed"] else "fail",
-            "runtime": "executorch", "accuracy": verdict, "adapter": env["adapter"], "environment": env,
+            "runtime": "executorch", "accuracy": verdict, "weights": weights_of(spec), "inputs": inputs_of(spec),
+            "adapter": env["adapter"], "environment": env,
             "program": {"source": "file", "pte": str(pte), "pte_sha256": summary["pte_sha256"]}}
+    if transcripts is not None:
+        data["transcripts"] = transcripts
     stem = f"{Path(pte).name.removesuffix('.pte')}.pte.executorch.accuracy"
     paths = write_report(output_dir, stem, data, executorch_verdict.report_markdown(data),
                          executorch_verdict.report_html(data))
