@@ -36,7 +36,7 @@ reports:
 	$(PY) scripts/accuracy_report.py bart --output-dir $(REPORTS)
 	$(PY) scripts/accuracy_report.py florence2 --output-dir $(REPORTS)
 	$(PY) scripts/export_model.py whisper --checkpoint $(TINY_EN) --audio $(UTTERANCE) --output-dir $(REPORTS)/artifacts
-	$(PY) scripts/run_pte.py $(REPORTS)/artifacts/whisper-tiny.en.pte
+	$(PY) scripts/run_pte.py $(REPORTS)/artifacts/whisper-tiny.en.pte --repeats 1
 	$(PY) scripts/coverage_audit.py --pte $(REPORTS)/artifacts/whisper-tiny.en.pte --output-dir $(REPORTS)
 	$(PY) scripts/accuracy_report.py --pte $(REPORTS)/artifacts/whisper-tiny.en.pte --output-dir $(REPORTS)
 	PIPELINE_WEBGPU=dawn $(PY) scripts/accuracy_report.py whisper --checkpoint $(TINY_EN) --audio $(UTTERANCE) --output-dir $(REPORTS)/dawn

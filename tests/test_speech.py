@@ -211,6 +211,17 @@ def test_different_tokens_from_the_program_are_a_failed_check(checkpoint):
     assert row["encoder_delegated_vs_fp64_max_abs"] > row["encoder_eager_vs_fp64_max_abs"]
 
 
+DECODE = WhisperDecoder.decode
+
+
+def program_differs(self, hidden):
+    """WhisperDecoder.decode with one more token on each row of the second half of the batch:
+    the program's encoder output (decoded with eager's in one batch) heard differently."""
+    rows = DECODE(self, hidden)
+    half = len(rows) // 2
+    return [*rows[:half], *([*row, 3] for row in rows[half:])]
+
+
 def test_the_report_carries_the_transcripts_and_fails_on_a_different_token(checkpoint, tmp_path, monkeypatch):
     from pipeline.evaluation.runner import report_main
 
@@ -231,15 +242,7 @@ def test_the_report_carries_the_transcripts_and_fails_on_a_different_token(check
 
     # The delegated program's encoder output decodes to another token: the verdict fails,
     # whatever the numbers say.
-    decode = WhisperDecoder.decode
-    calls = []
-
-    def second_differs(self, hidden):
-        rows = decode(self, hidden)
-        calls.append(rows)
-        return rows if len(calls) == 1 else [[*row, 3] for row in rows]
-
-    monkeypatch.setattr(WhisperDecoder, "decode", second_differs)
+    monkeypatch.setattr(WhisperDecoder, "decode", program_differs)
     assert report_main("accuracy", "", args) == 1
     data = json.loads((out / "whisper-custom.accuracy.json").read_text())
     assert data["verdict"] == "fail" and not data["transcripts"]["identical"]
@@ -293,3 +296,25 @@ def test_the_trained_tiny_en_transcribes_a_shipped_utterance_through_the_delegat
     assert row["spoken"] == spoken
     # What tiny.en hears in espeak-ng's voice: every word but one.
     assert row["text_delegated"] == "The lantern on the pier flicker twice before the storm."
+
+
+def test_a_file_of_a_whole_whisper_is_transcribed_when_it_runs(checkpoint, tmp_path, monkeypatch):
+    from pipeline.aot.export import export_model
+    from pipeline.evaluation.artifact import run_artifact
+
+    wav = tmp_path / "one.wav"
+    wavfile.write(wav, 16_000, np.round(tone(16_000, 0.5, 700.0) * 32767).astype(np.int16))
+    summary = export_model("whisper", checkpoint=checkpoint, output_dir=tmp_path, audio=str(wav))
+    assert summary["audio"] == [str(wav)] and len(summary["audio_sha256"]) == 64
+    result = run_artifact(summary["pte"], repeats=1)
+    assert result["passed"] and result["transcripts"]["identical"]
+    assert [r["audio"] for r in result["transcripts"]["utterances"]] == ["one.wav"]
+
+    monkeypatch.setattr(WhisperDecoder, "decode", program_differs)
+    failed = run_artifact(summary["pte"], repeats=1)
+    assert not failed["passed"] and failed["transcripts"]["utterances"][0]["first_difference"] is not None
+    monkeypatch.undo()
+
+    wav.write_bytes(wav.read_bytes()[:-2] + b"\x01\x02")  # the audio changed since the export
+    with pytest.raises(ValueError, match="the audio changed since"):
+        run_artifact(summary["pte"], repeats=1)

@@ -78,30 +78,37 @@ class WhisperDecoder:
 
     def decode(self, hidden: torch.Tensor) -> list[list[int]]:
         """The greedy tokens (prompt and <|endoftext|> left out) of each row of the encoder
-        output `hidden` (B, frames, d_model)."""
+        output `hidden` (B, frames, d_model), all rows decoded in one batch: a row's tokens
+        depend on its own encoder output only."""
         if hidden.dim() != 3 or hidden.shape[-1] != self.model.config.d_model:
             raise ValueError(f"hidden: expected (batch, frames, {self.model.config.d_model}), got {list(hidden.shape)}")
-        return [self._greedy(hidden[b:b + 1].to(self.dtype)) for b in range(hidden.shape[0])]
-
-    def _greedy(self, hidden: torch.Tensor) -> list[int]:
         from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
         decoder, project = self.model.model.decoder, self.model.proj_out
-        step = torch.tensor([self.prompt])
+        hidden = hidden.to(self.dtype)
+        rows = hidden.shape[0]
+        step = torch.tensor([self.prompt] * rows)
         # Self-attention keys grow by a token a step; cross-attention's are made once.
-        cache, out = EncoderDecoderCache(DynamicCache(), DynamicCache()), []
+        cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+        out: list[list[int]] = [[] for _ in range(rows)]
+        done = [False] * rows
         with torch.no_grad():
             for i in range(self.max_tokens):
                 result = decoder(input_ids=step, encoder_hidden_states=hidden, cache=cache, use_cache=True)
-                logits = project(result.last_hidden_state[0, -1]).float()
-                logits[list(self.suppressed)] = -torch.inf
+                logits = project(result.last_hidden_state[:, -1]).float()
+                logits[:, list(self.suppressed)] = -torch.inf
                 if i == 0 and self.suppressed_first:
-                    logits[list(self.suppressed_first)] = -torch.inf
-                token = int(torch.argmax(logits))  # the first of equal maxima
-                if token == self.end:
+                    logits[:, list(self.suppressed_first)] = -torch.inf
+                tokens = torch.argmax(logits, dim=-1).tolist()  # the first of equal maxima
+                for b, token in enumerate(tokens):
+                    if not done[b]:
+                        done[b] = token == self.end
+                        if not done[b]:
+                            out[b].append(token)
+                if all(done):
                     break
-                out.append(token)
-                step = torch.tensor([[token]])
+                # A finished row is fed <|endoftext|> until the others end; its tokens are kept no more.
+                step = torch.tensor([[self.end if done[b] else tokens[b]] for b in range(rows)])
         return out
 
     def text(self, tokens: Sequence[int]) -> str:
@@ -170,7 +177,8 @@ def check_transcripts(decoder: WhisperDecoder, spec, eager: torch.Tensor, progra
     if len(files) != eager.shape[0]:
         raise ValueError(f"{len(files)} audio files, {eager.shape[0]} encoder output rows")
     spoken = {str(path): text for path, text in shipped_utterances()}
-    from_eager, from_program = decoder.decode(eager), decoder.decode(program)
+    both = decoder.decode(torch.cat([eager, program.to(eager.dtype)]))
+    from_eager, from_program = both[:eager.shape[0]], both[eager.shape[0]:]
     rows = []
     for b, (path, want, got) in enumerate(zip(files, from_eager, from_program)):
         share, first = agreement(want, got)
