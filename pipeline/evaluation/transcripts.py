@@ -82,33 +82,42 @@ class WhisperDecoder:
         depend on its own encoder output only."""
         if hidden.dim() != 3 or hidden.shape[-1] != self.model.config.d_model:
             raise ValueError(f"hidden: expected (batch, frames, {self.model.config.d_model}), got {list(hidden.shape)}")
+        # A step is a few hundred ops on a handful of rows: one thread spares each op the
+        # thread pool's hand-off (15x faster on a busy 2-core machine; the same tokens).
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            with torch.no_grad():
+                return self._greedy(hidden.to(self.dtype))
+        finally:
+            torch.set_num_threads(threads)
+
+    def _greedy(self, hidden: torch.Tensor) -> list[list[int]]:
         from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
         decoder, project = self.model.model.decoder, self.model.proj_out
-        hidden = hidden.to(self.dtype)
         rows = hidden.shape[0]
         step = torch.tensor([self.prompt] * rows)
         # Self-attention keys grow by a token a step; cross-attention's are made once.
         cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
         out: list[list[int]] = [[] for _ in range(rows)]
         done = [False] * rows
-        with torch.no_grad():
-            for i in range(self.max_tokens):
-                result = decoder(input_ids=step, encoder_hidden_states=hidden, cache=cache, use_cache=True)
-                logits = project(result.last_hidden_state[:, -1]).float()
-                logits[:, list(self.suppressed)] = -torch.inf
-                if i == 0 and self.suppressed_first:
-                    logits[:, list(self.suppressed_first)] = -torch.inf
-                tokens = torch.argmax(logits, dim=-1).tolist()  # the first of equal maxima
-                for b, token in enumerate(tokens):
+        for i in range(self.max_tokens):
+            result = decoder(input_ids=step, encoder_hidden_states=hidden, cache=cache, use_cache=True)
+            logits = project(result.last_hidden_state[:, -1]).float()
+            logits[:, list(self.suppressed)] = -torch.inf
+            if i == 0 and self.suppressed_first:
+                logits[:, list(self.suppressed_first)] = -torch.inf
+            tokens = torch.argmax(logits, dim=-1).tolist()  # the first of equal maxima
+            for b, token in enumerate(tokens):
+                if not done[b]:
+                    done[b] = token == self.end
                     if not done[b]:
-                        done[b] = token == self.end
-                        if not done[b]:
-                            out[b].append(token)
-                if all(done):
-                    break
-                # A finished row is fed <|endoftext|> until the others end; its tokens are kept no more.
-                step = torch.tensor([[self.end if done[b] else tokens[b]] for b in range(rows)])
+                        out[b].append(token)
+            if all(done):
+                break
+            # A finished row is fed <|endoftext|> until the others end; its tokens are kept no more.
+            step = torch.tensor([[self.end if done[b] else tokens[b]] for b in range(rows)])
         return out
 
     def text(self, tokens: Sequence[int]) -> str:
