@@ -641,8 +641,12 @@ def test_half_input_is_read_exactly(dtype, reduction):
     # float32 and is the value itself.
     values = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(dtype)
     values = values[values.isfinite()].reshape(-1, 1)
+    # A device may flush subnormal values to zero (WGSL allows it; the H200's driver does,
+    # lavapipe does not): those may come back as a zero of either sign.
     _, mean, _ = pipeline.layer_norm(values, [1], torch.ones(1), None)
-    assert mean.dtype == torch.float32 and torch.equal(mean, values.float())
+    want = values.float()
+    flushed = (want.abs() < torch.finfo(torch.float32).tiny) & (mean == 0)
+    assert mean.dtype == torch.float32 and torch.equal(mean[~flushed], want[~flushed])
 
 
 @pytest.mark.parametrize("dtype", HALF_DTYPES)

@@ -78,8 +78,10 @@ def test_subnormal_row_error_is_the_means_rounding_times_rstd(width):
 
     out_err, eager_err = units(out, want), units(eager_out, want)
     mean_err, eager_mean_err = units(mean, want_mean), units(eager_mean, want_mean)
-    # The squares underflow: rstd is 1/sqrt(eps) for every row, in both.
-    assert torch.all(rstd == torch.tensor(EPS, dtype=torch.float32).rsqrt())
+    # The squares underflow: rstd is 1/sqrt(eps) for every row, in both, to WGSL's precision
+    # of a square root and a division (lavapipe rounds it correctly, the H200 one ulp off).
+    want_rstd = torch.tensor(EPS, dtype=torch.float32).rsqrt()
+    assert torch.all((rstd - want_rstd).abs() <= 2 * torch.finfo(torch.float32).eps * want_rstd)
     # The kernel's mean is off by a few units of the grid (eager's by one or two) ...
     assert eager_mean_err <= 2 and mean_err <= 16, (mean_err, eager_mean_err)
     # ... and that is the output's error: at most (mean error + 1) x rstd, the 1 for the
