@@ -3,6 +3,12 @@
 Verdict: outputs finite and delegated-vs-float64 max error <= 2 x eager-float32-vs-float64
 max error, i.e. delegation stays inside float32 eager's own error envelope.
 
+Each LayerNorm also carries the statistics of its input rows in the eager run
+(`metrics.RowStats`: max |x|, the largest |x - mean| / std and |mean| / std of a row, the
+smallest row std) and the errors of the delegated output and of eager's on its outlier row
+(the row of the largest |x - mean| / std), both against float64: a trained model's outlier
+rows are where a LayerNorm kernel loses precision first.
+
 A half-precision model (float16, bfloat16) is held against eager at its own dtype: the
 `eager_fp32_*` figures are then eager at that dtype (`dtype` says which), and
 `eager_float32_vs_fp64_max_abs` gives float32 eager's error with the same (half) weights
@@ -20,7 +26,7 @@ from torch.utils._pytree import tree_leaves
 
 from pipeline.evaluation.coverage import CoverageAudit, coverage_of, match_calls, program_records
 from pipeline.evaluation.eager import run_eager, to_dtype, to_float64
-from pipeline.evaluation.metrics import compare, flatten_output
+from pipeline.evaluation.metrics import OUTLIER_SIGMAS, RowStats, compare, flatten_output
 
 ENVELOPE = 2.0
 
@@ -38,6 +44,10 @@ class LayerNormError:
     delegated_vs_fp32: float | None
     eager_fp32_vs_fp64: float | None
     note: str = ""
+    input_stats: RowStats | None = None  # of the input in the eager run, None when no eager call matched
+    # Max abs errors against float64 on the row of input_stats.outlier_row alone.
+    outlier_row_delegated_vs_fp64: float | None = None
+    outlier_row_eager_fp32_vs_fp64: float | None = None
 
 
 @dataclass
@@ -85,8 +95,20 @@ class AccuracyReport:
                 "delegated_vs_fp64": self.delegated_vs_fp64,
                 "eager_fp32_vs_fp64": self.eager_fp32_vs_fp64,
             },
+            "layer_norm_inputs": self.input_summary(),
             "layer_norms": [asdict(e) for e in self.layer_norms],
         }
+
+    def input_summary(self) -> dict:
+        """The largest of each LayerNorm input statistic over all LayerNorms, where it is, and
+        how many LayerNorms have an outlier row (more than OUTLIER_SIGMAS)."""
+        stats = [(e.module_path, e.input_stats) for e in self.layer_norms if e.input_stats is not None]
+        summary: dict = {"outlier_sigmas": OUTLIER_SIGMAS, "outlier_layer_norms": sum(s.outlier for _, s in stats)}
+        for key in ("max_abs", "max_dev_over_std", "max_mean_over_std"):
+            found = [(getattr(s, key), path) for path, s in stats if getattr(s, key) is not None]
+            value, path = max(found, key=lambda f: _nan_high(f[0]), default=(None, None))
+            summary[key], summary[f"{key}_at"] = value, path
+        return summary
 
 
 def _nan_high(x: float) -> float:
@@ -119,7 +141,7 @@ def evaluate_accuracy(
 ) -> AccuracyReport:
     """Run eager (at the module's dtype: float32, float16 or bfloat16), eager float64 and
     `program` on `inputs`; compare outputs and LayerNorms."""
-    fp32 = run_eager(module, inputs)
+    fp32 = run_eager(module, inputs, input_stats=True)
     fp64 = run_eager(*to_float64(module, inputs))
     delegated_out, captured = run_delegated(program, inputs)
 
@@ -144,6 +166,8 @@ def evaluate_accuracy(
             continue
         err = LayerNormError(rec.module_path, rec.node, rec.delegate, rec.origin, rec.row_width, None, None, None)
         outputs = captured.get(rec.delegate, [])
+        if c32 is not None:
+            err.input_stats = c32.input_stats
         if c32 is None or c64 is None:
             err.note = "no eager call at this module"
         elif rec.delegate_output_index is None or rec.delegate_output_index >= len(outputs):
@@ -156,5 +180,19 @@ def evaluate_accuracy(
                 err.delegated_vs_fp64 = compare(got, c64.reference)["max_abs"]
                 err.delegated_vs_fp32 = compare(got, c32.reference)["max_abs"]
                 err.eager_fp32_vs_fp64 = compare(c32.reference, c64.reference)["max_abs"]
+                _outlier_row_errors(err, got, c32.reference, c64.reference)
         report.layer_norms.append(err)
     return report
+
+
+def _outlier_row_errors(err: LayerNormError, got: torch.Tensor, eager: torch.Tensor, exact: torch.Tensor) -> None:
+    """The delegated and eager errors against float64 on the input's outlier row alone."""
+    stats = err.input_stats
+    if stats is None or stats.outlier_row is None:
+        return
+
+    def row(t: torch.Tensor) -> torch.Tensor:
+        return t.reshape(-1, stats.width)[stats.outlier_row]
+
+    err.outlier_row_delegated_vs_fp64 = compare(row(got), row(exact))["max_abs"]
+    err.outlier_row_eager_fp32_vs_fp64 = compare(row(eager), row(exact))["max_abs"]

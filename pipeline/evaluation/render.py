@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import html
 
-from pipeline.evaluation.report import error_plot, fmt, html_page, html_table, markdown_table, png_img
+from pipeline.evaluation.metrics import OUTLIER_SIGMAS
+from pipeline.evaluation.report import Flagged, error_plot, fmt, html_page, html_table, markdown_table, png_img
 
 _COVERAGE_HEADERS = ["#", "module", "input shape", "row width", "affine", "origin", "delegated", "reason"]
 
@@ -103,7 +104,51 @@ def _accuracy_summary(data: dict) -> list[str]:
         *single,
         "worst LayerNorm: " + ("–" if worst is None else f"{worst['module_path'] or '<root>'} "
                                                           f"({worst['node']}) max abs {fmt(worst['max_abs'])}"),
+        *_input_summary(data),
     ]
+
+
+def _input_summary(data: dict) -> list[str]:
+    s = data.get("layer_norm_inputs")
+    if s is None or s["max_abs"] is None:
+        return []
+
+    def at(key: str) -> str:
+        return f"{fmt(s[key])} ({s[key + '_at'] or '<root>'})" if s[key] is not None else "–"
+
+    return [f"LayerNorm inputs: max |x| {at('max_abs')}, largest |x−mean|/std of a row {at('max_dev_over_std')}, "
+            f"largest |mean|/std {at('max_mean_over_std')}; {s['outlier_layer_norms']} LayerNorm(s) with a row "
+            f"beyond {fmt(s['outlier_sigmas'])} std"]
+
+
+_INPUT_NOTE = (f"Per-LayerNorm input rows (eager run, float64): std is a row's population standard deviation "
+               f"without eps; ratios beyond {OUTLIER_SIGMAS:g} are marked. A constant row (std 0) is counted and "
+               "left out of the ratios (– when no row has a spread); a row holding inf or NaN is counted and left "
+               "out of all but max |x|. The outlier row is the row of the largest |x−mean|/std; the errors on it "
+               "are max abs against float64.")
+
+
+def _input_headers(data: dict) -> list[str]:
+    eager = _eager_label(data["accuracy"])
+    return ["#", "module", "rows", "row width", "max |x|", "max |x−mean|/std", "max |mean|/std", "min row std",
+            "constant rows", "non-finite rows", "delegated vs fp64", f"{eager} vs fp64", "outlier row",
+            "delegated vs fp64 (outlier row)", f"{eager} vs fp64 (outlier row)"]
+
+
+def _flag(value: float | None) -> object:
+    return Flagged(value) if value is not None and value > OUTLIER_SIGMAS else value
+
+
+def _input_rows(data: dict) -> list[list[object]]:
+    rows = []
+    for i, e in enumerate(data["layer_norms"]):
+        s = e.get("input_stats") or {}
+        rows.append([i, e["module_path"] or "<root>", s.get("rows"), s.get("width"), s.get("max_abs"),
+                     _flag(s.get("max_dev_over_std")), _flag(s.get("max_mean_over_std")), s.get("min_row_std"),
+                     s.get("constant_rows"), s.get("nonfinite_rows"), e["delegated_vs_fp64"],
+                     e["eager_fp32_vs_fp64"], s.get("outlier_row"), e.get("outlier_row_delegated_vs_fp64"),
+                     e.get("outlier_row_eager_fp32_vs_fp64")])
+    return rows
 
 
 def _eager_label(accuracy: dict) -> str:
@@ -122,19 +167,31 @@ def accuracy_plot(data: dict) -> bytes:
             f"delegated vs {_eager_label(data['accuracy'])}": [e["delegated_vs_fp32"] for e in rows],
         },
         f"per-LayerNorm error: {data['model']}",
+        inputs={
+            "max |x−mean|/std of a row": [_stat(e, "max_dev_over_std") for e in rows],
+            "max |mean|/std of a row": [_stat(e, "max_mean_over_std") for e in rows],
+        },
+        threshold=OUTLIER_SIGMAS,
     )
+
+
+def _stat(entry: dict, key: str) -> float | None:
+    return (entry.get("input_stats") or {}).get(key)
 
 
 def accuracy_markdown(data: dict) -> str:
     return _markdown(data, "Accuracy report", _accuracy_summary(data),
                      ["Per-LayerNorm max abs error (the HTML page has the plot):", "",
-                      markdown_table(_accuracy_headers(data), _accuracy_rows(data))])
+                      markdown_table(_accuracy_headers(data), _accuracy_rows(data)), "",
+                      _INPUT_NOTE, "", markdown_table(_input_headers(data), _input_rows(data))])
 
 
 def accuracy_html(data: dict) -> str:
     return _html(data, "Accuracy report", data["verdict"] == "pass", _accuracy_summary(data),
-                 [png_img(accuracy_plot(data), "per-LayerNorm max abs error"),
-                  html_table(_accuracy_headers(data), _accuracy_rows(data))])
+                 [png_img(accuracy_plot(data), "per-LayerNorm max abs error, and the input rows in std"),
+                  "<h2>LayerNorm inputs</h2>", f"<p>{html.escape(_INPUT_NOTE)}</p>",
+                  html_table(_input_headers(data), _input_rows(data)),
+                  "<h2>LayerNorm errors</h2>", html_table(_accuracy_headers(data), _accuracy_rows(data))])
 
 
 def accuracy_line(data: dict) -> str:
