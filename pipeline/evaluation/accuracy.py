@@ -3,11 +3,10 @@
 Verdict: outputs finite and delegated-vs-float64 max error <= 2 x eager-float32-vs-float64
 max error, i.e. delegation stays inside float32 eager's own error envelope.
 
-Each LayerNorm also carries the statistics of its input rows in the eager run
-(`metrics.RowStats`: max |x|, the largest |x - mean| / std and |mean| / std of a row, the
-smallest row std) and the errors of the delegated output and of eager's on its outlier row
-(the row of the largest |x - mean| / std), both against float64: a trained model's outlier
-rows are where a LayerNorm kernel loses precision first.
+Each delegated LayerNorm also carries its input as the delegate received it
+(`layer_norm_input`): the statistics of its rows (max |x|, the largest |x - mean| / std
+and |mean| / std of a row, the smallest row std) and the delegate's error against float64
+LayerNorm of that same input beside eager's, over all rows and on the outlier row.
 
 A half-precision model (float16, bfloat16) is held against eager at its own dtype: the
 `eager_fp32_*` figures are then eager at that dtype (`dtype` says which), and
@@ -26,7 +25,8 @@ from torch.utils._pytree import tree_leaves
 
 from pipeline.evaluation.coverage import CoverageAudit, coverage_of, match_calls, program_records
 from pipeline.evaluation.eager import run_eager, to_dtype, to_float64
-from pipeline.evaluation.metrics import OUTLIER_SIGMAS, RowStats, compare, flatten_output
+from pipeline.evaluation.layer_norm_input import OUTLIER_SIGMAS, LayerNormInput, check_layer_norm_input
+from pipeline.evaluation.metrics import compare, flatten_output, max_abs_error
 
 ENVELOPE = 2.0
 
@@ -44,10 +44,7 @@ class LayerNormError:
     delegated_vs_fp32: float | None
     eager_fp32_vs_fp64: float | None
     note: str = ""
-    input_stats: RowStats | None = None  # of the input in the eager run, None when no eager call matched
-    # Max abs errors against float64 on the row of input_stats.outlier_row alone.
-    outlier_row_delegated_vs_fp64: float | None = None
-    outlier_row_eager_fp32_vs_fp64: float | None = None
+    input: LayerNormInput | None = None  # None when the delegate's call was not seen
 
 
 @dataclass
@@ -102,7 +99,7 @@ class AccuracyReport:
     def input_summary(self) -> dict:
         """The largest of each LayerNorm input statistic over all LayerNorms, where it is, and
         how many LayerNorms have an outlier row (more than OUTLIER_SIGMAS)."""
-        stats = [(e.module_path, e.input_stats) for e in self.layer_norms if e.input_stats is not None]
+        stats = [(e.module_path, e.input.stats) for e in self.layer_norms if e.input is not None]
         summary: dict = {"outlier_sigmas": OUTLIER_SIGMAS, "outlier_layer_norms": sum(s.outlier for _, s in stats)}
         for key in ("max_abs", "max_dev_over_std", "max_mean_over_std"):
             found = [(getattr(s, key), path) for path, s in stats if getattr(s, key) is not None]
@@ -115,8 +112,10 @@ def _nan_high(x: float) -> float:
     return math.inf if math.isnan(x) else x
 
 
-def run_delegated(program, inputs: Sequence) -> tuple[object, dict[str, list[torch.Tensor]]]:
-    """Run the lowered program, capturing each delegate's flattened outputs by delegate name.
+def run_delegated(program, inputs: Sequence, arguments: dict[str, tuple] | None = None,
+                  ) -> tuple[object, dict[str, list[torch.Tensor]]]:
+    """Run the lowered program, capturing each delegate's flattened outputs by delegate name
+    (and its inputs into `arguments`, when given).
 
     Relies on the executor's hook: `program(*inputs, on_delegate=fn)` calls
     `fn(name, inputs, outputs)` after each delegate ran, `name` being one of the
@@ -126,6 +125,8 @@ def run_delegated(program, inputs: Sequence) -> tuple[object, dict[str, list[tor
 
     def on_delegate(name: str, args: Sequence, outputs: object) -> None:
         captured[name] = [t.detach().clone() for t in tree_leaves(outputs) if isinstance(t, torch.Tensor)]
+        if arguments is not None:
+            arguments[name] = tuple(a.detach().clone() if isinstance(a, torch.Tensor) else a for a in args)
 
     with torch.no_grad():
         outputs = program(*inputs, on_delegate=on_delegate)
@@ -141,9 +142,11 @@ def evaluate_accuracy(
 ) -> AccuracyReport:
     """Run eager (at the module's dtype: float32, float16 or bfloat16), eager float64 and
     `program` on `inputs`; compare outputs and LayerNorms."""
-    fp32 = run_eager(module, inputs, input_stats=True)
+    fp32 = run_eager(module, inputs)
     fp64 = run_eager(*to_float64(module, inputs))
-    delegated_out, captured = run_delegated(program, inputs)
+    arguments: dict[str, tuple] = {}
+    delegated_out, captured = run_delegated(program, inputs, arguments)
+    delegates = dict(zip(program.delegate_names, program.delegates))
 
     reference = flatten_output(fp64.outputs)
     dtype = next((p.dtype for p in module.parameters() if p.is_floating_point()), torch.float32)
@@ -166,8 +169,8 @@ def evaluate_accuracy(
             continue
         err = LayerNormError(rec.module_path, rec.node, rec.delegate, rec.origin, rec.row_width, None, None, None)
         outputs = captured.get(rec.delegate, [])
-        if c32 is not None:
-            err.input_stats = c32.input_stats
+        if rec.delegate in arguments:
+            err.input = check_layer_norm_input(delegates[rec.delegate], arguments[rec.delegate], outputs)
         if c32 is None or c64 is None:
             err.note = "no eager call at this module"
         elif rec.delegate_output_index is None or rec.delegate_output_index >= len(outputs):
@@ -177,22 +180,8 @@ def evaluate_accuracy(
             if got.numel() != c64.reference.numel():
                 err.note = f"shape {list(got.shape)} vs eager {list(c64.reference.shape)}"
             else:
-                err.delegated_vs_fp64 = compare(got, c64.reference)["max_abs"]
-                err.delegated_vs_fp32 = compare(got, c32.reference)["max_abs"]
-                err.eager_fp32_vs_fp64 = compare(c32.reference, c64.reference)["max_abs"]
-                _outlier_row_errors(err, got, c32.reference, c64.reference)
+                err.delegated_vs_fp64 = max_abs_error(got, c64.reference)
+                err.delegated_vs_fp32 = max_abs_error(got, c32.reference)
+                err.eager_fp32_vs_fp64 = max_abs_error(c32.reference, c64.reference)
         report.layer_norms.append(err)
     return report
-
-
-def _outlier_row_errors(err: LayerNormError, got: torch.Tensor, eager: torch.Tensor, exact: torch.Tensor) -> None:
-    """The delegated and eager errors against float64 on the input's outlier row alone."""
-    stats = err.input_stats
-    if stats is None or stats.outlier_row is None:
-        return
-
-    def row(t: torch.Tensor) -> torch.Tensor:
-        return t.reshape(-1, stats.width)[stats.outlier_row]
-
-    err.outlier_row_delegated_vs_fp64 = compare(row(got), row(exact))["max_abs"]
-    err.outlier_row_eager_fp32_vs_fp64 = compare(row(eager), row(exact))["max_abs"]

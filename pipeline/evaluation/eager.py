@@ -11,14 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-
-from pipeline.evaluation.metrics import RowStats, row_stats
 
 _aten = torch.ops.aten
 LAYER_NORM = _aten.native_layer_norm.default
@@ -35,8 +32,6 @@ class NormCall:
     # What the delegated LayerNorm must reproduce: the layer_norm output, or for a
     # group_norm the pre-affine normalized values that its weight-less reframe computes.
     reference: torch.Tensor
-    # The input's rows as the LayerNorm normalizes them (a group_norm's groups), when asked.
-    input_stats: RowStats | None = None
 
 
 @dataclass
@@ -49,18 +44,14 @@ class NormCallRecorder(TorchDispatchMode):
     """Records each native_layer_norm / native_group_norm call, tagged with the running module path.
 
     `run_eager` runs `torch.cond` as plain Python (the branch its predicate takes) so that
-    the LayerNorms inside control flow are seen here too. With `input_stats` each call
-    also carries the statistics of its input rows (`metrics.row_stats`), taken at the call
-    so that the input itself is not kept.
+    the LayerNorms inside control flow are seen here too.
     """
 
-    def __init__(self, module_stack: list[str] | None = None, keep_tensors: bool = True,
-                 input_stats: bool = False) -> None:
+    def __init__(self, module_stack: list[str] | None = None, keep_tensors: bool = True) -> None:
         super().__init__()
         self.calls: list[NormCall] = []
         self._stack = module_stack if module_stack is not None else [""]
         self._keep = keep_tensors
-        self._stats = input_stats
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         result = func(*args, **(kwargs or {}))
@@ -72,21 +63,12 @@ class NormCallRecorder(TorchDispatchMode):
                 reference = result[0].detach().clone()
             else:
                 reference = _group_normalized(x.detach(), result[1], result[2])
-            stats = None
-            if self._stats:
-                # A layer_norm's row is its normalized dims; a group_norm's, one (sample, group).
-                if func is LAYER_NORM:
-                    width = math.prod(x.shape[x.dim() - len(args[1]):])
-                else:
-                    width = x.numel() // result[1].numel() if result[1].numel() else 0
-                stats = row_stats(x, width)
             self.calls.append(
                 NormCall(
                     op="layer_norm" if func is LAYER_NORM else "group_norm",
                     module_path=self._stack[-1],
                     input_shape=tuple(x.shape),
                     reference=reference,
-                    input_stats=stats,
                 )
             )
         return result
@@ -115,12 +97,10 @@ def _group_normalized(x: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor) -
     return ((grouped - mean.reshape(n, g, 1)) * rstd.reshape(n, g, 1)).clone()
 
 
-def run_eager(module: torch.nn.Module, inputs: Sequence, keep_tensors: bool = True,
-              input_stats: bool = False) -> EagerRun:
+def run_eager(module: torch.nn.Module, inputs: Sequence, keep_tensors: bool = True) -> EagerRun:
     """Run `module(*inputs)` under no_grad and record every LayerNorm/GroupNorm call.
 
-    `keep_tensors=False` only counts (and tags) the calls, without keeping their outputs;
-    `input_stats=True` gives each call the statistics of its input rows.
+    `keep_tensors=False` only counts (and tags) the calls, without keeping their outputs.
     """
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
@@ -140,7 +120,7 @@ def run_eager(module: torch.nn.Module, inputs: Sequence, keep_tensors: bool = Tr
         if name:
             handles.append(sub.register_forward_pre_hook(enter(name)))
             handles.append(sub.register_forward_hook(leave))
-    recorder = NormCallRecorder(stack, keep_tensors, input_stats)
+    recorder = NormCallRecorder(stack, keep_tensors)
     try:
         with torch.no_grad(), _plain_cond(), recorder:
             outputs = module(*inputs)

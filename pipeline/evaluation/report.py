@@ -41,7 +41,7 @@ def fmt(x: object) -> str:
 
 
 def markdown_table(headers: list[str], rows: list[list[object]]) -> str:
-    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines = ["| " + " | ".join(h.replace("|", "\\|") for h in headers) + " |", "|" + "---|" * len(headers)]
     for row in rows:
         lines.append("| " + " | ".join(_markdown_cell(c) for c in row) + " |")
     return "\n".join(lines)
@@ -125,7 +125,7 @@ def error_plot(labels: list[str], series: dict[str, list[float | None]], title: 
 
 
 def _markers(ax, x: list[int], series: dict[str, list[float | None]], floor: float) -> None:
-    for (name, values), marker in zip(series.items(), "os^"):
+    for (name, values), marker in zip(series.items(), "os^vD"):
         ys = [math.nan if v is None else max(v, floor) for v in values]
         ax.plot(x, ys, marker=marker, linestyle="none", markersize=4, label=name)
 
