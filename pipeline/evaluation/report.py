@@ -93,7 +93,7 @@ def error_plot(labels: list[str], series: dict[str, list[float | None]], title: 
     matplotlib.use("Agg")  # no display: render to memory
     import matplotlib.pyplot as plt
 
-    width = max(6.0, 0.12 * len(labels) + 4)
+    width = max(6.0, 0.12 * len(labels) + 4) + 3.0  # the legends sit right of the axes
     if inputs is None:
         fig, ax = plt.subplots(figsize=(width, 4), dpi=100)
         axes = [ax]
@@ -115,7 +115,7 @@ def error_plot(labels: list[str], series: dict[str, list[float | None]], title: 
         below.set_ylabel("input rows, in std")
     axes[-1].set_xlabel("LayerNorm (execution order)")
     for a in axes:
-        a.legend(loc="best", fontsize="small")
+        a.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
         a.grid(True, which="major", alpha=0.3)
     fig.tight_layout()
     buf = io.BytesIO()
