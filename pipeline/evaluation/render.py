@@ -217,4 +217,12 @@ def accuracy_line(data: dict) -> str:
         f"  (eager fp32 {fmt(a['eager_float32_vs_fp64_max_abs'])})")
     return (f"{data['model']:<10} {data['verdict']:<5} delegated {fmt(a['delegated_vs_fp64_max_abs']):>8}  "
             f"{eager_label(a)} {fmt(a['eager_fp32_vs_fp64_max_abs']):>8}{single}  cos {a['cosine']:.7f}  "
-            f"SQNR {fmt(a['sqnr_db'])} dB  worst LN {'–' if worst is None else worst['module_path']}")
+            f"SQNR {fmt(a['sqnr_db'])} dB  worst LN {'–' if worst is None else worst['module_path']}"
+            f"{_input_line(data)}")
+
+
+def _input_line(data: dict) -> str:
+    s = data.get("layer_norm_inputs")
+    if s is None or s["max_dev_over_std"] is None:
+        return ""
+    return f"  LN inputs up to {fmt(s['max_dev_over_std'])} std ({s['outlier_layer_norms']} past {fmt(s['outlier_sigmas'])})"
