@@ -17,7 +17,7 @@ and inputs beside them.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -112,10 +112,10 @@ def _nan_high(x: float) -> float:
     return math.inf if math.isnan(x) else x
 
 
-def run_delegated(program, inputs: Sequence, arguments: dict[str, tuple] | None = None,
+def run_delegated(program, inputs: Sequence, on_call: Callable[[str, tuple, tuple], None] | None = None,
                   ) -> tuple[object, dict[str, list[torch.Tensor]]]:
-    """Run the lowered program, capturing each delegate's flattened outputs by delegate name
-    (and its inputs into `arguments`, when given).
+    """Run the lowered program, capturing each delegate's flattened outputs by delegate name;
+    `on_call(name, inputs, outputs)`, when given, sees each delegate call as it happens.
 
     Relies on the executor's hook: `program(*inputs, on_delegate=fn)` calls
     `fn(name, inputs, outputs)` after each delegate ran, `name` being one of the
@@ -125,8 +125,8 @@ def run_delegated(program, inputs: Sequence, arguments: dict[str, tuple] | None 
 
     def on_delegate(name: str, args: Sequence, outputs: object) -> None:
         captured[name] = [t.detach().clone() for t in tree_leaves(outputs) if isinstance(t, torch.Tensor)]
-        if arguments is not None:
-            arguments[name] = tuple(a.detach().clone() if isinstance(a, torch.Tensor) else a for a in args)
+        if on_call is not None:
+            on_call(name, tuple(args), tuple(outputs))
 
     with torch.no_grad():
         outputs = program(*inputs, on_delegate=on_delegate)
@@ -144,9 +144,14 @@ def evaluate_accuracy(
     `program` on `inputs`; compare outputs and LayerNorms."""
     fp32 = run_eager(module, inputs)
     fp64 = run_eager(*to_float64(module, inputs))
-    arguments: dict[str, tuple] = {}
-    delegated_out, captured = run_delegated(program, inputs, arguments)
+    # Measured during the run: the inputs need not be kept.
     delegates = dict(zip(program.delegate_names, program.delegates))
+    seen: dict[str, LayerNormInput] = {}
+
+    def measure(name: str, args: tuple, outputs: tuple) -> None:
+        seen[name] = check_layer_norm_input(delegates[name], args, outputs)
+
+    delegated_out, captured = run_delegated(program, inputs, measure)
 
     reference = flatten_output(fp64.outputs)
     dtype = next((p.dtype for p in module.parameters() if p.is_floating_point()), torch.float32)
@@ -169,8 +174,7 @@ def evaluate_accuracy(
             continue
         err = LayerNormError(rec.module_path, rec.node, rec.delegate, rec.origin, rec.row_width, None, None, None)
         outputs = captured.get(rec.delegate, [])
-        if rec.delegate in arguments:
-            err.input = check_layer_norm_input(delegates[rec.delegate], arguments[rec.delegate], outputs)
+        err.input = seen.get(rec.delegate)
         if c32 is None or c64 is None:
             err.note = "no eager call at this module"
         elif rec.delegate_output_index is None or rec.delegate_output_index >= len(outputs):
