@@ -1,9 +1,9 @@
 """What a delegated LayerNorm's input holds, and how the kernel does on exactly that input.
 
 A trained model's LayerNorm inputs hold rows far from their mean in standard deviations
-(Whisper tiny.en's final LayerNorm: |x| up to 626, a row 16.7 standard deviations out)
-where random weights stay under 4: such rows are where a LayerNorm kernel loses precision
-first. For each delegate call this measures, in float64, the statistics of the input rows
+(Whisper tiny.en's final LayerNorm: |x| up to 623, a row 16.7 standard deviations out)
+where the zoo's seeded random weights stay under 6.3: such rows are where a LayerNorm
+kernel loses precision first. For each delegate call this measures, in float64, the statistics of the input rows
 and the error of the delegate's output against float64 LayerNorm of the same input, beside
 eager's (aten's native_layer_norm at the input's dtype) on the same input: the kernel
 alone, with no upstream difference in it.
