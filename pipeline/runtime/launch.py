@@ -74,6 +74,7 @@ def check_arguments(x: torch.Tensor, normalized_shape: Sequence[int], weight, bi
 
     eps may be any real number, as in aten: rstd is 1/sqrt(var + eps), NaN where var + eps is
     below 0 or NaN, 0 where it is inf."""
+    given = [t for t in (x, weight, bias) if isinstance(t, torch.Tensor)]
     for name, t in (("input", x), ("weight", weight), ("bias", bias)):
         if t is None and name != "input":
             continue
@@ -86,13 +87,13 @@ def check_arguments(x: torch.Tensor, normalized_shape: Sequence[int], weight, bi
             allowed = ()
         if t.dtype not in allowed:
             # float64 throughout is aten's to compute and the kernel's to refuse; the rest aten refuses too.
-            given = [u for u in (x, weight, bias) if isinstance(u, torch.Tensor)]
             error = ValueError if all(u.dtype == torch.float64 for u in given) else ArgumentError
             raise error(f"{name} must be float32, float16 or bfloat16 (weight and bias like the input, "
                         f"or float32 with a half input), got {t.dtype} with input {x.dtype}")
-        # Meta tensors have no data and sparse ones no row-major rows to upload.
+        # Meta tensors have no data and sparse ones no row-major rows to upload (aten computes
+        # on meta tensors alone; it refuses sparse ones and a mix of devices).
         if t.is_meta or t.layout != torch.strided:
-            error = ValueError if t.is_meta else ArgumentError
+            error = ValueError if t.is_meta and all(u.is_meta for u in given) else ArgumentError
             raise error(f"{name} must be a dense tensor with data, got a {t.device.type} {t.layout} tensor")
     shape = _ints(normalized_shape)
     if not shape or any(d < 0 for d in shape):
