@@ -23,8 +23,8 @@ field a zero pad) is refused: re-export.
 
 Every field but eps (any float64, as aten takes it) has one valid value or a checked
 range, and the CRC covers params, padding and data, so a blob that decodes is the blob
-that was encoded; anything else is a ValueError naming the field. The byte-level contract (shared with the C++ backend) is
-written out in `docs/blob_format.md`.
+that was encoded; anything else is a ValueError naming the field. The byte-level
+contract (shared with the C++ backend) is written out in `docs/blob_format.md`.
 
 One blob describes one `native_layer_norm`: the partitioner makes one partition per
 LayerNorm. Row counts are not stored; the runtime reads them from the input tensor. A

@@ -302,8 +302,8 @@ def pack_params(rows: int, eps: float) -> np.ndarray:
     """The kernel's Params struct: rows (u32), eps, nan (f32), padded to 16 bytes."""
     packed = np.zeros(PARAMS_BYTES // 4, dtype=np.uint32)
     packed[0] = rows
-    # An eps past float32's range becomes +-inf, as aten's float32 eps does (rstd 0 or NaN), without
-    # numpy's overflow warning reaching the caller.
+    # An eps past float32's range becomes +-inf, as aten's float32 eps does (rstd 0 or NaN),
+    # without numpy's overflow warning reaching the caller.
     with np.errstate(over="ignore"):
         packed[1:3] = np.array([eps, np.nan], dtype=np.float32).view(np.uint32)
     return packed
