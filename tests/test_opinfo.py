@@ -17,7 +17,6 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.utils._pytree as pytree
-from support.reference import assert_like_aten
 from torch.testing._internal.common_methods_invocations import op_db
 from torch.testing._internal.opinfo.core import SampleInput
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -25,6 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import pipeline
 from pipeline.aot.passes.group_norm import group_norm_as_layer_norm
 from pipeline.runtime import device as runtime_device
+from support.reference import assert_like_aten
 
 pytestmark = pytest.mark.usefixtures("gpu_info")
 
