@@ -155,6 +155,9 @@ def _valid_blobs() -> list[tuple[str, bytes]]:
         blobs.append((f"{dtype} dynamic", blob.encode(DelegateBlob(params))))
         params = LayerNormParams((6,), 1e-5, 0, Operand(INPUT, 1), Operand(INPUT, 2), (0,), 3, dtype, affine_dtype)
         blobs.append((f"{dtype}/{affine_dtype} input", blob.encode(DelegateBlob(params))))
+    # Every eps aten takes: negative, infinite, NaN.
+    for eps in (-0.5, float("inf"), float("-inf"), float("nan")):
+        blobs.append((f"eps {eps}", blob.encode(DelegateBlob(LayerNormParams((7,), eps)))))
     return blobs
 
 

@@ -64,6 +64,22 @@ def test_same_bits_as_the_python_launch(dtype, rows, width, monkeypatch):
     assert_same(native(x), python(x))
 
 
+# Every eps aten takes, and those around float32's largest value, where the C++ rounds the
+# blob's float64 eps as numpy does (past half an ulp beyond it: inf).
+EPS = [-0.5, -1.0, -0.0, float("inf"), float("-inf"), float("nan"), 1e300, -1e300, 3.4028235e38,
+       3.4028235677973362e38, 3.4028235677973366e38, -3.4028235677973366e38]
+
+
+@pytest.mark.parametrize("eps", EPS)
+def test_every_eps_gives_the_python_launch_s_bits(eps, monkeypatch):
+    data, _ = make_delegate(24, outputs=(0, 1, 2), eps=eps)
+    native, python = both_ways(data, monkeypatch)
+    # Rows of variance 0.01 to 4, either side of -eps; a constant row.
+    x = torch.randn(48, 24, generator=torch.Generator().manual_seed(0)) * torch.linspace(0.1, 2.0, 48)[:, None]
+    x[0] = 3.0
+    assert_same(native(x), python(x))
+
+
 @pytest.mark.parametrize("weight,bias", [("input", "input"), ("input", "none"), ("none", "constant"),
                                          ("none", "none")])
 @pytest.mark.parametrize("outputs", [(0,), (2, 0), (1,)])
