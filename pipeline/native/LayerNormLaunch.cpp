@@ -12,8 +12,6 @@ namespace backends {
 namespace webgpu {
 namespace {
 
-constexpr uint64_t kMaxGridX = 65535;
-constexpr uint64_t kParamsBytes = 16;
 constexpr uint64_t kMinBufferBytes = 16;
 constexpr WGPUBufferUsage kStorage =
     WGPUBufferUsage_Storage | WGPUBufferUsage_CopyDst | WGPUBufferUsage_CopySrc;

@@ -18,10 +18,8 @@ import torch
 from pipeline.runtime.device import STAGING, STORAGE, UNIFORM_BUFFER as UNIFORM, Gpu, Pipeline, gpu
 from pipeline import wgsl
 from pipeline.errors import ArgumentError
-from pipeline.wgsl.config import SHADER, KernelConfig, choose_config
+from pipeline.wgsl.config import MAX_GRID_X, PARAMS_BYTES, SHADER, KernelConfig, choose_config
 
-MAX_GRID_X = 65535
-PARAMS_BYTES = 16
 # Inputs of at least this many bytes go to the GPU through a mapped staging buffer, copied
 # over threads, instead of the queue's write (one thread's copy): docs/measurements.md, "The
 # host path".
