@@ -201,6 +201,20 @@ def test_calls_count_in_the_runtime_stats(monkeypatch):
     assert counts["bytes_uploaded"] == 10 * 64 * 4 and counts["bytes_read_back"] == 10 * 64 * 4 + 2 * 10 * 4
 
 
+def test_pipelines_and_buffers_count_in_the_runtime_stats(monkeypatch):
+    runtime.reset_stats()
+    data, _ = make_delegate(96, outputs=(0, 1))
+    native, _ = both_ways(data, monkeypatch)
+    native(torch.randn(10, 96))
+    first = native_call.counters()  # the library's part of runtime.stats()
+    assert first["pipelines_compiled"] >= 1 and first["buffers_allocated"] >= 1
+    assert runtime.stats()["buffers_allocated"] >= first["buffers_allocated"]
+    runtime.reset_stats()
+    native(torch.randn(10, 96))
+    again = runtime.stats()
+    assert (again["dispatches"], again["pipelines_compiled"], again["buffers_allocated"]) == (1, 0, 0)
+
+
 def test_wrong_dtype_and_shape_are_refused(monkeypatch):
     data, _ = make_delegate(64, "float16")
     native, _ = both_ways(data, monkeypatch)

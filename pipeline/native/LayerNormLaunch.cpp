@@ -171,6 +171,7 @@ WGPUComputePipeline LayerNormLaunch::pipeline_for(const KernelConfig& config, st
       device_->create_pipeline(kernel_source(config), pipeline_layout_, "native_layer_norm.wgsl", reason);
   if (pipeline != nullptr) {
     pipelines_.emplace(key, pipeline);
+    device_->pipelines_compiled.fetch_add(1, std::memory_order_relaxed);
   }
   return pipeline;
 }

@@ -493,6 +493,7 @@ bool WebGPUDevice::grow(WGPUBuffer* buffer, uint64_t* capacity, uint64_t size, W
     *reason = "allocating a GPU buffer of " + std::to_string(size) + " bytes failed";
     return false;
   }
+  buffers_allocated.fetch_add(1, std::memory_order_relaxed);
   *capacity = size;
   return true;
 }
