@@ -200,12 +200,11 @@ class NativeProgram:
         from pipeline.pte import inputs as checks
 
         plan = self._plan
-        flat = checks.flatten(inputs, self._in_spec, len(plan.inputs))
-        for k, (j, given) in enumerate(zip(plan.inputs, flat)):
+        flat = checks.checked(plan, self._in_spec, inputs)
+        for k, j in enumerate(plan.inputs):
             declared = plan.values[j].val
             if isinstance(declared, schema.Tensor):
-                checks.check_tensor(k, declared, given)
-                flat[k] = checks.laid_out(declared, given)
+                flat[k] = checks.laid_out(declared, flat[k])
         outputs = self.method.execute(flat)
         return [o.clone() if hasattr(o, "clone") else o for o in outputs]
 
