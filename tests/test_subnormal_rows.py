@@ -65,10 +65,20 @@ def _rows(width: int, seed: int) -> torch.Tensor:
     return (k.double() * UNIT).float()
 
 
+def _kernel_keeps_subnormals() -> bool:
+    """Whether the kernel's arithmetic keeps subnormals on this adapter: lavapipe does; the
+    H200's driver flushes them to zero, which WGSL allows."""
+    return bool(pipeline.layer_norm(torch.full((1, 4), UNIT), [4], eps=EPS)[1].item() != 0)
+
+
 @pytest.mark.parametrize("width", [768, 4099])
 def test_subnormal_row_error_is_the_means_rounding_times_rstd(width):
     x = _rows(width, width)
     out, mean, rstd = pipeline.layer_norm(x, [width], eps=EPS)
+    if not _kernel_keeps_subnormals():
+        # Flushed, every value is 0: so are the mean and out, and rstd is 1/sqrt(eps).
+        assert torch.all(mean == 0) and torch.all(out == 0), (mean.abs().max(), out.abs().max())
+        return
     eager_out, eager_mean, _ = torch.ops.aten.native_layer_norm(x, [width], None, None, EPS)
     want = torch.nn.functional.layer_norm(x.double(), [width], eps=EPS)
     want_mean = x.double().mean(-1, keepdim=True)
