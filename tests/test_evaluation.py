@@ -246,7 +246,7 @@ def spiky_inputs() -> tuple[torch.Tensor]:
 def test_layer_norm_input_statistics_in_all_three_report_formats(gpu_info, tmp_path):
     module, inputs = Spiky().eval(), spiky_inputs()
     program = pipeline.lower(module, inputs)
-    spec = SimpleNamespace(module=module, example_inputs=inputs, name="spiky", variant="tiny")
+    spec = SimpleNamespace(module=module, example_inputs=inputs, name="spiky", variant="tiny", checkpoint=None)
     data = accuracy_for(spec, program, seed=0)
     paths = write_report(tmp_path, "spiky.accuracy", data, accuracy_markdown(data), accuracy_html(data))
     saved = json.loads(paths[0].read_text())

@@ -62,7 +62,12 @@ def read_artifact(pte_path: str | os.PathLike) -> dict[str, Any]:
     Raises ArtifactError when the coverage file is missing, unreadable, or names another
     `.pte` (a hash that differs: the pair was mismatched, e.g. by an interrupted export).
     """
-    return read_artifact_file(pte_path)[0]
+    from pipeline.pte.file import PteError
+
+    try:
+        return read_artifact_file(pte_path)[0]
+    except PteError as exc:  # what the path is (a folder, a pipe): the reports' kind of error
+        raise ArtifactError(str(exc)) from None
 
 
 def read_artifact_file(pte_path: str | os.PathLike) -> tuple[dict[str, Any], bytes]:
