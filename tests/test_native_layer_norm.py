@@ -17,7 +17,7 @@ from pipeline import runtime, wgsl
 from pipeline.wgsl.config import (EACH_HELD_VALUE, MAX_HOLD, MAX_THREADS_PER_ROW, STREAM_UNROLL, WIDE_LAUNCH_THREADS,
                                   written_out)
 from pipeline.runtime import device as runtime_device
-from support.gpu import missing_subgroups
+from support.gpu import missing_subgroups, use_merge_path
 from support.grids import AFFINE, WIDTHS
 from support.reference import ATEN, assert_close_to_reference, reference
 
@@ -37,11 +37,7 @@ def reduction(request, monkeypatch):
     workgroup-memory path that adapters without the `subgroup` feature take (as
     PIPELINE_WGPU_SUBGROUPS=0 makes them); and with rows streamed, the path of rows too wide
     to hold, forced at every width, merged either way."""
-    g = runtime_device.gpu()
-    if request.param == "subgroup" and not g.subgroup_size:
-        pytest.skip("adapter has no subgroup operations")
-    if request.param.endswith("workgroup"):
-        monkeypatch.setattr(g, "subgroup_size", 0)
+    use_merge_path("workgroup" if request.param.endswith("workgroup") else "subgroup", monkeypatch)
     if request.param.startswith("streamed"):
         chosen = kernel.choose_config
 

@@ -23,7 +23,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import pipeline
 from pipeline.aot.passes.group_norm import group_norm_as_layer_norm
-from pipeline.runtime import device as runtime_device
 from support.reference import assert_like_aten
 
 pytestmark = pytest.mark.usefixtures("gpu_info")
@@ -193,17 +192,6 @@ def saved(lowered, tmp_path_factory):
     lowered[1].save(path)
     return path
 
-
-@pytest.fixture(params=["subgroup", "workgroup"])
-def reduction(request, monkeypatch):
-    """Each row-merge strategy: subgroup shuffles where the adapter has them, and the
-    workgroup-memory path of adapters without the `subgroup` feature."""
-    g = runtime_device.gpu()
-    if request.param == "subgroup" and not g.subgroup_size:
-        pytest.skip("adapter has no subgroup operations")
-    if request.param == "workgroup":
-        monkeypatch.setattr(g, "subgroup_size", 0)
-    return request.param
 
 
 def test_the_samples_are_the_ones_issue_30_counted():
