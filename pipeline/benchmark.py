@@ -50,7 +50,7 @@ from pipeline.runtime.launch import (
     native_layer_norm,
     pack_params,
 )
-from pipeline.wgsl.config import MAX_HOLD, KernelConfig
+from pipeline.wgsl.config import MAX_GRID_X, MAX_HOLD, KernelConfig
 
 # Rotate among at least this many bytes of input (the H200's L2 is 60 MB).
 ROTATE_BYTES = 256 << 20
@@ -178,7 +178,7 @@ def time_copy(rows: int, width: int, warmup: int = 10, repeats: int = 100, items
     order = impl.buffer(16, STORAGE)  # shared: orders the launches, as mean/rstd do the kernel's
     bind_groups = [impl.bind_group(pipeline, [src, dsts[i % len(dsts)], order]) for i, src in enumerate(sources)]
     groups = math.ceil(nbytes / 16 / 256)
-    x = min(groups, 65535)
+    x = min(groups, MAX_GRID_X)
     us, _ = _timestamped(g, pipeline, bind_groups, (x, math.ceil(groups / x)), warmup, repeats)
     for buf in (*dsts, *sources, order):
         impl.destroy(buf)
@@ -208,7 +208,7 @@ def warm_gpu(seconds: float | None = None) -> None:
     while (left := seconds - (time.perf_counter() - start)) > 0:
         began = time.perf_counter()
         encoder = impl.encoder()
-        encoder.compute(pipeline, [(bind_group, (min(groups, 65535), math.ceil(groups / 65535)))] * dispatches)
+        encoder.compute(pipeline, [(bind_group, (min(groups, MAX_GRID_X), math.ceil(groups / MAX_GRID_X)))] * dispatches)
         impl.submit(encoder)
         _sync(g)
         took = time.perf_counter() - began

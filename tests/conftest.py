@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from support.gpu import REQUIRE_GPU_ENV, missing_subgroups
+from support.gpu import REQUIRE_GPU_ENV, missing_subgroups, use_merge_path
 
 
 @pytest.fixture(scope="session")
@@ -109,3 +109,10 @@ def exported(checkpoints, tmp_path_factory):
         return done[name, dynamic]
 
     return export
+
+
+@pytest.fixture(params=["subgroup", "workgroup"])
+def reduction(request, monkeypatch):
+    """Each row-merge path of the kernel in turn (support.gpu.use_merge_path)."""
+    use_merge_path(request.param, monkeypatch)
+    return request.param

@@ -16,7 +16,8 @@ import pipeline
 from pipeline.runtime import delegate
 from pipeline.evaluation import audit_coverage, compare, evaluate_accuracy, flatten_output, run_eager
 from pipeline.evaluation.graph import origin
-from pipeline.evaluation.render import accuracy_html
+from pipeline.evaluation.layer_norm_input import row_stats
+from pipeline.evaluation.render import accuracy_html, accuracy_markdown
 from pipeline.evaluation.report import write_report
 from pipeline.evaluation.runner import accuracy_for
 
@@ -186,6 +187,90 @@ def test_a_delegate_with_eps_dropped_fails_the_verdict(gpu_info, blocks, monkeyp
     report = evaluate_accuracy(*blocks, model="blocks")
     assert not report.passed
     assert report.worst_layer_norm.module_path == "norm"  # the only LayerNorm with a large eps
+    # On its own input the kernel's error is far past eager's: no upstream difference hides it.
+    same = report.layer_norms[0].input
+    assert same.delegated_vs_fp64 > 1e-3 > 1e-5 > same.eager_fp32_vs_fp64
+
+
+def test_row_stats_on_crafted_rows():
+    spike = torch.zeros(128)
+    spike[5] = 64.0  # one element out: |x - mean| / std = sqrt(width - 1), the most possible
+    offset = 3.0 + 0.25 * torch.tensor([1.0, -1.0]).repeat(64)  # mean 3, std 0.25: |mean| / std = 12
+    constant = torch.full((128,), 0.1)  # std 0: counted, left out of both ratios
+    stats = row_stats(torch.stack([offset, spike, constant]), 128)
+    assert (stats.rows, stats.width, stats.max_abs) == (3, 128, 64.0)
+    assert stats.max_dev_over_std == pytest.approx(math.sqrt(127), rel=1e-12) and stats.outlier_row == 1
+    assert stats.max_mean_over_std == pytest.approx(12.0, rel=1e-12)
+    assert (stats.min_row_std, stats.constant_rows, stats.nonfinite_rows) == (0.0, 1, 0)
+    assert stats.outlier
+
+
+def test_row_stats_of_constant_and_non_finite_rows_stay_finite():
+    flat = row_stats(torch.full((4, 8), -2.5), 8)  # every row constant: no ratio at all
+    assert (flat.max_abs, flat.max_dev_over_std, flat.max_mean_over_std, flat.outlier_row) == (2.5, None, None, None)
+    assert (flat.min_row_std, flat.constant_rows) == (0.0, 4) and not flat.outlier
+    x = torch.randn(3, 8, generator=torch.Generator().manual_seed(0))
+    x[1, 2] = math.inf
+    x[2, 0] = math.nan
+    stats = row_stats(x, 8)
+    assert stats.nonfinite_rows == 2 and stats.outlier_row == 0 and math.isnan(stats.max_abs)
+    assert math.isfinite(stats.max_dev_over_std) and math.isfinite(stats.min_row_std)
+    assert row_stats(torch.empty(0, 8), 8).rows == 0
+    with pytest.raises(ValueError, match="width"):
+        row_stats(torch.ones(3, 8), 5)
+
+
+class Spiky(nn.Module):
+    """One LayerNorm whose input rows are an offset row, a spike and a constant row."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.ln = nn.LayerNorm(128)
+        with torch.no_grad():
+            self.ln.weight.normal_(1.0, 0.2)
+            self.ln.bias.normal_(0.0, 0.2)
+
+    def forward(self, x):
+        return self.ln(x * 1.0) * 2.0
+
+
+def spiky_inputs() -> tuple[torch.Tensor]:
+    x = torch.full((1, 3, 128), 0.1)
+    x[0, 0] = 3.0 + 0.25 * torch.tensor([1.0, -1.0]).repeat(64)
+    x[0, 1] = 0.0
+    x[0, 1, 5] = 64.0
+    return (x,)
+
+
+def test_layer_norm_input_statistics_in_all_three_report_formats(gpu_info, tmp_path):
+    module, inputs = Spiky().eval(), spiky_inputs()
+    program = pipeline.lower(module, inputs)
+    spec = SimpleNamespace(module=module, example_inputs=inputs, name="spiky", variant="tiny", checkpoint=None)
+    data = accuracy_for(spec, program, seed=0)
+    paths = write_report(tmp_path, "spiky.accuracy", data, accuracy_markdown(data), accuracy_html(data))
+    saved = json.loads(paths[0].read_text())
+    given = saved["layer_norms"][0]["input"]
+    stats = given["stats"]
+    assert set(stats) == {"rows", "width", "max_abs", "max_dev_over_std", "max_mean_over_std", "min_row_std",
+                          "constant_rows", "nonfinite_rows", "outlier_row"}
+    assert (stats["rows"], stats["width"], stats["max_abs"], stats["outlier_row"]) == (3, 128, 64.0, 1)
+    assert stats["max_dev_over_std"] == pytest.approx(math.sqrt(127))
+    assert stats["max_mean_over_std"] == pytest.approx(12.0)
+    assert (stats["min_row_std"], stats["constant_rows"]) == (0.0, 1)
+    # The kernel on exactly this input, beside eager float32 on it, both against float64.
+    for key in ("delegated_vs_fp64", "eager_fp32_vs_fp64", "outlier_row_delegated_vs_fp64",
+                "outlier_row_eager_fp32_vs_fp64"):
+        assert isinstance(given[key], float) and 0 <= given[key] < 1e-5, key
+    assert saved["layer_norm_inputs"] == {
+        "outlier_sigmas": 8.0, "outlier_layer_norms": 1, "max_abs": 64.0, "max_abs_at": "ln",
+        "max_dev_over_std": stats["max_dev_over_std"], "max_dev_over_std_at": "ln",
+        "max_mean_over_std": stats["max_mean_over_std"], "max_mean_over_std_at": "ln"}
+    markdown, page = paths[1].read_text(), paths[2].read_text()
+    assert "| max |x| |" not in markdown and "max \\|x−mean\\|/std" in markdown
+    assert "| **11.3** | **12** |" in markdown  # both ratios past 8 std, marked
+    assert page.count("<td class=flag>") == 2 and "<td class=flag>11.3</td>" in page
+    assert "LayerNorm inputs: max |x| 64 (ln)" in markdown and "LayerNorm inputs: max |x| 64 (ln)" in page
 
 
 def test_report_files_hold_the_keys_and_an_embedded_png(gpu_info, blocks, tmp_path):

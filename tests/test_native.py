@@ -11,6 +11,8 @@ import copy
 import itertools
 import random
 import struct
+import subprocess
+import sys
 import zlib
 from pathlib import Path
 
@@ -155,6 +157,9 @@ def _valid_blobs() -> list[tuple[str, bytes]]:
         blobs.append((f"{dtype} dynamic", blob.encode(DelegateBlob(params))))
         params = LayerNormParams((6,), 1e-5, 0, Operand(INPUT, 1), Operand(INPUT, 2), (0,), 3, dtype, affine_dtype)
         blobs.append((f"{dtype}/{affine_dtype} input", blob.encode(DelegateBlob(params))))
+    # Every eps aten takes: negative, infinite, NaN.
+    for eps in (-0.5, float("inf"), float("-inf"), float("nan")):
+        blobs.append((f"eps {eps}", blob.encode(DelegateBlob(LayerNormParams((7,), eps)))))
     return blobs
 
 
@@ -549,3 +554,13 @@ def test_backend_refuses_bad_calls_without_crashing(native_runtime, tmp_path):
     assert results.pop("out_rows") == results.pop("mean_rows") == "2"
     assert results.pop("error_below_1e-5") == "1"
     assert results == {name: invalid_argument for name in results}, results
+
+
+def test_loading_the_backend_leaves_no_cpuinfo_lines_on_stderr():
+    """ExecuTorch's threadpool, created when the backend library loads, logs the /sys files
+    cpuinfo could not read from C++; a command's console shows none of them."""
+    code = ("import pipeline.native as n; n.library(); "
+            "from executorch.extension.pybindings import _portable_lib as p; p._threadpool_get_thread_count()")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "cpuinfo" not in done.stderr, done.stderr[-2000:]

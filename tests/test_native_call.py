@@ -64,6 +64,22 @@ def test_same_bits_as_the_python_launch(dtype, rows, width, monkeypatch):
     assert_same(native(x), python(x))
 
 
+# Every eps aten takes, and those around float32's largest value, where the C++ rounds the
+# blob's float64 eps as numpy does (past half an ulp beyond it: inf).
+EPS = [-0.5, -1.0, -0.0, float("inf"), float("-inf"), float("nan"), 1e300, -1e300, 3.4028235e38,
+       3.4028235677973362e38, 3.4028235677973366e38, -3.4028235677973366e38]
+
+
+@pytest.mark.parametrize("eps", EPS)
+def test_every_eps_gives_the_python_launch_s_bits(eps, monkeypatch):
+    data, _ = make_delegate(24, outputs=(0, 1, 2), eps=eps)
+    native, python = both_ways(data, monkeypatch)
+    # Rows of variance 0.01 to 4, either side of -eps; a constant row.
+    x = torch.randn(48, 24, generator=torch.Generator().manual_seed(0)) * torch.linspace(0.1, 2.0, 48)[:, None]
+    x[0] = 3.0
+    assert_same(native(x), python(x))
+
+
 @pytest.mark.parametrize("weight,bias", [("input", "input"), ("input", "none"), ("none", "constant"),
                                          ("none", "none")])
 @pytest.mark.parametrize("outputs", [(0,), (2, 0), (1,)])
@@ -183,6 +199,20 @@ def test_calls_count_in_the_runtime_stats(monkeypatch):
     assert counts["dispatches"] == 1
     # x alone goes up (weight and bias are resident); out, mean and rstd come back.
     assert counts["bytes_uploaded"] == 10 * 64 * 4 and counts["bytes_read_back"] == 10 * 64 * 4 + 2 * 10 * 4
+
+
+def test_pipelines_and_buffers_count_in_the_runtime_stats(monkeypatch):
+    runtime.reset_stats()
+    data, _ = make_delegate(96, outputs=(0, 1))
+    native, _ = both_ways(data, monkeypatch)
+    native(torch.randn(10, 96))
+    first = native_call.counters()  # the library's part of runtime.stats()
+    assert first["pipelines_compiled"] >= 1 and first["buffers_allocated"] >= 1
+    assert runtime.stats()["buffers_allocated"] >= first["buffers_allocated"]
+    runtime.reset_stats()
+    native(torch.randn(10, 96))
+    again = runtime.stats()
+    assert (again["dispatches"], again["pipelines_compiled"], again["buffers_allocated"]) == (1, 0, 0)
 
 
 def test_wrong_dtype_and_shape_are_refused(monkeypatch):

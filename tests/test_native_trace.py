@@ -100,6 +100,15 @@ def test_captured_calls_are_the_python_runtimes_bit_for_bit(block_files):
     assert [tuple(c[0].shape) for c in calls] == [(2, 7, 24), (2, 7, 40)]
     rows = executorch_verdict.layer_norm_identity(PteFile.read(xnnpack), calls)
     assert [r["identical"] for r in rows] == [True, True] and all(r["max_abs_difference"] == 0 for r in rows)
+    # Each call's input as ExecuTorch's runtime gave it, and the kernel's error on exactly that input.
+    assert [(r["input"]["stats"]["rows"], r["input"]["stats"]["width"]) for r in rows] == [(14, 24), (14, 40)]
+    assert rows[0]["input"]["stats"]["max_abs"] == float(spec.example_inputs[0].abs().max())
+    assert all(0 < r["input"]["delegated_vs_fp64"] < 1e-5 and 0 < r["input"]["eager_fp32_vs_fp64"] < 1e-5
+               for r in rows)
+    page = executorch_verdict.report_html({"model": "block", "variant": "x", "verdict": "pass",
+                                           "program": {"pte": "f.pte", "pte_sha256": "0" * 64},
+                                           "accuracy": _verdict_of(rows)})
+    assert "LayerNorm inputs in ExecuTorch" in page and "max |x−mean|/std" in page
     # One flipped bit in an output is seen.
     out = calls[1][-1]
     out.view(torch.int32).view(-1)[5] ^= 1
@@ -149,3 +158,11 @@ def test_accuracy_report_in_executorch_runtime_writes_the_verdict(block_files, m
     assert "reference (xnnpack, no WebGPU delegate)" in markdown and "eager float32" in markdown
     assert (tmp_path / "block-xnnpack.pte.executorch.accuracy.html").read_text().startswith("<!DOCTYPE html>")
     assert "rel L2" in capsys.readouterr().out
+
+
+def _verdict_of(rows: list[dict]) -> dict:
+    """A passing verdict around `rows`, enough for the report's pages."""
+    errors = {"rel_l2": 1e-7, "max_abs": 1e-6, "cosine": 1.0, "sqnr_db": 140.0, "finite": True}
+    return {"rule": "r", "cpu_backend": "xnnpack", "dtype": "float32", "file_vs_fp64": errors,
+            "reference_vs_fp64": errors, "eager_vs_fp64": errors, "rel_l2_ratio": 1.0, "max_abs_ratio": 1.0,
+            "rel_l2_factor": 1.1, "max_abs_factor": 1.5, "layer_norms": rows, "passed": True, "why": ""}

@@ -68,6 +68,23 @@ def test_layer_norms_of_other_dtypes_are_refused_with_a_reason(dtype, reason, ca
     assert reason in why and name in caplog.text and why in caplog.text
 
 
+# Every eps aten computes with: negative (NaN where var + eps < 0), zero of either sign,
+# subnormal, infinite (rstd 0), NaN, past float32's range.
+EPS_ATEN_TAKES = [-0.5, -1e30, 0.0, -0.0, 5e-324, 1e-5, float("inf"), float("-inf"), float("nan"), 1e300, 2]
+
+
+def test_every_eps_aten_takes_is_taken():
+    class EveryEps(nn.Module):
+        def forward(self, x, w):
+            outs = [F.layer_norm(x, (8,), w, None, eps) for eps in EPS_ATEN_TAKES]
+            return outs + [F.group_norm(x.view(2, 4, 2, 4), 2, eps=eps) for eps in EPS_ATEN_TAKES]
+
+    program = edge_program(EveryEps(), (torch.randn(2, 4, 8), torch.randn(8)))
+    partitioner = LayerNormPartitioner()
+    result = partitioner.partition(program)
+    assert partitioner.rejected == [] and len(result.partition_tags) == 2 * len(EPS_ATEN_TAKES)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_layer_norms_are_taken(dtype):
     # aten's mixed case (half x, float32 weight and bias) never gets here: the edge

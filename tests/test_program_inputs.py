@@ -9,6 +9,7 @@ import torch
 from torch.export import Dim
 
 import pipeline
+from pipeline import native
 from support.inputs import randn
 from support.models import DynamicModel as Norms  # a LayerNorm over rows, a GroupNorm over a length
 
@@ -71,3 +72,24 @@ def test_a_dynamic_size_below_the_export_range_names_the_input(programs):
         for program in (dynamic, loaded):
             got = program(*inputs)
             assert all(torch.allclose(g, w, atol=2e-4) for g, w in zip(got, want))
+
+
+class Scaled(torch.nn.Module):
+    """A LayerNorm, then a product with a plain int input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(16)
+
+    def forward(self, x: torch.Tensor, k: int) -> torch.Tensor:
+        return self.norm(x) * k
+
+
+def test_a_plain_value_other_than_the_exported_one_is_refused_by_both_runtimes(tmp_path):
+    x = randn(4, 16)
+    program = pipeline.lower(Scaled().eval(), (x, 3))
+    path = tmp_path / "scaled.pte"
+    program.save(path)
+    for run in (program, pipeline.load(path), native.load(path)):
+        with pytest.raises(ValueError, match="input 1: the program was exported for the value 3, got 4"):
+            run(x, 4)

@@ -21,7 +21,6 @@ import pytest
 import torch
 
 import pipeline
-from pipeline.runtime import device as runtime_device
 
 pytestmark = pytest.mark.usefixtures("gpu_info")
 kernel = importlib.import_module("pipeline.wgsl.config")
@@ -50,18 +49,6 @@ LARGE_MEAN = {
     torch.bfloat16: [(1e4, 64.0), (-3e5, 4096.0)],
 }
 
-
-@pytest.fixture(params=["subgroup", "workgroup"])
-def reduction(request, monkeypatch):
-    """Each row-merge strategy: subgroup shuffles where the adapter has them, and the
-    workgroup-memory path that adapters without the `subgroup` feature take (the device
-    reads PIPELINE_WGPU_SUBGROUPS once, when it is made; this sets what that decides)."""
-    g = runtime_device.gpu()
-    if request.param == "subgroup" and not g.subgroup_size:
-        pytest.skip("adapter has no subgroup operations")
-    if request.param == "workgroup":
-        monkeypatch.setattr(g, "subgroup_size", 0)
-    return request.param
 
 
 

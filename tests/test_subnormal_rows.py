@@ -65,10 +65,20 @@ def _rows(width: int, seed: int) -> torch.Tensor:
     return (k.double() * UNIT).float()
 
 
+def _kernel_keeps_subnormals() -> bool:
+    """Whether the kernel's arithmetic keeps subnormals on this adapter: lavapipe does; the
+    H200's driver flushes them to zero, which WGSL allows."""
+    return bool(pipeline.layer_norm(torch.full((1, 4), UNIT), [4], eps=EPS)[1].item() != 0)
+
+
 @pytest.mark.parametrize("width", [768, 4099])
 def test_subnormal_row_error_is_the_means_rounding_times_rstd(width):
     x = _rows(width, width)
     out, mean, rstd = pipeline.layer_norm(x, [width], eps=EPS)
+    if not _kernel_keeps_subnormals():
+        # Flushed, every value is 0: so are the mean and out, and rstd is 1/sqrt(eps).
+        assert torch.all(mean == 0) and torch.all(out == 0), (mean.abs().max(), out.abs().max())
+        return
     eager_out, eager_mean, _ = torch.ops.aten.native_layer_norm(x, [width], None, None, EPS)
     want = torch.nn.functional.layer_norm(x.double(), [width], eps=EPS)
     want_mean = x.double().mean(-1, keepdim=True)
@@ -78,8 +88,10 @@ def test_subnormal_row_error_is_the_means_rounding_times_rstd(width):
 
     out_err, eager_err = units(out, want), units(eager_out, want)
     mean_err, eager_mean_err = units(mean, want_mean), units(eager_mean, want_mean)
-    # The squares underflow: rstd is 1/sqrt(eps) for every row, in both.
-    assert torch.all(rstd == torch.tensor(EPS, dtype=torch.float32).rsqrt())
+    # The squares underflow: rstd is 1/sqrt(eps) for every row, in both, to WGSL's precision
+    # of a square root and a division (lavapipe rounds it correctly, the H200 one ulp off).
+    want_rstd = torch.tensor(EPS, dtype=torch.float32).rsqrt()
+    assert torch.all((rstd - want_rstd).abs() <= 2 * torch.finfo(torch.float32).eps * want_rstd)
     # The kernel's mean is off by a few units of the grid (eager's by one or two) ...
     assert eager_mean_err <= 2 and mean_err <= 16, (mean_err, eager_mean_err)
     # ... and that is the output's error: at most (mean error + 1) x rstd, the 1 for the

@@ -3,6 +3,11 @@
 Verdict: outputs finite and delegated-vs-float64 max error <= 2 x eager-float32-vs-float64
 max error, i.e. delegation stays inside float32 eager's own error envelope.
 
+Each delegated LayerNorm also carries its input as the delegate received it
+(`layer_norm_input`): the statistics of its rows (max |x|, the largest |x - mean| / std
+and |mean| / std of a row, the smallest row std) and the delegate's error against float64
+LayerNorm of that same input beside eager's, over all rows and on the outlier row.
+
 A half-precision model (float16, bfloat16) is held against eager at its own dtype: the
 `eager_fp32_*` figures are then eager at that dtype (`dtype` says which), and
 `eager_float32_vs_fp64_max_abs` gives float32 eager's error with the same (half) weights
@@ -12,7 +17,7 @@ and inputs beside them.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -20,7 +25,8 @@ from torch.utils._pytree import tree_leaves
 
 from pipeline.evaluation.coverage import CoverageAudit, coverage_of, match_calls, program_records
 from pipeline.evaluation.eager import run_eager, to_dtype, to_float64
-from pipeline.evaluation.metrics import compare, flatten_output
+from pipeline.evaluation.layer_norm_input import OUTLIER_SIGMAS, LayerNormInput, check_layer_norm_input
+from pipeline.evaluation.metrics import compare, flatten_output, max_abs_error
 
 ENVELOPE = 2.0
 
@@ -38,6 +44,7 @@ class LayerNormError:
     delegated_vs_fp32: float | None
     eager_fp32_vs_fp64: float | None
     note: str = ""
+    input: LayerNormInput | None = None  # None when the delegate's call was not seen
 
 
 @dataclass
@@ -88,16 +95,30 @@ class AccuracyReport:
                 "delegated_vs_fp64": self.delegated_vs_fp64,
                 "eager_fp32_vs_fp64": self.eager_fp32_vs_fp64,
             },
+            "layer_norm_inputs": self.input_summary(),
             "layer_norms": [asdict(e) for e in self.layer_norms],
         }
+
+    def input_summary(self) -> dict:
+        """The largest of each LayerNorm input statistic over all LayerNorms, where it is, and
+        how many LayerNorms have an outlier row (more than OUTLIER_SIGMAS)."""
+        stats = [(e.module_path, e.input.stats) for e in self.layer_norms if e.input is not None]
+        summary: dict = {"outlier_sigmas": OUTLIER_SIGMAS, "outlier_layer_norms": sum(s.outlier for _, s in stats)}
+        for key in ("max_abs", "max_dev_over_std", "max_mean_over_std"):
+            found = [(getattr(s, key), path) for path, s in stats if getattr(s, key) is not None]
+            value, path = max(found, key=lambda f: _nan_high(f[0]), default=(None, None))
+            summary[key], summary[f"{key}_at"] = value, path
+        return summary
 
 
 def _nan_high(x: float) -> float:
     return math.inf if math.isnan(x) else x
 
 
-def run_delegated(program, inputs: Sequence) -> tuple[object, dict[str, list[torch.Tensor]]]:
-    """Run the lowered program, capturing each delegate's flattened outputs by delegate name.
+def run_delegated(program, inputs: Sequence, on_call: Callable[[str, tuple, tuple], None] | None = None,
+                  ) -> tuple[object, dict[str, list[torch.Tensor]]]:
+    """Run the lowered program, capturing each delegate's flattened outputs by delegate name;
+    `on_call(name, inputs, outputs)`, when given, sees each delegate call as it happens.
 
     Relies on the executor's hook: `program(*inputs, on_delegate=fn)` calls
     `fn(name, inputs, outputs)` after each delegate ran, `name` being one of the
@@ -107,6 +128,8 @@ def run_delegated(program, inputs: Sequence) -> tuple[object, dict[str, list[tor
 
     def on_delegate(name: str, args: Sequence, outputs: object) -> None:
         captured[name] = [t.detach().clone() for t in tree_leaves(outputs) if isinstance(t, torch.Tensor)]
+        if on_call is not None:
+            on_call(name, tuple(args), tuple(outputs))
 
     with torch.no_grad():
         outputs = program(*inputs, on_delegate=on_delegate)
@@ -124,7 +147,14 @@ def evaluate_accuracy(
     `program` on `inputs`; compare outputs and LayerNorms."""
     fp32 = run_eager(module, inputs)
     fp64 = run_eager(*to_float64(module, inputs))
-    delegated_out, captured = run_delegated(program, inputs)
+    # Measured during the run: the inputs need not be kept.
+    delegates = dict(zip(program.delegate_names, program.delegates))
+    seen: dict[str, LayerNormInput] = {}
+
+    def measure(name: str, args: tuple, outputs: tuple) -> None:
+        seen[name] = check_layer_norm_input(delegates[name], args, outputs)
+
+    delegated_out, captured = run_delegated(program, inputs, measure)
 
     reference = flatten_output(fp64.outputs)
     dtype = next((p.dtype for p in module.parameters() if p.is_floating_point()), torch.float32)
@@ -149,6 +179,7 @@ def evaluate_accuracy(
             continue
         err = LayerNormError(rec.module_path, rec.node, rec.delegate, rec.origin, rec.row_width, None, None, None)
         outputs = captured.get(rec.delegate, [])
+        err.input = seen.get(rec.delegate)
         if c32 is None or c64 is None:
             err.note = "no eager call at this module"
         elif rec.delegate_output_index is None or rec.delegate_output_index >= len(outputs):
@@ -158,8 +189,8 @@ def evaluate_accuracy(
             if got.numel() != c64.reference.numel():
                 err.note = f"shape {list(got.shape)} vs eager {list(c64.reference.shape)}"
             else:
-                err.delegated_vs_fp64 = compare(got, c64.reference)["max_abs"]
-                err.delegated_vs_fp32 = compare(got, c32.reference)["max_abs"]
-                err.eager_fp32_vs_fp64 = compare(c32.reference, c64.reference)["max_abs"]
+                err.delegated_vs_fp64 = max_abs_error(got, c64.reference)
+                err.delegated_vs_fp32 = max_abs_error(got, c32.reference)
+                err.eager_fp32_vs_fp64 = max_abs_error(c32.reference, c64.reference)
         report.layer_norms.append(err)
     return report

@@ -40,20 +40,6 @@ SUMMARY_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
 }
 
 
-def sha256_of(path: str | os.PathLike) -> str:
-    """The sha256 of the regular file at `path` (a FIFO or device is refused, not waited on)."""
-    _check_is_file(path)
-    digest = hashlib.sha256()
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    if not stat.S_ISREG(os.fstat(fd).st_mode):  # replaced since: checked before open() names it by its descriptor
-        os.close(fd)
-        raise ArtifactError(f"{path} is not a regular file")
-    with open(fd, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _check_is_file(path: str | os.PathLike) -> None:
     """ArtifactError saying what `path` is when it is not a regular file (a folder, a socket,
     a loop of links); FileNotFoundError or PermissionError as the OS says."""
@@ -71,19 +57,19 @@ def coverage_path_of(pte_path: str | os.PathLike) -> Path:
     return path.with_name(path.name.removesuffix(".pte") + ".coverage.json")
 
 
-def read_artifact(pte_path: str | os.PathLike, data: bytes | None = None) -> dict[str, Any]:
+def read_artifact(pte_path: str | os.PathLike) -> dict[str, Any]:
     """The export summary written beside `pte_path`, checked to describe exactly that file
-    (or `data`, the file's bytes as the caller read them).
+    (`read_artifact_file`, for a caller that does not run the file itself).
 
     Raises ArtifactError when the coverage file is missing, unreadable, or names another
     `.pte` (a hash that differs: the pair was mismatched, e.g. by an interrupted export).
     """
-    if data is None and os.path.lexists(pte_path):
-        _check_is_file(pte_path)
-    summary = _read_summary(pte_path)
-    _check_digest(summary, pte_path, sha256_of(pte_path) if data is None else hashlib.sha256(data).hexdigest())
-    _check_checkpoint_record(summary, coverage_path_of(pte_path))
-    return summary
+    from pipeline.pte.file import PteError
+
+    try:
+        return read_artifact_file(pte_path)[0]
+    except PteError as exc:  # what the path is (a folder, a pipe): the reports' kind of error
+        raise ArtifactError(str(exc)) from None
 
 
 def read_artifact_file(pte_path: str | os.PathLike) -> tuple[dict[str, Any], bytes]:

@@ -15,18 +15,21 @@ passes when its outputs are finite and, against eager float64:
 - max abs error <= 1.5 x the reference's,
 and every WebGPU delegate call's outputs are bit-identical to the Python runtime's
 delegate run on the same inputs (captured in ExecuTorch's runtime by the native backend).
-Eager float32's errors are reported beside them.
+Eager float32's errors are reported beside them, and for each call its input's statistics
+and its error against float64 LayerNorm of that input beside eager's (`layer_norm_input`).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import asdict
 from typing import Any
 
 import torch
 
 from pipeline.evaluation.eager import run_eager, to_float64
+from pipeline.evaluation.layer_norm_input import check_layer_norm_input
 from pipeline.evaluation.metrics import compare, flatten_output
 
 REL_L2_FACTOR = 1.1
@@ -76,7 +79,8 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 
 def layer_norm_identity(pte, calls: list[list[torch.Tensor | None]]) -> list[dict[str, Any]]:
     """Each captured WebGPU delegate call against the Python runtime's delegate (same blob,
-    same inputs): whether every output is bit-identical, and the largest difference."""
+    same inputs): whether every output is bit-identical, the largest difference, and the
+    call's input with the errors on it (`check_layer_norm_input`)."""
     from pipeline.runtime.delegate import LayerNormDelegate
 
     order = webgpu_call_order(pte)
@@ -98,7 +102,8 @@ def layer_norm_identity(pte, calls: list[list[torch.Tensor | None]]) -> list[dic
                    for g, w in zip(got, want) if g is not None and g.shape == w.shape)
         x = call[delegate.params.input_index]
         rows.append({"call": k, "delegate": index, "input_shape": list(x.shape), "dtype": str(x.dtype)[6:],
-                     "identical": identical, "max_abs_difference": diff})
+                     "identical": identical, "max_abs_difference": diff,
+                     "input": asdict(check_layer_norm_input(delegate, call[:n_in], got))})
     return rows
 
 
@@ -198,6 +203,7 @@ def verdict_lines(v: dict[str, Any]) -> list[str]:
 
 def report_markdown(data: dict[str, Any]) -> str:
     """The accuracy report of a file run in ExecuTorch's runtime, as Markdown."""
+    from pipeline.evaluation.render import INPUT_NOTE
     from pipeline.evaluation.report import markdown_table
 
     v = data["accuracy"]
@@ -209,7 +215,9 @@ def report_markdown(data: dict[str, Any]) -> str:
              markdown_table(["run", "rel L2", "max abs", "cosine", "SQNR dB"], _error_rows(v)), "",
              "## LayerNorm delegate calls: ExecuTorch's runtime vs the Python runtime, same inputs", "",
              markdown_table(["call", "delegate", "input shape", "dtype", "bit-identical", "max abs difference"],
-                            _layer_norm_rows(v)), ""]
+                            _layer_norm_rows(v)), "",
+             "## LayerNorm inputs in ExecuTorch's runtime", "", INPUT_NOTE, "",
+             markdown_table(*_input_table(v)), ""]
     from pipeline.evaluation.render import transcripts_markdown
 
     lines[lines.index("## Errors against eager float64"):lines.index("## Errors against eager float64")] = (
@@ -221,6 +229,7 @@ def report_html(data: dict[str, Any]) -> str:
     """The same report as one self-contained page."""
     import html
 
+    from pipeline.evaluation.render import INPUT_NOTE
     from pipeline.evaluation.report import html_page, html_table
 
     v = data["accuracy"]
@@ -237,6 +246,9 @@ def report_html(data: dict[str, Any]) -> str:
         "<h2>LayerNorm delegate calls: ExecuTorch's runtime vs the Python runtime</h2>",
         html_table(["call", "delegate", "input shape", "dtype", "bit-identical", "max abs difference"],
                    _layer_norm_rows(v)),
+        "<h2>LayerNorm inputs in ExecuTorch's runtime</h2>",
+        f"<p>{html.escape(INPUT_NOTE)}</p>",
+        html_table(*_input_table(v)),
     ])
 
 
@@ -265,3 +277,12 @@ def _error_rows(v: dict[str, Any]) -> list[list[object]]:
 def _layer_norm_rows(v: dict[str, Any]) -> list[list[object]]:
     return [[r["call"], r["delegate"], "x".join(map(str, r["input_shape"])), r["dtype"],
              "yes" if r["identical"] else "NO", r["max_abs_difference"]] for r in v["layer_norms"]]
+
+
+def _input_table(v: dict[str, Any]) -> tuple[list[str], list[list[object]]]:
+    """Each call's input statistics and the errors on that input."""
+    from pipeline.evaluation.render import eager_label, input_cells, input_headers
+
+    eager = eager_label({"dtype": v.get("dtype", "float32")})
+    return (["call", "delegate", *input_headers(eager)],
+            [[r["call"], r["delegate"], *input_cells(r.get("input"))] for r in v["layer_norms"]])

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import html
 
-from pipeline.evaluation.report import error_plot, fmt, html_page, html_table, markdown_table, png_img
+from pipeline.evaluation.layer_norm_input import OUTLIER_SIGMAS
+from pipeline.evaluation.report import Flagged, error_plot, fmt, html_page, html_table, markdown_table, png_img
 
 _COVERAGE_HEADERS = ["#", "module", "input shape", "row width", "affine", "origin", "delegated", "reason"]
 
@@ -84,7 +85,7 @@ def coverage_line(data: dict) -> str:
 
 
 def _accuracy_headers(data: dict) -> list[str]:
-    eager = _eager_label(data["accuracy"])
+    eager = eager_label(data["accuracy"])
     short = eager.removeprefix("eager ")
     return ["#", "module", "origin", "row width", "delegated vs fp64", f"delegated vs {short}",
             f"{eager} vs fp64", "note"]
@@ -102,7 +103,7 @@ def _accuracy_summary(data: dict) -> list[str]:
     a = data["accuracy"]
     d, e = a["delegated_vs_fp64"], a["eager_fp32_vs_fp64"]
     worst = a["worst_layer_norm"]
-    eager = _eager_label(a)
+    eager = eager_label(a)
     single = [] if a.get("eager_float32_vs_fp64_max_abs") is None else [
         f"eager fp32 (same {a['dtype']} weights and inputs) vs fp64: max abs {fmt(a['eager_float32_vs_fp64_max_abs'])}"]
     return [
@@ -115,8 +116,60 @@ def _accuracy_summary(data: dict) -> list[str]:
         *single,
         "worst LayerNorm: " + ("–" if worst is None else f"{worst['module_path'] or '<root>'} "
                                                           f"({worst['node']}) max abs {fmt(worst['max_abs'])}"),
+        *_input_summary(data),
         *_inputs_lines(data),
     ]
+
+
+def _input_summary(data: dict) -> list[str]:
+    s = data.get("layer_norm_inputs")
+    if s is None or s["max_abs"] is None:
+        return []
+
+    def at(key: str) -> str:
+        return f"{fmt(s[key])} ({s[key + '_at'] or '<root>'})" if s[key] is not None else "–"
+
+    return [f"LayerNorm inputs: max |x| {at('max_abs')}, largest |x−mean|/std of a row {at('max_dev_over_std')}, "
+            f"largest |mean|/std {at('max_mean_over_std')}; {s['outlier_layer_norms']} LayerNorm(s) with a row "
+            f"beyond {fmt(s['outlier_sigmas'])} std"]
+
+
+INPUT_NOTE = (f"Per-LayerNorm input, as the delegate received it (float64): std is a row's population standard "
+              f"deviation without eps; ratios beyond {OUTLIER_SIGMAS:g} are marked. A constant row (std 0) is "
+              "counted and left out of the ratios (– when no row has a spread); a row holding inf or NaN is counted "
+              "and left out of all but max |x|. The errors are max abs against float64 LayerNorm of that same "
+              "input (the kernel alone, no upstream difference), over all rows and on the outlier row (the row of "
+              "the largest |x−mean|/std).")
+
+
+def input_headers(eager: str) -> list[str]:
+    """The columns of `input_cells`, eager's named `eager` (e.g. "eager fp32")."""
+    return ["rows", "row width", "max |x|", "max |x−mean|/std", "max |mean|/std", "min row std", "constant rows",
+            "non-finite rows", "delegated vs fp64", f"{eager} vs fp64", "outlier row",
+            "delegated vs fp64 (outlier row)", f"{eager} vs fp64 (outlier row)"]
+
+
+def input_cells(given: dict | None) -> list[object]:
+    """One LayerNorm's `input` (a `layer_norm_input.LayerNormInput` as a dict; None: not
+    seen) as table cells, ratios beyond OUTLIER_SIGMAS flagged."""
+    given = given or {}
+    s = given.get("stats") or {}
+    return [s.get("rows"), s.get("width"), s.get("max_abs"), _flag(s.get("max_dev_over_std")),
+            _flag(s.get("max_mean_over_std")), s.get("min_row_std"), s.get("constant_rows"), s.get("nonfinite_rows"),
+            given.get("delegated_vs_fp64"), given.get("eager_fp32_vs_fp64"), s.get("outlier_row"),
+            given.get("outlier_row_delegated_vs_fp64"), given.get("outlier_row_eager_fp32_vs_fp64")]
+
+
+def _flag(value: float | None) -> object:
+    return Flagged(value) if value is not None and value > OUTLIER_SIGMAS else value
+
+
+def _input_headers(data: dict) -> list[str]:
+    return ["#", "module", *input_headers(eager_label(data["accuracy"]))]
+
+
+def _input_rows(data: dict) -> list[list[object]]:
+    return [[i, e["module_path"] or "<root>", *input_cells(e.get("input"))] for i, e in enumerate(data["layer_norms"])]
 
 
 def _inputs_lines(data: dict) -> list[str]:
@@ -131,35 +184,56 @@ def _inputs_lines(data: dict) -> list[str]:
     return lines
 
 
-def _eager_label(accuracy: dict) -> str:
+def eager_label(accuracy: dict) -> str:
     """What the delegated program is held against: eager at the report's dtype."""
     short = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
     return f"eager {short[accuracy.get('dtype', 'float32')]}"
 
 
 def accuracy_plot(data: dict) -> bytes:
+    """Per-LayerNorm errors (end to end, and on the delegate's own input) above the input
+    rows' largest ratios to their std, on one x axis."""
     rows = data["layer_norms"]
+    eager = eager_label(data["accuracy"])
     return error_plot(
         [e["module_path"] for e in rows],
         {
             "delegated vs eager fp64": [e["delegated_vs_fp64"] for e in rows],
-            f"{_eager_label(data['accuracy'])} vs eager fp64": [e["eager_fp32_vs_fp64"] for e in rows],
-            f"delegated vs {_eager_label(data['accuracy'])}": [e["delegated_vs_fp32"] for e in rows],
+            f"{eager} vs eager fp64": [e["eager_fp32_vs_fp64"] for e in rows],
+            f"delegated vs {eager}": [e["delegated_vs_fp32"] for e in rows],
+            "delegated vs fp64, same input": [_input(e, "delegated_vs_fp64") for e in rows],
+            f"{eager} vs fp64, same input": [_input(e, "eager_fp32_vs_fp64") for e in rows],
         },
         f"per-LayerNorm error: {data['model']}",
+        inputs={
+            "max |x−mean|/std of a row": [_input(e, "stats", "max_dev_over_std") for e in rows],
+            "max |mean|/std of a row": [_input(e, "stats", "max_mean_over_std") for e in rows],
+        },
+        threshold=OUTLIER_SIGMAS,
     )
+
+
+def _input(entry: dict, *keys: str) -> float | None:
+    value = entry.get("input")
+    for key in keys:
+        value = None if value is None else value.get(key)
+    return value
 
 
 def accuracy_markdown(data: dict) -> str:
     return _markdown(data, "Accuracy report", _accuracy_summary(data),
                      [*transcripts_markdown(data), "Per-LayerNorm max abs error (the HTML page has the plot):", "",
-                      markdown_table(_accuracy_headers(data), _accuracy_rows(data))])
+                      markdown_table(_accuracy_headers(data), _accuracy_rows(data)), "",
+                      INPUT_NOTE, "", markdown_table(_input_headers(data), _input_rows(data))])
 
 
 def accuracy_html(data: dict) -> str:
     return _html(data, "Accuracy report", data["verdict"] == "pass", _accuracy_summary(data),
-                 [*transcripts_html(data), png_img(accuracy_plot(data), "per-LayerNorm max abs error"),
-                  html_table(_accuracy_headers(data), _accuracy_rows(data))])
+                 [*transcripts_html(data),
+                  png_img(accuracy_plot(data), "per-LayerNorm max abs error, and the input rows in std"),
+                  "<h2>LayerNorm inputs</h2>", f"<p>{html.escape(INPUT_NOTE)}</p>",
+                  html_table(_input_headers(data), _input_rows(data)),
+                  "<h2>LayerNorm errors</h2>", html_table(_accuracy_headers(data), _accuracy_rows(data))])
 
 
 def _transcript_headers(section: dict) -> list[str]:
@@ -215,9 +289,9 @@ def accuracy_line(data: dict) -> str:
     single = "" if a.get("eager_float32_vs_fp64_max_abs") is None else (
         f"  (eager fp32 {fmt(a['eager_float32_vs_fp64_max_abs'])})")
     return (f"{data['model']:<10} {data['verdict']:<5} delegated {fmt(a['delegated_vs_fp64_max_abs']):>8}  "
-            f"{_eager_label(a)} {fmt(a['eager_fp32_vs_fp64_max_abs']):>8}{single}  cos {a['cosine']:.7f}  "
+            f"{eager_label(a)} {fmt(a['eager_fp32_vs_fp64_max_abs']):>8}{single}  cos {a['cosine']:.7f}  "
             f"SQNR {fmt(a['sqnr_db'])} dB  worst LN {'–' if worst is None else worst['module_path']}"
-            + _transcripts_count(data))
+            f"{_input_line(data)}{_transcripts_count(data)}")
 
 
 def _transcripts_count(data: dict) -> str:
@@ -227,3 +301,9 @@ def _transcripts_count(data: dict) -> str:
     rows = section["utterances"]
     return f"  transcripts {sum(r['tokens_identical'] for r in rows)}/{len(rows)} identical"
 
+
+def _input_line(data: dict) -> str:
+    s = data.get("layer_norm_inputs")
+    if s is None or s["max_dev_over_std"] is None:
+        return ""
+    return f"  LN inputs up to {fmt(s['max_dev_over_std'])} std ({s['outlier_layer_norms']} past {fmt(s['outlier_sigmas'])})"

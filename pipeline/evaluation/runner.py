@@ -105,7 +105,7 @@ def accuracy_for(spec, program, seed: int, progress: Callable[[str], None] = lam
 def inputs_of(spec) -> dict:
     """What the example inputs are, for a report: WAV files (with the sha256 of their bytes)
     or the model's synthetic inputs."""
-    if spec.audio is None:
+    if getattr(spec, "audio", None) is None:  # synthetic inputs (or a spec made by hand)
         return {"audio": None}
     return {"audio": list(spec.audio), "audio_sha256": spec.audio_sha256}
 

@@ -150,7 +150,7 @@ def decoder_of(spec) -> WhisperDecoder | None:
     """The decoder of a whisper spec built from a checkpoint that holds one (CTranslate2's
     whole model), at the spec's dtype; None when there is none (seeded weights, an
     encoder-only Hugging Face directory, another model)."""
-    if spec.name != "whisper" or spec.checkpoint_format != "ctranslate2":
+    if spec.name != "whisper" or getattr(spec, "checkpoint_format", None) != "ctranslate2":
         return None
     from pipeline.models import ctranslate2
 

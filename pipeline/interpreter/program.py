@@ -278,14 +278,7 @@ class Program:
         breakdown (timing costs about a microsecond a step).
         """
         plan = self._plan
-        flat = _inputs.flatten(args, self._in_spec, len(plan.inputs))
-        for k, (j, given) in enumerate(zip(plan.inputs, flat)):
-            declared = plan.values[j].val
-            if isinstance(declared, schema.Tensor):
-                _inputs.check_tensor(k, declared, given)
-            elif given != self._values[j]:
-                raise ValueError(f"input {k}: the program was exported for the value {self._values[j]!r}, "
-                                 f"got {given!r}")
+        flat = _inputs.checked(plan, self._in_spec, args)
         values = self._values
         with self._lock, torch.no_grad():
             if self._dynamic:

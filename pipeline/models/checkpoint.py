@@ -144,6 +144,21 @@ def config_from_dict(raw: dict[str, Any], family: ModelFamily, where: str) -> Pr
 def read_json(path: Path, where: str) -> Any:
     """The JSON value in the regular file at `path`, refused (CheckpointError, `where` first)
     when it is larger than MAX_JSON_BYTES or nests deeper than MAX_JSON_DEPTH."""
+    data = read_small_file(path, where)
+    try:
+        value = json.loads(data)
+    except RecursionError:
+        raise CheckpointError(f"{where} is unreadable: nested deeper than {MAX_JSON_DEPTH} levels") from None
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError among them
+        raise CheckpointError(f"{where} is unreadable: {exc}") from None
+    if _depth(value) > MAX_JSON_DEPTH:
+        raise CheckpointError(f"{where} is unreadable: nested deeper than {MAX_JSON_DEPTH} levels")
+    return value
+
+
+def read_small_file(path: Path, where: str) -> bytes:
+    """The bytes of the regular file at `path` (a config, an index, a vocabulary), refused
+    (CheckpointError, `where` first) when it is not one or is larger than MAX_JSON_BYTES."""
     try:
         # Not blocking: a FIFO would wait for a writer.
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -155,15 +170,7 @@ def read_json(path: Path, where: str) -> Any:
         raise CheckpointError(f"{where} is unreadable: {exc.strerror or exc}") from None
     if len(data) > MAX_JSON_BYTES:
         raise CheckpointError(f"{where} is unreadable: larger than {MAX_JSON_BYTES} bytes")
-    try:
-        value = json.loads(data)
-    except RecursionError:
-        raise CheckpointError(f"{where} is unreadable: nested deeper than {MAX_JSON_DEPTH} levels") from None
-    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError among them
-        raise CheckpointError(f"{where} is unreadable: {exc}") from None
-    if _depth(value) > MAX_JSON_DEPTH:
-        raise CheckpointError(f"{where} is unreadable: nested deeper than {MAX_JSON_DEPTH} levels")
-    return value
+    return data
 
 
 def files_sha256(root: Path, files: tuple[Path, ...]) -> str:

@@ -39,12 +39,12 @@ import torch
 from transformers import WhisperConfig, WhisperForConditionalGeneration
 
 from pipeline.models.checkpoint import (
-    MAX_JSON_BYTES,
     checkpoint_root,
     file_identity,
     files_sha256,
     inside,
     read_json,
+    read_small_file,
 )
 from pipeline.models.spec import CheckpointError
 
@@ -627,16 +627,7 @@ def _read_vocabulary(path: Path, where: str) -> tuple[str, ...]:
         if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
             raise CheckpointError(f"{where} is not a JSON list of token strings")
         return tuple(tokens)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        with open(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise CheckpointError(f"{where} is not a regular file")
-            data = f.read(MAX_JSON_BYTES + 1)
-    except OSError as exc:
-        raise CheckpointError(f"{where} is unreadable: {exc.strerror or exc}") from None
-    if len(data) > MAX_JSON_BYTES:
-        raise CheckpointError(f"{where} is unreadable: larger than {MAX_JSON_BYTES} bytes")
+    data = read_small_file(path, where)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -61,10 +61,13 @@ PIPELINE_EXPORT uint64_t pipeline_layer_norm_binding_limit() {
 // pipeline/wgsl/config.py's THREADED_COPY_BYTES, as compiled into this library.
 PIPELINE_EXPORT uint64_t pipeline_layer_norm_threaded_copy_bytes() { return webgpu::kThreadedCopyBytes; }
 
-// Kernel launches submitted on the library's device (0 without one).
-PIPELINE_EXPORT uint64_t pipeline_layer_norm_dispatches() {
+// The library device's counters into `out` (zeros without a device): kernel launches
+// submitted, kernel pipelines compiled, buffers allocated for launches.
+PIPELINE_EXPORT void pipeline_layer_norm_counters(uint64_t out[3]) {
   webgpu::WebGPUDevice* device = webgpu::WebGPUDevice::get(nullptr);
-  return device ? device->dispatches.load(std::memory_order_relaxed) : 0;
+  out[0] = device ? device->dispatches.load(std::memory_order_relaxed) : 0;
+  out[1] = device ? device->pipelines_compiled.load(std::memory_order_relaxed) : 0;
+  out[2] = device ? device->buffers_allocated.load(std::memory_order_relaxed) : 0;
 }
 
 // A delegate for the blob `data` (its constants uploaded; the bytes may be freed after), or

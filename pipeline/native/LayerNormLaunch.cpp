@@ -12,8 +12,6 @@ namespace backends {
 namespace webgpu {
 namespace {
 
-constexpr uint64_t kMaxGridX = 65535;
-constexpr uint64_t kParamsBytes = 16;
 constexpr uint64_t kMinBufferBytes = 16;
 constexpr WGPUBufferUsage kStorage =
     WGPUBufferUsage_Storage | WGPUBufferUsage_CopyDst | WGPUBufferUsage_CopySrc;
@@ -29,6 +27,20 @@ struct Params {
   uint32_t pad;
 };
 static_assert(sizeof(Params) == kParamsBytes, "Params must match the WGSL struct");
+
+// eps rounded to float32 as Python's runtime rounds it (to nearest, +-inf from half an ulp
+// past float's largest value on, NaN kept): a static_cast of a double past float's range is
+// undefined behaviour.
+float float_eps(double eps) {
+  constexpr double kOverflow = 0x1.ffffffp127;
+  if (std::isnan(eps)) {
+    return std::numeric_limits<float>::quiet_NaN();
+  }
+  if (std::abs(eps) >= kOverflow) {
+    return eps > 0 ? std::numeric_limits<float>::infinity() : -std::numeric_limits<float>::infinity();
+  }
+  return static_cast<float>(eps);
+}
 
 uint64_t align4(uint64_t n) { return (n + 3) / 4 * 4; }
 uint64_t align16(uint64_t n) { return (n + 15) / 16 * 16; }
@@ -87,7 +99,7 @@ bool LayerNormLaunch::prepare(const LayerNormBlob& blob, std::string* reason) {
   has_bias_ = blob.bias.source != OperandSource::kNone;
   dtype_ = blob.dtype;
   affine_dtype_ = blob.affine_dtype;
-  eps_ = static_cast<float>(blob.eps);
+  eps_ = float_eps(blob.eps);
 
   // Explicit layout: x, weight, bias (read-only), out, mean, rstd, params. Unused
   // weight/bias bindings stay in it and get a placeholder buffer.
@@ -159,6 +171,7 @@ WGPUComputePipeline LayerNormLaunch::pipeline_for(const KernelConfig& config, st
       device_->create_pipeline(kernel_source(config), pipeline_layout_, "native_layer_norm.wgsl", reason);
   if (pipeline != nullptr) {
     pipelines_.emplace(key, pipeline);
+    device_->pipelines_compiled.fetch_add(1, std::memory_order_relaxed);
   }
   return pipeline;
 }

@@ -159,10 +159,8 @@ bool decode_params(const uint8_t* section, uint32_t ndim, LayerNormBlob* blob, s
       return fail(reason, "%s %u is not 0 (float32), 1 (float16) or 2 (bfloat16)", name, code);
     }
   }
+  // Any value, as aten takes it: the kernel gives NaN where var + eps < 0 or NaN.
   blob->eps = read(section, params::kEps);
-  if (!std::isfinite(blob->eps) || !(blob->eps >= 0.0)) {
-    return fail(reason, "eps %g is not finite and >= 0", blob->eps);
-  }
   blob->input_index = read(section, params::kInputIndex);
   blob->arguments = read(section, params::kArguments);
   if (!decode_operand(section, params::kWeightSource, params::kWeightIndex, "weight", &blob->weight, reason) ||

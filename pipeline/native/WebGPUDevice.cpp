@@ -11,6 +11,7 @@
 
 #include "HostCopy.h"
 #include "LayerNormConfig.h"
+#include "environment.h"
 #include "wgsl_sources.h"
 
 namespace executorch {
@@ -19,9 +20,6 @@ namespace webgpu {
 namespace {
 
 // Same switches as the Python runtime (pipeline/runtime/device.py).
-constexpr const char* kAdapterEnv = "PIPELINE_WGPU_ADAPTER";
-constexpr const char* kSubgroupsEnv = "PIPELINE_WGPU_SUBGROUPS";
-constexpr const char* kF16PackEnv = "PIPELINE_WGPU_PACK2X16FLOAT";
 // Poll rounds before a wait is declared stuck (each round blocks on the GPU first).
 constexpr int kMaxPollRounds = 100000;
 // How long a wait spins on non-blocking polls before it blocks, on a GPU: a blocked poll's
@@ -495,6 +493,7 @@ bool WebGPUDevice::grow(WGPUBuffer* buffer, uint64_t* capacity, uint64_t size, W
     *reason = "allocating a GPU buffer of " + std::to_string(size) + " bytes failed";
     return false;
   }
+  buffers_allocated.fetch_add(1, std::memory_order_relaxed);
   *capacity = size;
   return true;
 }

@@ -87,8 +87,11 @@ class WebGPUDevice {
   // wgpu-native reports an error from the call that makes it.
   bool check(std::string* reason);
 
-  // Kernel launches submitted since the device was opened (the runtime's stats()).
+  // Since the device was opened (the runtime's stats()): kernel launches submitted, kernel
+  // pipelines compiled, and buffers allocated for launches.
   std::atomic<uint64_t> dispatches{0};
+  std::atomic<uint64_t> pipelines_compiled{0};
+  std::atomic<uint64_t> buffers_allocated{0};
 
   // Makes `*buffer` (of `*capacity` bytes) hold at least `size` bytes (16 at least) of
   // `usage`: a new buffer replaces a smaller one, and `*replaced` says so. False with

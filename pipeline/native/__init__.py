@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import sys
 import threading
 from pathlib import Path
 
@@ -25,6 +26,24 @@ _REASON_BYTES = 512
 
 _lib: ctypes.CDLL | None = None
 _lock = threading.Lock()
+
+
+def _start_threadpool_quietly() -> None:
+    """Creates ExecuTorch's threadpool (XNNPACK's delegates run on it) with stderr pointed at
+    /dev/null: creating it, ExecuTorch logs from C++ each /sys file cpuinfo could not read
+    (ARM identification files, on any machine) and "CPU info and manual query on # of cpus
+    dont match", five lines that say nothing about the program."""
+    from executorch.extension.pybindings import _portable_lib
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "wb") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            _portable_lib._threadpool_get_thread_count()
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def library() -> ctypes.CDLL:
@@ -44,6 +63,7 @@ def library() -> ctypes.CDLL:
             # the way executorch.runtime does first, so that one registry is shared.
             import executorch.extension.pybindings.portable_lib  # noqa: F401
 
+            _start_threadpool_quietly()
             lib = ctypes.CDLL(os.fspath(path))
             lib.pipeline_webgpu_register.restype = ctypes.c_int
             lib.pipeline_webgpu_probe.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
@@ -180,12 +200,11 @@ class NativeProgram:
         from pipeline.pte import inputs as checks
 
         plan = self._plan
-        flat = checks.flatten(inputs, self._in_spec, len(plan.inputs))
-        for k, (j, given) in enumerate(zip(plan.inputs, flat)):
+        flat = checks.checked(plan, self._in_spec, inputs)
+        for k, j in enumerate(plan.inputs):
             declared = plan.values[j].val
             if isinstance(declared, schema.Tensor):
-                checks.check_tensor(k, declared, given)
-                flat[k] = checks.laid_out(declared, given)
+                flat[k] = checks.laid_out(declared, flat[k])
         outputs = self.method.execute(flat)
         return [o.clone() if hasattr(o, "clone") else o for o in outputs]
 

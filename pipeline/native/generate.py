@@ -6,7 +6,8 @@ decides is written once (the ExecuTorch Vulkan backend's way with its shader var
 - kernel_config.h: the configuration rule's numbers and the pieces of every WGSL module
   (pipeline.wgsl.config): the C++ picks pieces by the configuration and writes only the
   per-pipeline constants itself, as `constant` formats them;
-- blob_layout.h: the delegate blob's byte layout and codes (pipeline.pte.blob).
+- blob_layout.h: the delegate blob's byte layout and codes (pipeline.pte.blob);
+- environment.h: the names of the environment variables both sides read (pipeline.environment).
 
 Imports no torch and no WebGPU implementation (`pipeline.native.build` runs it before
 anything is compiled).
@@ -19,7 +20,7 @@ import struct
 
 import numpy as np
 
-from pipeline import wgsl
+from pipeline import environment, wgsl
 from pipeline.pte import blob
 from pipeline.wgsl import config
 
@@ -28,11 +29,13 @@ WGSL_FILES = (
     "native_layer_norm.wgsl", "reduce_subgroup.wgsl", "reduce_workgroup.wgsl", "subgroup_size.wgsl", "f16_pack_probe.wgsl",
     "storage_float32.wgsl", "storage_half.wgsl", "storage_half_odd.wgsl", "half.wgsl",
 )
-# The rule's numbers the C++ configuration uses, with their C++ types.
+# The rule's numbers the C++ configuration uses, and the launch's grid limit and Params
+# size, with their C++ types.
 RULE_CONSTANTS = (
     ("MIN_WORKGROUP", "uint32_t"), ("MAX_THREADS_PER_ROW", "uint32_t"), ("MAX_HOLD", "uint32_t"),
     ("MIN_HOLD", "uint32_t"), ("MIN_HOLD_NARROW_LOADS", "uint32_t"), ("STREAM_UNROLL", "uint32_t"),
-    ("WIDE_LAUNCH_THREADS", "uint64_t"), ("THREADED_COPY_BYTES", "size_t"),
+    ("WIDE_LAUNCH_THREADS", "uint64_t"), ("THREADED_COPY_BYTES", "size_t"), ("MAX_GRID_X", "uint64_t"),
+    ("PARAMS_BYTES", "uint64_t"),
 )
 # C++ types of struct formats.
 _CPP_TYPES = {"H": "uint16_t", "I": "uint32_t", "d": "double", "q": "int64_t", "s": "char"}
@@ -42,7 +45,8 @@ _NAMESPACE = ("namespace executorch {\nnamespace backends {\nnamespace webgpu {\
 
 def headers() -> dict[str, str]:
     """Each generated header's name and text."""
-    return {"wgsl_sources.h": wgsl_header(), "kernel_config.h": kernel_header(), "blob_layout.h": blob_header()}
+    return {"wgsl_sources.h": wgsl_header(), "kernel_config.h": kernel_header(), "blob_layout.h": blob_header(),
+            "environment.h": environment_header()}
 
 
 def wgsl_header() -> str:
@@ -106,6 +110,13 @@ def kernel_header() -> str:
             + f"enum class Marker : uint32_t {{ kNone, {', '.join(cpp_name(m) for m in markers)} }};\n"
             + "struct KernelPart {\n  Marker marker;\n  uint32_t value;\n  const char* text;\n};\n"
             + "inline constexpr KernelPart kKernelParts[] = {\n" + "".join(parts) + "};\n" + _NAMESPACE[1])
+
+
+def environment_header() -> str:
+    """The names of the environment variables both sides read (pipeline.environment)."""
+    names = "".join(f'constexpr const char* {cpp_name(name)} = "{getattr(environment, name)}";\n'
+                    for name in environment.SHARED)
+    return _preamble("pipeline/environment.py") + _NAMESPACE[0] + names + _NAMESPACE[1]
 
 
 def blob_header() -> str:

@@ -8,7 +8,7 @@ import torch
 import torch.utils._pytree as pytree
 from executorch.exir import schema
 
-from pipeline.pte import operators
+from pipeline.pte import operators, verify
 
 
 class SignatureError(ValueError):
@@ -67,6 +67,23 @@ def _deeper_than(obj, limit: int) -> bool:
                 return True
             stack.extend((v, depth + 1) for v in (item.values() if isinstance(item, dict) else item))
     return False
+
+
+def checked(plan: schema.ExecutionPlan, spec: pytree.TreeSpec | None, inputs: tuple) -> list:
+    """`inputs` flattened by `spec` and checked against what `plan` declares, input by input:
+    a tensor by `check_tensor`, any other value equal to the one the program was exported
+    with. TypeError or ValueError naming the input otherwise. Both runtimes take their
+    inputs through this."""
+    flat = flatten(inputs, spec, len(plan.inputs))
+    for k, (j, given) in enumerate(zip(plan.inputs, flat)):
+        declared = plan.values[j].val
+        if isinstance(declared, schema.Tensor):
+            check_tensor(k, declared, given)
+            continue
+        exported = verify.plain_value(declared, [])
+        if given != exported:
+            raise ValueError(f"input {k}: the program was exported for the value {exported!r}, got {given!r}")
+    return flat
 
 
 def check_tensor(k: int, declared: schema.Tensor, given) -> None:

@@ -42,6 +42,15 @@ class LayerNormDelegate:
             return args[op.index]
         return None
 
+    def layer_norm_arguments(self, *args: torch.Tensor) -> tuple:
+        """(x, normalized_shape, weight, bias, eps) of a call with `args`: what
+        aten.native_layer_norm takes to compute the same LayerNorm."""
+        p = self.params
+        if len(args) != p.arguments:
+            raise ValueError(f"delegate expects {p.arguments} inputs, got {len(args)}")
+        x = args[p.input_index]
+        return x, p.resolve(tuple(x.shape)), self._operand("weight", args), self._operand("bias", args), p.eps
+
     def __call__(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """The delegate's outputs (a subset of out, mean, rstd, in the blob's order)."""
         p = self.params

@@ -20,15 +20,12 @@ import numpy as np
 import torch
 
 from pipeline import wgsl
+from pipeline.environment import F16_PACK_ENV, SUBGROUPS_ENV
 from pipeline.runtime.webgpu import Pipeline
 from pipeline.wgsl.config import THREADED_COPY_BYTES
 
 IMPLEMENTATION_ENV = "PIPELINE_WEBGPU"
 IMPLEMENTATIONS = ("wgpu", "dawn")
-# "0" turns subgroup reductions off (the workgroup-memory path is used, as without the feature).
-SUBGROUPS_ENV = "PIPELINE_WGPU_SUBGROUPS"
-# "0" keeps float16 stores on the kernel's integer rounding even where pack2x16float passed its probe.
-F16_PACK_ENV = "PIPELINE_WGPU_PACK2X16FLOAT"
 
 # Buffer usages, as WebGPU numbers them (wgpu and webgpu.h alike).
 MAP_READ, COPY_SRC, COPY_DST, UNIFORM, STORAGE_USAGE, QUERY_RESOLVE = 0x1, 0x4, 0x8, 0x40, 0x80, 0x200

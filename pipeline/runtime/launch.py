@@ -17,10 +17,9 @@ import torch
 
 from pipeline.runtime.device import STAGING, STORAGE, UNIFORM_BUFFER as UNIFORM, Gpu, Pipeline, gpu
 from pipeline import wgsl
-from pipeline.wgsl.config import SHADER, KernelConfig, choose_config
+from pipeline.errors import ArgumentError
+from pipeline.wgsl.config import MAX_GRID_X, PARAMS_BYTES, SHADER, KernelConfig, choose_config
 
-MAX_GRID_X = 65535
-PARAMS_BYTES = 16
 # Inputs of at least this many bytes go to the GPU through a mapped staging buffer, copied
 # over threads, instead of the queue's write (one thread's copy): docs/measurements.md, "The
 # host path".
@@ -63,8 +62,17 @@ def grid(rows: int, config: KernelConfig) -> tuple[int, int]:
     return x, math.ceil(groups / x)
 
 
+class EpsOverflowError(ValueError, OverflowError):
+    """An integer eps past float64's range: a ValueError naming eps that is also the
+    OverflowError aten's argument parser raises for it."""
+
+
 def check_arguments(x: torch.Tensor, normalized_shape: Sequence[int], weight, bias, eps) -> tuple[tuple[int, ...], float]:
-    """normalized_shape as ints and eps as a float, after checking every argument."""
+    """normalized_shape as ints and eps as a float, after checking every argument.
+
+    eps may be any real number, as in aten: rstd is 1/sqrt(var + eps), NaN where var + eps is
+    below 0 or NaN, 0 where it is inf."""
+    given = [t for t in (x, weight, bias) if isinstance(t, torch.Tensor)]
     for name, t in (("input", x), ("weight", weight), ("bias", bias)):
         if t is None and name != "input":
             continue
@@ -76,31 +84,35 @@ def check_arguments(x: torch.Tensor, normalized_shape: Sequence[int], weight, bi
         if x.dtype not in DTYPES.values():
             allowed = ()
         if t.dtype not in allowed:
-            raise ValueError(f"{name} must be float32, float16 or bfloat16 (weight and bias like the input, "
-                             f"or float32 with a half input), got {t.dtype} with input {x.dtype}")
-        # Meta tensors have no data and sparse ones no row-major rows to upload.
+            # float64 throughout is aten's to compute and the kernel's to refuse; the rest aten refuses too.
+            error = ValueError if all(u.dtype == torch.float64 for u in given) else ArgumentError
+            raise error(f"{name} must be float32, float16 or bfloat16 (weight and bias like the input, "
+                        f"or float32 with a half input), got {t.dtype} with input {x.dtype}")
+        # Meta tensors have no data and sparse ones no row-major rows to upload (aten computes
+        # on meta tensors alone; it refuses sparse ones and a mix of devices).
         if t.is_meta or t.layout != torch.strided:
-            raise ValueError(f"{name} must be a dense tensor with data, got a {t.device.type} {t.layout} tensor")
+            error = ValueError if t.is_meta and all(u.is_meta for u in given) else ArgumentError
+            raise error(f"{name} must be a dense tensor with data, got a {t.device.type} {t.layout} tensor")
     shape = _ints(normalized_shape)
-    if not shape or any(d < 1 for d in shape):
-        raise ValueError(f"normalized_shape must be non-empty with positive dims, got {list(shape)}")
+    if not shape or any(d < 0 for d in shape):
+        raise ArgumentError(f"normalized_shape must be non-empty with positive dims, got {list(shape)}")
     if x.dim() < len(shape) or tuple(x.shape[x.dim() - len(shape):]) != shape:
-        raise ValueError(
+        raise ArgumentError(
             f"normalized_shape {list(shape)} does not match the trailing dims of input {list(x.shape)}"
         )
+    if 0 in shape:  # rows of no values: aten's to compute, the kernel's to refuse
+        raise ValueError(f"normalized_shape must be non-empty with positive dims, got {list(shape)}")
     for name, t in (("weight", weight), ("bias", bias)):
         if t is not None and tuple(t.shape) != shape:
-            raise ValueError(f"{name} must have shape {list(shape)}, got {list(t.shape)}")
+            raise ArgumentError(f"{name} must have shape {list(shape)}, got {list(t.shape)}")
     if weight is not None and bias is not None and weight.dtype != bias.dtype:
-        raise ValueError(f"bias must have weight's dtype {weight.dtype}, got {bias.dtype}")
+        raise ArgumentError(f"bias must have weight's dtype {weight.dtype}, got {bias.dtype}")
     if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
         raise TypeError(f"eps must be a real number, got {type(eps).__name__}")
     try:
         value = float(eps)
     except OverflowError:
-        value = math.inf
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"eps must be a finite non-negative number, got {_short(eps)}")
+        raise EpsOverflowError(f"eps {_short(eps)} does not fit in a float") from None
     return shape, value
 
 
@@ -288,8 +300,8 @@ def pack_params(rows: int, eps: float) -> np.ndarray:
     """The kernel's Params struct: rows (u32), eps, nan (f32), padded to 16 bytes."""
     packed = np.zeros(PARAMS_BYTES // 4, dtype=np.uint32)
     packed[0] = rows
-    # An eps past float32's range becomes inf, as aten's float32 eps does (rstd 0), without
-    # numpy's overflow warning reaching the caller.
+    # An eps past float32's range becomes +-inf, as aten's float32 eps does (rstd 0 or NaN),
+    # without numpy's overflow warning reaching the caller.
     with np.errstate(over="ignore"):
         packed[1:3] = np.array([eps, np.nan], dtype=np.float32).view(np.uint32)
     return packed

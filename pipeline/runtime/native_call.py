@@ -31,10 +31,11 @@ _REASON_BYTES = 512
 _lib: ctypes.CDLL | None = None
 _failure: str | None = None
 _lock = threading.Lock()
-# The runtime's stats() for calls made here: launches counted by the library (from a
-# baseline that reset_counters moves), bytes counted by NativeCall.
+# The runtime's stats() for calls made here: launches, pipelines and buffers counted by the
+# library (from a baseline that reset_counters moves), bytes counted by NativeCall.
+_LIBRARY_COUNTERS = ("dispatches", "pipelines_compiled", "buffers_allocated")
 _opened = False
-_baseline = 0
+_baseline = dict.fromkeys(_LIBRARY_COUNTERS, 0)
 _bytes = {"bytes_uploaded": 0, "bytes_read_back": 0}
 _warned = False  # that the library is unavailable, once per process
 
@@ -86,25 +87,29 @@ def _load() -> ctypes.CDLL:
     lib.pipeline_layer_norm_close.restype = None
     lib.pipeline_layer_norm_binding_limit.argtypes = []
     lib.pipeline_layer_norm_binding_limit.restype = ctypes.c_uint64
-    lib.pipeline_layer_norm_dispatches.argtypes = []
-    lib.pipeline_layer_norm_dispatches.restype = ctypes.c_uint64
+    lib.pipeline_layer_norm_counters.argtypes = [ctypes.POINTER(ctypes.c_uint64)]
+    lib.pipeline_layer_norm_counters.restype = None
     return lib
 
 
 def counters() -> dict[str, int]:
-    """Launches and bytes of the calls made through the library since the last reset
-    (zeros before a delegate has been opened)."""
-    if not _opened:
-        return {"dispatches": 0, **{k: 0 for k in _bytes}}
-    return {"dispatches": _lib.pipeline_layer_norm_dispatches() - _baseline, **_bytes}
+    """Launches, pipelines, buffers and bytes of the calls made through the library since
+    the last reset (zeros before a delegate has been opened)."""
+    library_counts = _library_counters() if _opened else dict.fromkeys(_LIBRARY_COUNTERS, 0)
+    return {**{k: library_counts[k] - _baseline[k] for k in _LIBRARY_COUNTERS}, **_bytes}
 
 
 def reset_counters() -> None:
-    global _baseline
     if _opened:
-        _baseline = _lib.pipeline_layer_norm_dispatches()
+        _baseline.update(_library_counters())
     for k in _bytes:
         _bytes[k] = 0
+
+
+def _library_counters() -> dict[str, int]:
+    values = (ctypes.c_uint64 * len(_LIBRARY_COUNTERS))()
+    _lib.pipeline_layer_norm_counters(values)
+    return dict(zip(_LIBRARY_COUNTERS, values))
 
 
 def device_name() -> str:

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ADAPTER_ENV = "PIPELINE_WGPU_ADAPTER"
+from pipeline.environment import ADAPTER_ENV
+
 
 # Where set-up puts a Vulkan driver Dawn accepts on a machine without a GPU: SwiftShader,
 # from Debian's chromium-common (Mesa 22.3's lavapipe lacks features Dawn requires).

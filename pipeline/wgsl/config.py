@@ -38,6 +38,11 @@ STREAM_UNROLL = 4
 # threads where the machine has cores to spare: the Python runtime's device.copy_bytes and
 # the C++ launch's HostCopy alike (docs/measurements.md, "The host path").
 THREADED_COPY_BYTES = 1 << 20
+# Workgroups in a grid's x dimension (WebGPU's default maxComputeWorkgroupsPerDimension):
+# rows past it come through y.
+MAX_GRID_X = 65535
+# The kernel's Params struct (rows, eps, nan), padded to 16 bytes.
+PARAMS_BYTES = 16
 
 # The markers of the kernel file's lines written out once per value (`written_out`), and
 # the most values `choose_config` writes each out for.

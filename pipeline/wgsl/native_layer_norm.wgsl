@@ -191,11 +191,14 @@ fn m2_about(correction: f32, squares: f32) -> f32 {
 }
 
 // Writes mean and rstd of `row` from its (mean, M2) (with WRITE_STATS); returns (mean, rstd). A row holding
-// NaN or an infinity gives NaN out and rstd, like aten, and a mean of +-inf or NaN.
-// Tested on bits, since compilers may assume finite floats.
+// NaN or an infinity gives NaN out and rstd, like aten, and a mean of +-inf or NaN. So does
+// var + eps below 0 or NaN (a negative or NaN eps: aten's rsqrt; WGSL's sqrt of a negative is
+// indeterminate); +inf (eps inf) gives rstd 0. Tested on bits, since compilers may assume
+// finite floats: from +0 up to +inf, and nothing else, the bits lie at or below +inf's.
 fn finish_row(row: u32, lane: u32, stats: vec2<f32>) -> vec2<f32> {
-    let finite = is_finite(stats.x) && is_finite(stats.y);
-    let rstd_row = select(params.nan, 1.0 / sqrt(stats.y / f32(WIDTH) + params.eps), finite);
+    let var_eps = stats.y / f32(WIDTH) + params.eps;
+    let finite = is_finite(stats.x) && is_finite(stats.y) && bitcast<u32>(var_eps) <= 0x7f800000u;
+    let rstd_row = select(params.nan, 1.0 / sqrt(var_eps), finite);
     if (WRITE_STATS && lane == 0u) {
         mean[row] = stats.x;
         rstd[row] = rstd_row;

@@ -18,3 +18,19 @@ def missing_subgroups(info: dict, environ=os.environ) -> str | None:
     return (f"{REQUIRE_GPU_ENV}=1 but adapter {info['adapter']!r} ({info['backend']}) has no subgroup "
             f"operations, so the subgroup path would be skipped: run scripts/setup.sh (installs lavapipe), "
             f"or set {SUBGROUPS_ENV}=0 to test the workgroup-memory path alone")
+
+
+def use_merge_path(path: str, monkeypatch) -> None:
+    """Runs the test on one row-merge path: "subgroup" (shuffles; skipped where the adapter
+    has none, which CI refuses: missing_subgroups) or "workgroup" (the workgroup-memory path
+    of adapters without the `subgroup` feature; the device reads PIPELINE_WGPU_SUBGROUPS once,
+    when it is made, and this sets what that decides)."""
+    import pytest
+
+    from pipeline.runtime import device
+
+    g = device.gpu()
+    if path == "subgroup" and not g.subgroup_size:
+        pytest.skip("adapter has no subgroup operations")
+    if path == "workgroup":
+        monkeypatch.setattr(g, "subgroup_size", 0)

@@ -59,3 +59,29 @@ def assert_same_outputs(got, want, atol: float = TOLERANCE) -> None:
         assert g.dtype == w.dtype and g.shape == w.shape, f"output {i}: {g.dtype} {g.shape} vs {w.dtype} {w.shape}"
         err = (g.double() - w.double()).abs().max().item() if w.numel() else 0.0
         assert err <= atol, f"output {i}: max abs error {err:.3g} > {atol}"
+
+
+def assert_like_aten(got: torch.Tensor, eager: torch.Tensor, truth: torch.Tensor, what: str,
+                     factor: float = 4.0) -> None:
+    """One output of the product beside aten's of the same inputs (`eager`) and the float64
+    `truth`: aten's dtype and shape, NaN and infinities exactly where aten has them, and an
+    error against float64 of at most `factor` x aten's own plus a floor: 8 float32 ulp of the
+    output's scale (assert_close_to_reference's), or 2 ulp of a half dtype's (a value may round
+    to the other side of a tie, and a GroupNorm's half output is rounded twice: see
+    pipeline.aot.passes.group_norm)."""
+    assert got.dtype == eager.dtype and got.shape == eager.shape, (
+        f"{what}: {got.dtype} {list(got.shape)}, aten's {eager.dtype} {list(eager.shape)}")
+    assert torch.equal(got.isnan(), eager.isnan()), f"{what}: NaN where aten has none, or none where it has"
+    infinite = eager.isinf()
+    assert torch.equal(got.isinf(), infinite) and torch.equal(got[infinite], eager[infinite]), (
+        f"{what}: infinities differ from aten's")
+    finite = torch.isfinite(truth) & torch.isfinite(eager)
+    if not finite.any():
+        return
+    scale = truth[finite].abs().max().item()
+    err = (got.double() - truth)[finite].abs().max().item()
+    eager_err = (eager.double() - truth)[finite].abs().max().item()
+    ulp = max(8 * torch.finfo(torch.float32).eps, 2 * torch.finfo(eager.dtype).eps)
+    floor = ulp * max(scale, 1.0)
+    assert err <= factor * eager_err + floor, (
+        f"{what}: error {err:.3g} vs float64, aten's {eager_err:.3g} (x{factor} + {floor:.3g})")

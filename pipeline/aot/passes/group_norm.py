@@ -16,6 +16,8 @@ from __future__ import annotations
 import torch
 from torch.export import ExportedProgram
 
+from pipeline.errors import ArgumentError
+
 aten = torch.ops.aten
 
 
@@ -62,11 +64,12 @@ def group_norm_as_layer_norm(
     cudnn_enabled: bool = True,
 ) -> torch.Tensor:
     """aten.group_norm (what torch.export keeps for nn.GroupNorm) via the LayerNorm reframe."""
+    # What aten refuses here with RuntimeError (export refuses it first).
     if x.dim() < 2:
-        raise ValueError(f"group_norm input must have at least 2 dims (N, C, ...), got {list(x.shape)}")
+        raise ArgumentError(f"group_norm input must have at least 2 dims (N, C, ...), got {list(x.shape)}")
     N, C = x.shape[0], x.shape[1]
     if C % num_groups:
-        raise ValueError(f"group_norm channels {C} are not divisible by num_groups {num_groups}")
+        raise ArgumentError(f"group_norm channels {C} are not divisible by num_groups {num_groups}")
     HxW = 1
     for d in x.shape[2:]:
         HxW = HxW * d

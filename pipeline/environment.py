@@ -1,0 +1,11 @@
+"""The environment variables that both the Python runtime and the C++ backend read (the C++
+gets them from a header generated from this module, pipeline/native/generate.py)."""
+
+# Part of an adapter's name: the one to use where several are offered.
+ADAPTER_ENV = "PIPELINE_WGPU_ADAPTER"
+# "0" turns subgroup reductions off (the workgroup-memory path is used, as without the feature).
+SUBGROUPS_ENV = "PIPELINE_WGPU_SUBGROUPS"
+# "0" keeps float16 stores on the kernel's integer rounding even where pack2x16float passed its probe.
+F16_PACK_ENV = "PIPELINE_WGPU_PACK2X16FLOAT"
+
+SHARED = ("ADAPTER_ENV", "SUBGROUPS_ENV", "F16_PACK_ENV")
