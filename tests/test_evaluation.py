@@ -294,7 +294,7 @@ def test_run_reports_writes_files_and_exits_1_on_a_failed_verdict(gpu_info, bloc
 
     module, inputs, program = blocks
     spec = SimpleNamespace(module=module, example_inputs=inputs, name="bart", variant="tiny", checkpoint=None)
-    monkeypatch.setattr(runner, "_build_and_lower", lambda name, variant, seed, dtype, checkpoint: (spec, program))
+    monkeypatch.setattr(runner, "_build_and_lower", lambda name, variant, seed, dtype, checkpoint, audio: (spec, program))
     assert runner.run_reports("coverage", "bart", output_dir=tmp_path, progress=lambda line: None) == 0
     drop_eps(monkeypatch)
     assert runner.run_reports("accuracy", "bart", output_dir=tmp_path, progress=lambda line: None) == 1
