@@ -346,7 +346,7 @@ def _swap_while_building(monkeypatch, tmp_path, swapped_files) -> Path:
         {"model": "twonorms", "variant": "small", "seed": 0, "cpu_backend": "portable",
          "pte_sha256": hashlib.sha256(exported).hexdigest()}))
 
-    def build(summary):
+    def build(summary, audio=None):
         replacement = tmp_path / "replacement.pte"
         replacement.write_bytes(other)
         os.replace(replacement, pte)

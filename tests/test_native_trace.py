@@ -149,7 +149,7 @@ def test_accuracy_report_in_executorch_runtime_writes_the_verdict(block_files, m
     monkeypatch.setattr(pipeline.evaluation.artifact, "read_artifact_file",
                         lambda pte: (summary, Path(pte).read_bytes()))
     monkeypatch.setattr(pipeline.evaluation.artifact, "build_for_artifact",
-                        lambda s: types.SimpleNamespace(**vars(spec), name="block", variant="small"))
+                        lambda s, audio=None: types.SimpleNamespace(**vars(spec), name="block", variant="small", checkpoint=None))
     assert runner.run_reports("accuracy", None, output_dir=tmp_path, pte=xnnpack, runtime="executorch") == 0
     data = json.loads((tmp_path / "block-xnnpack.pte.executorch.accuracy.json").read_text())
     assert data["verdict"] == "pass" and data["runtime"] == "executorch"

@@ -200,7 +200,7 @@ def test_run_pte_runs_an_export_and_refuses_damage(checkpoints, exported, tmp_pa
     pte = tmp_path / Path(export.summary["pte"]).name
     ok = run_pte(str(pte), "--repeats", "1")
     assert ok.returncode == 0, ok.stderr
-    assert "passed" in ok.stdout and "output 0: [1, " in ok.stdout
+    assert "passed" in ok.stdout and "output 0: [" in ok.stdout  # batch: the utterances a whisper checkpoint takes
     # A file changed after export no longer matches its coverage file.
     data = pte.read_bytes()
     pte.write_bytes(data[: len(data) // 2])
