@@ -16,25 +16,23 @@ UTTERANCE := pipeline/models/utterances/lantern.wav
 
 # The test suite (both reduction paths: the adapter's subgroups, which it must find, see
 # tests/conftest.py, and the workgroup memory an adapter without them uses), then the
-# coverage audit and accuracy report on the smallest variant of each model, and on an
+# accuracy report with the coverage audit of its own run (--with-coverage: one lowering and
+# one eager run for both) on the smallest variant of each model, and on an
 # exported file run back from disk, then whisper exported with XNNPACK and run in
 # ExecuTorch's runtime under its rule (against the same export without our delegate; an
 # ETDump of its runs beside the reports): their verdicts gate like tests do (exit status 1
 # when one fails). Whisper is the trained tiny.en: its accuracy report (Python runtime) and
 # its XNNPACK file (ExecuTorch's runtime) transcribe the shipped utterances from eager's and
 # the delegated encoder output and fail on a different token; the other whisper lines (the
-# coverage audits, the file run back, Dawn) take one utterance.
+# file run back, Dawn) take one utterance.
 test: setup
 	PIPELINE_REQUIRE_GPU=1 PIPELINE_TRAINED_WHISPER=$(TINY_EN) $(PY) -m pytest -q
 	$(MAKE) --no-print-directory reports
 
 reports:
-	$(PY) scripts/coverage_audit.py whisper --checkpoint $(TINY_EN) --audio $(UTTERANCE) --output-dir $(REPORTS)
-	$(PY) scripts/coverage_audit.py bart --output-dir $(REPORTS)
-	$(PY) scripts/coverage_audit.py florence2 --output-dir $(REPORTS)
-	$(PY) scripts/accuracy_report.py whisper --checkpoint $(TINY_EN) --output-dir $(REPORTS)
-	$(PY) scripts/accuracy_report.py bart --output-dir $(REPORTS)
-	$(PY) scripts/accuracy_report.py florence2 --output-dir $(REPORTS)
+	$(PY) scripts/accuracy_report.py whisper --checkpoint $(TINY_EN) --with-coverage --output-dir $(REPORTS)
+	$(PY) scripts/accuracy_report.py bart --with-coverage --output-dir $(REPORTS)
+	$(PY) scripts/accuracy_report.py florence2 --with-coverage --output-dir $(REPORTS)
 	$(PY) scripts/export_model.py whisper --checkpoint $(TINY_EN) --audio $(UTTERANCE) --output-dir $(REPORTS)/artifacts
 	$(PY) scripts/run_pte.py $(REPORTS)/artifacts/whisper-tiny.en.pte --repeats 1
 	$(PY) scripts/coverage_audit.py --pte $(REPORTS)/artifacts/whisper-tiny.en.pte --output-dir $(REPORTS)

@@ -304,6 +304,27 @@ def test_run_reports_writes_files_and_exits_1_on_a_failed_verdict(gpu_info, bloc
     assert json.loads((tmp_path / "bart-tiny.accuracy.json").read_text())["verdict"] == "fail"
 
 
+def test_the_accuracy_report_with_coverage_writes_the_coverage_audit_of_its_own_run(gpu_info, blocks, tmp_path,
+                                                                                     monkeypatch):
+    from pipeline.evaluation import runner
+
+    module, inputs, program = blocks
+    spec = SimpleNamespace(module=module, example_inputs=inputs, name="bart", variant="tiny", checkpoint=None)
+    monkeypatch.setattr(runner, "_build_and_lower", lambda name, variant, seed, dtype, checkpoint, audio: (spec, program))
+    alone, together = tmp_path / "alone", tmp_path / "together"
+    assert runner.run_reports("coverage", "bart", output_dir=alone, progress=lambda line: None) == 0
+    assert runner.run_reports("accuracy", "bart", output_dir=together, progress=lambda line: None,
+                              with_coverage=True) == 0
+    assert sorted(p.name for p in together.iterdir()) == [
+        f"bart-tiny.{kind}.{ext}" for kind in ("accuracy", "coverage") for ext in ("html", "json", "md")
+    ]
+    audit = json.loads((together / "bart-tiny.coverage.json").read_text())
+    assert audit["verdict"] == "complete"
+    assert audit == json.loads((alone / "bart-tiny.coverage.json").read_text())
+    with pytest.raises(ValueError, match="with_coverage"):
+        runner.run_reports("coverage", "bart", output_dir=together, with_coverage=True)
+
+
 @pytest.mark.parametrize("script", ["coverage_audit", "accuracy_report"])
 def test_scripts_exit_2_on_bad_usage(script):
     import subprocess

@@ -78,19 +78,28 @@ def coverage_for(spec, program, seed: int, run: bool = False) -> dict:
     """The coverage audit of one built model and its lowered program, as a report dict; with
     `run` (a program read from a file), the program must also run on the example inputs."""
     audit = audit_coverage(spec.module, spec.example_inputs, program, model=spec.name, variant=spec.variant, run=run)
+    return _coverage_data(spec, audit, seed)
+
+
+def _coverage_data(spec, audit, seed: int) -> dict:
     env = environment(seed)
     return {**audit.as_dict(), "weights": weights_of(spec), "inputs": inputs_of(spec), "adapter": env["adapter"],
             "environment": env}
 
 
-def accuracy_for(spec, program, seed: int, progress: Callable[[str], None] = lambda line: None) -> dict:
+def accuracy_for(spec, program, seed: int, progress: Callable[[str], None] = lambda line: None,
+                 coverage: list | None = None) -> dict:
     """The accuracy report (with the coverage counts of its own eager run) of one built model,
     as a report dict. A whole Whisper (a checkpoint with its decoder) also decodes each
     utterance from eager's and the program's encoder output: the verdict fails when the
-    tokens differ (`pipeline.evaluation.transcripts`)."""
+    tokens differ (`pipeline.evaluation.transcripts`). `coverage`, a list, receives the
+    coverage audit of the same eager run as `coverage_for` would make it (one eager run and
+    one lowering for both reports)."""
     from pipeline.evaluation.transcripts import transcripts_for
 
     report = evaluate_accuracy(spec.module, spec.example_inputs, program, model=spec.name, variant=spec.variant)
+    if coverage is not None:
+        coverage.append(_coverage_data(spec, report.coverage, seed))
     env = environment(seed)
     data = {**report.as_dict(), "coverage": report.coverage.as_dict()["coverage"], "weights": weights_of(spec),
             "inputs": inputs_of(spec), "adapter": env["adapter"], "environment": env}
@@ -132,6 +141,7 @@ def run_reports(
     runtime: str = "python",
     checkpoint: str | Path | None = None,
     audio: str | list[str] | None = None,
+    with_coverage: bool = False,
 ) -> int:
     """Run the coverage audit (`kind="coverage"`) or accuracy report (`"accuracy"`) for `model` or `all`,
     or for the exported file `pte` (its model, variant and seed from the `.coverage.json` beside it).
@@ -143,6 +153,9 @@ def run_reports(
     `dtype` (float32, float16, bfloat16) casts the model and its inputs; the accuracy verdict
     then holds the program against eager at that dtype, both against float64.
 
+    `with_coverage` (accuracy of a fresh lowering): also writes the coverage audit of the same
+    eager run and lowering, as `kind="coverage"` would; its verdict counts too.
+
     `runtime="executorch"` (accuracy of a `pte` only) runs the file in ExecuTorch's runtime
     and holds it against the same model exported with the same CPU backend and no WebGPU
     delegate, run there (`pipeline.evaluation.executorch_verdict`): STEM.pte.executorch.accuracy.*.
@@ -153,6 +166,8 @@ def run_reports(
     """
     if kind not in ("coverage", "accuracy"):
         raise ValueError(f"kind must be 'coverage' or 'accuracy', got {kind!r}")
+    if with_coverage and (kind != "accuracy" or pte is not None):
+        raise ValueError("with_coverage is for the accuracy report of a fresh lowering (not coverage, not pte=)")
     if runtime == "executorch":
         if kind != "accuracy" or pte is None:
             raise ValueError("runtime='executorch' is for the accuracy report of a file (pte)")
@@ -176,12 +191,13 @@ def run_reports(
             spec, program = _build_and_lower(name, variant, seed, dtype, checkpoint, audio)
             stem = _stem(name, spec.variant, kind, dtype)
         progress(f"[{name}] evaluating {kind} ...")
+        audits: list | None = [] if with_coverage else None
         if kind == "coverage":
             data = coverage_for(spec, program, seed, run=pte is not None)
             markdown, page, line, ok = (coverage_markdown(data), coverage_html(data), coverage_line(data),
                                         data["verdict"] == "complete")
         else:
-            data = accuracy_for(spec, program, seed, progress)
+            data = accuracy_for(spec, program, seed, progress, coverage=audits)
             markdown, page, line, ok = (accuracy_markdown(data), accuracy_html(data), accuracy_line(data),
                                         data["verdict"] == "pass")
         data["program"] = {"source": "lowered in this run"} if pte is None else {
@@ -191,6 +207,14 @@ def run_reports(
         lines.append(line)
         if not ok:
             failed.append(name)
+        if audits:
+            audit = {**audits[0], "program": data["program"]}
+            paths = write_report(output_dir, _stem(name, spec.variant, "coverage", dtype), audit,
+                                 coverage_markdown(audit), coverage_html(audit))
+            progress(f"[{name}] wrote {', '.join(str(p) for p in paths)}")
+            lines.append(coverage_line(audit))
+            if audit["verdict"] != "complete":
+                failed.append(f"{name} (coverage)")
     env = environment(seed)
     progress("")
     progress(f"{kind} on {env['adapter']} ({env['backend']}), seed {seed}")
@@ -257,6 +281,10 @@ def report_main(kind: str, description: str, argv: list[str] | None = None) -> i
         parser.add_argument("--runtime", choices=("python", "executorch"), default="python",
                             help="with --pte: run the file in our Python runtime (default) or in ExecuTorch's "
                             "runtime, held against the same model exported without the WebGPU delegate")
+    if kind == "accuracy":
+        parser.add_argument("--with-coverage", action="store_true",
+                            help="also write the coverage audit of the same eager run and lowering (what "
+                            "coverage_audit.py writes for the model; its verdict counts too)")
     parser.add_argument("--audio", metavar="A.wav[,B.wav]", help="whisper: the log-mel of these WAV files (any rate "
                         "and channel count) as the inputs, one batch row each (default with --checkpoint: the "
                         "utterances the package ships); a checkpoint with its decoder transcribes them")
@@ -274,6 +302,9 @@ def report_main(kind: str, description: str, argv: list[str] | None = None) -> i
     if args.checkpoint is not None and (args.pte is not None or args.model == "all"):
         parser.error("argument --checkpoint: for one model, not with all or --pte (the file names its checkpoint)")
     runtime = getattr(args, "runtime", "python")
+    with_coverage = getattr(args, "with_coverage", False)
+    if with_coverage and args.pte is not None:
+        parser.error("argument --with-coverage: not with --pte (run coverage_audit.py --pte)")
     if runtime == "executorch" and args.pte is None:
         parser.error("argument --runtime: executorch needs --pte FILE")
     try:
@@ -291,7 +322,7 @@ def report_main(kind: str, description: str, argv: list[str] | None = None) -> i
     try:
         return run_reports(kind, args.model, args.variant, args.output_dir, args.seed,
                            progress=cli.print_progress, pte=args.pte, dtype=args.dtype, runtime=runtime,
-                           checkpoint=args.checkpoint, audio=args.audio)
+                           checkpoint=args.checkpoint, audio=args.audio, with_coverage=with_coverage)
     except Exception as exc:  # one line for the user, status 1
         print(f"{parser.prog}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
