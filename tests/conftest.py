@@ -7,12 +7,9 @@ import importlib
 import io
 import json
 import os
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-
-from pipeline import models
 
 from support.gpu import REQUIRE_GPU_ENV, missing_subgroups, use_merge_path
 
@@ -88,11 +85,6 @@ def checkpoints(tmp_path_factory):
     return {name: (root / name, write_checkpoint(name, root / name)) for name in models.NAMES}
 
 
-# A whisper checkpoint takes the shipped utterances as its inputs: one (a batch of one 30 s
-# window) where a test needs a file, not transcripts.
-_ONE_UTTERANCE = {"whisper": ["--audio", str(Path(models.__file__).parent / "utterances" / "lantern.wav")]}
-
-
 @pytest.fixture(scope="session")
 def exported(checkpoints, tmp_path_factory):
     """export(name, dynamic=False): the shrunken checkpoint of family `name` exported once per
@@ -110,7 +102,7 @@ def exported(checkpoints, tmp_path_factory):
             stdout, stderr = io.StringIO(), io.StringIO()
             with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
                 status = cli.main([name, "--checkpoint", str(checkpoints[name][0]), "--output-dir", str(out),
-                                   *(["--dynamic"] if dynamic else []), *_ONE_UTTERANCE.get(name, [])])
+                                   *(["--dynamic"] if dynamic else [])])
             assert status == 0, stderr.getvalue()
             summary = json.loads(next(out.glob("*.coverage.json")).read_text())
             done[name, dynamic] = SimpleNamespace(out=out, summary=summary, stdout=stdout.getvalue())
