@@ -22,7 +22,7 @@ import torch
 from transformers import PretrainedConfig
 
 from pipeline.models import bart, ctranslate2, florence2, whisper
-from pipeline.models.audio import audio_paths, audio_sha256, shipped_utterances
+from pipeline.models.audio import audio_paths, shipped_utterances
 from pipeline.models.checkpoint import FLOAT_DTYPES, config_from_dict, load_weights, plan_weights, read_checkpoint
 from pipeline.models.spec import CheckpointError, ModelFamily, ModelSpec
 from pipeline.wgsl import DTYPES
@@ -152,9 +152,9 @@ def build(
         audio = [path for path, _ in shipped_utterances()]
     if audio is not None:
         files = audio_paths(audio)
-        inputs = whisper.speech_inputs(config, preprocessor, files)
+        inputs, heard = whisper.speech_inputs(config, preprocessor, files)
     else:
-        files, inputs = None, fam.make_inputs(config, preprocessor, seed)
+        files, heard, inputs = None, None, fam.make_inputs(config, preprocessor, seed)
     return ModelSpec(
         name=name,
         variant=variant,
@@ -168,7 +168,7 @@ def build(
         checkpoint_weights=None if stored is None else stored.weights if ct2 else ", ".join(
             sorted({FLOAT_DTYPES[stored.tensors[name].dtype] for name in plan.values()})),
         audio=files,
-        audio_sha256=None if files is None else audio_sha256(files),
+        audio_sha256=heard,
     )
 
 

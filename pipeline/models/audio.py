@@ -11,6 +11,8 @@ spoken by Debian's espeak-ng and are made again by `scripts/make_utterances.py`.
 
 from __future__ import annotations
 
+import hashlib
+import io
 import math
 import os
 from collections.abc import Sequence
@@ -34,6 +36,24 @@ def read_wav(path: str | os.PathLike) -> np.ndarray:
     ValueError naming the file when it is not a WAV file scipy can read, holds no samples,
     holds non-finite ones, or is longer than 30 s; FileNotFoundError when it is missing.
     """
+    return _read(path)[0]
+
+
+def read_wavs(paths: Sequence[str | os.PathLike]) -> tuple[list[np.ndarray], str]:
+    """Each file as `read_wav` reads it, and one sha256 over the bytes decoded (in order: each
+    file's length and bytes): each file is read once, so what is hashed is what is heard."""
+    digest = hashlib.sha256()
+    waves = []
+    for path in paths:
+        samples, data = _read(path)
+        digest.update(len(data).to_bytes(8, "little"))
+        digest.update(data)
+        waves.append(samples)
+    return waves, digest.hexdigest()
+
+
+def _read(path: str | os.PathLike) -> tuple[np.ndarray, bytes]:
+    """read_wav's samples, and the file's bytes they were decoded from."""
     from scipy.io import wavfile
     from scipy.signal import resample_poly
 
@@ -44,8 +64,9 @@ def read_wav(path: str | os.PathLike) -> np.ndarray:
         raise ValueError(f"audio {shown} is not a regular file")
     if os.path.getsize(path) > MAX_BYTES:
         raise ValueError(f"audio {shown}: {os.path.getsize(path)} bytes, more than {MAX_SECONDS:g} s of any WAV")
+    raw = Path(path).read_bytes()
     try:
-        rate, data = wavfile.read(path)
+        rate, data = wavfile.read(io.BytesIO(raw))
     except Exception as exc:  # scipy raises ValueError, EOFError, struct.error, ... for what it cannot parse
         raise ValueError(f"audio {shown}: not a WAV file that can be read ({' '.join(str(exc).split())[:160]})") from None
     if rate <= 0:
@@ -63,7 +84,7 @@ def read_wav(path: str | os.PathLike) -> np.ndarray:
     if rate != SAMPLING_RATE:
         step = math.gcd(rate, SAMPLING_RATE)
         samples = resample_poly(samples, SAMPLING_RATE // step, rate // step)
-    return samples.astype(np.float32)
+    return samples.astype(np.float32), raw
 
 
 def _as_float(data: np.ndarray, shown: str) -> np.ndarray:
@@ -110,18 +131,6 @@ def read_texts(path) -> list[tuple[str, str]]:
             raise ValueError(f"{path}:{number}: expected NAME<TAB>TEXT")
         rows.append((name, text))
     return rows
-
-
-def audio_sha256(paths: Sequence[str | os.PathLike]) -> str:
-    """One sha256 over the files, in order: each file's length and bytes."""
-    import hashlib
-
-    digest = hashlib.sha256()
-    for path in paths:
-        data = Path(path).read_bytes()
-        digest.update(len(data).to_bytes(8, "little"))
-        digest.update(data)
-    return digest.hexdigest()
 
 
 def audio_paths(argument: str | Sequence[str | os.PathLike]) -> tuple[str, ...]:

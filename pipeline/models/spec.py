@@ -37,7 +37,7 @@ class ModelSpec:
     checkpoint_format: str | None = None
     checkpoint_weights: str | None = None
     # The WAV files (absolute paths) whose log-mel are the example inputs, and the sha256 of
-    # their bytes (`pipeline.models.audio.audio_sha256`); None for synthetic inputs.
+    # the bytes decoded (`pipeline.models.audio.read_wavs`); None for synthetic inputs.
     audio: tuple[str, ...] | None = None
     audio_sha256: str | None = None
 

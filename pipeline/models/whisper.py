@@ -64,11 +64,14 @@ def make_inputs(config: WhisperConfig, preprocessor: dict[str, Any], seed: int) 
     return (log_mel([synthetic_speechlike(preprocessor["sampling_rate"], seed)], config, preprocessor),)
 
 
-def speech_inputs(config: WhisperConfig, preprocessor: dict[str, Any], files: Sequence[str]) -> tuple[torch.Tensor]:
-    """The log-mel of each WAV file (any rate and channel count), one batch row per file."""
+def speech_inputs(config: WhisperConfig, preprocessor: dict[str, Any],
+                  files: Sequence[str]) -> tuple[tuple[torch.Tensor], str]:
+    """The log-mel of each WAV file (any rate and channel count), one batch row per file, and
+    the sha256 of the bytes they came from (`audio.read_wavs`)."""
     if preprocessor["sampling_rate"] != audio.SAMPLING_RATE:
         raise ValueError(f"the model's features are at {preprocessor['sampling_rate']} Hz, not {audio.SAMPLING_RATE}")
-    return (log_mel([audio.read_wav(path) for path in files], config, preprocessor),)
+    waves, sha256 = audio.read_wavs(files)
+    return (log_mel(waves, config, preprocessor),), sha256
 
 
 FAMILY = ModelFamily(
