@@ -1,0 +1,171 @@
+"""Where float16 stands against a copy (issue 30, item 3): the kernel beside variants that
+each take one part of its work away, and the WGSL copy of the same bytes, in one process.
+
+Per shape and dtype, every variant is a module the kernel's own config writes, edited:
+- kernel: the runtime's choice for the launch (weight and bias, no mean and rstd stored).
+- packed_affine: weight and bias held as their stored words until the store (half rows):
+  fewer registers a thread while the row sums run.
+- packed_all: x too held as its words, unpacked where each use needs it.
+- no_affine: the kernel without weight and bias.
+- twice_threads: twice the threads per row, half the values each (where that still holds).
+- cached_reads: every row reads row 0's values (served from cache), stores as the kernel
+  does: the kernel's work without its reads from memory.
+- held_copy: the held path's loads and stores with nothing between (x unpacked and packed
+  again; no statistics): a copy in the kernel's access pattern.
+- held_copy_words: the same, words copied as they are (half rows: no conversion).
+- copy: bench_copy.wgsl over the same bytes, 16-byte loads, 256 threads a workgroup.
+The variants time in rounds, the order reversed every other round, so drift falls on all.
+Only the kernel is a LayerNorm; the rest are for timing.
+
+    python benchmarks/probe_half_floor.py --json OUT.json [--rounds 2] [--shapes model4mb]
+    PIPELINE_WEBGPU=dawn python benchmarks/probe_half_floor.py --json OUT.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import statistics
+from dataclasses import dataclass, fields, replace
+
+from pipeline.benchmark import MODEL_SHAPES, parse_shapes, time_copy, time_kernel
+from pipeline.ioutil import write_json_atomic
+from pipeline.runtime.device import device_info, gpu
+from pipeline.runtime.launch import device_config
+from pipeline.wgsl import ShaderFiles
+from pipeline.wgsl.config import MAX_HOLD, MAX_THREADS_PER_ROW, KernelConfig
+
+ITEMSIZE = {"float32": 4, "float16": 2}
+
+
+def edited(source: str, pattern: str, replacement: str, count: int | None = None) -> str:
+    """`source` with `pattern` replaced; fails when it is not found (`count`: exactly so often)."""
+    text, found = re.subn(pattern, replacement, source, flags=re.S)
+    if found == 0 or (count is not None and found != count):
+        raise RuntimeError(f"probe edit {pattern!r} matched {found} times")
+    return text
+
+
+@dataclass(frozen=True)
+class PackedAffine(KernelConfig):
+    def source(self, files: ShaderFiles) -> str:
+        s = super().source(files)
+        s = edited(s, r"let w_(\d+) = weight_at\(i_\1, in_\1\);", r"let w_\1 = weight[i_\1];")
+        s = edited(s, r"let b_(\d+) = bias_at\(i_\1, in_\1\);", r"let b_\1 = bias[i_\1];")
+        return edited(s, r"store_out\(base, i_(\d+), in_\1, v_\1, c, w_\1, b_\1\);",
+                      r"store_out(base, i_\1, in_\1, v_\1, c, p_value(w_\1), p_value(b_\1));")
+
+
+@dataclass(frozen=True)
+class PackedAll(PackedAffine):
+    def source(self, files: ShaderFiles) -> str:
+        s = super().source(files)
+        s = edited(s, r"let v_(\d+) = load_x\(base, i_\1, in_\1\);", r"let v_\1 = x[base + i_\1];")
+        s = edited(s, r"framed\(v_(\d+), ", r"framed(x_value(v_\1), ")
+        return edited(s, r"store_out\(base, i_(\d+), in_\1, v_\1, ", r"store_out(base, i_\1, in_\1, x_value(v_\1), ")
+
+
+@dataclass(frozen=True)
+class CachedReads(KernelConfig):
+    def source(self, files: ShaderFiles) -> str:
+        return edited(super().source(files), r"(fn read_x\(at: u32\) -> V \{\n    return [^\n]*?)x\[at\]",
+                      r"\1x[at % ROW_VECS]", 1)
+
+
+@dataclass(frozen=True)
+class HeldCopy(KernelConfig):
+    def source(self, files: ShaderFiles) -> str:
+        s = super().source(files)
+        # Between the loads and the stores: nothing but the row's bounds check.
+        s = edited(s, r"(fn normalize_held.*?)    var count = 0\.0;.*?let c = centring\([^\n]*\n",
+                   r"\1    if (row >= params.rows) {\n        return;\n    }\n    let c = vec4<f32>(1.0);\n", 1)
+        return edited(s, r"var y = \(\(v \* c\.x - V\(c\.y\)\) - V\(c\.z\)\) \* c\.w;[^\n]*", "var y = v;", 1)
+
+
+@dataclass(frozen=True)
+class HeldCopyWords(HeldCopy):
+    def source(self, files: ShaderFiles) -> str:
+        s = super().source(files)
+        if self.dtype == "float32":
+            return s
+        # V carries a word's bits in its first components: no conversion either way.
+        if self.vec == 4:
+            value, word = ("vec4<f32>(bitcast<f32>(w.x), bitcast<f32>(w.y), 0.0, 0.0)",
+                           "vec2<u32>(bitcast<u32>(v.x), bitcast<u32>(v.y))")
+        else:
+            value, word = "bitcast<f32>(w)", "bitcast<u32>(v)"
+        s = edited(s, r"fn x_value\(w: XW\) -> V \{ return [^\n]*", f"fn x_value(w: XW) -> V {{ return {value}; }}", 1)
+        return edited(s, r"fn x_word\(v: V\) -> XW \{ return [^\n]*", f"fn x_word(v: V) -> XW {{ return {word}; }}", 1)
+
+
+def as_variant(cls: type, config: KernelConfig, **changes) -> KernelConfig:
+    return cls(**{f.name: getattr(config, f.name) for f in fields(config)} | changes)
+
+
+def variants(rows: int, width: int, dtype: str) -> dict[str, KernelConfig]:
+    g = gpu()
+    kernel = device_config(g, width, True, True, dtype, rows=rows, write_stats=False)
+    plain = device_config(g, width, False, False, dtype, rows=rows, write_stats=False)
+    found = {"kernel": kernel}
+    if dtype != "float32":
+        found["packed_affine"] = as_variant(PackedAffine, kernel)
+        found["packed_all"] = as_variant(PackedAll, kernel)
+    found["no_affine"] = plain
+    threads = 2 * kernel.threads_per_row
+    if kernel.hold and threads <= MAX_THREADS_PER_ROW and math.ceil(kernel.row_vecs / threads) <= MAX_HOLD:
+        found["twice_threads"] = replace(kernel, threads_per_row=threads, workgroup=max(kernel.workgroup, threads),
+                                         hold=math.ceil(kernel.row_vecs / threads))
+    found["cached_reads"] = as_variant(CachedReads, kernel)
+    if kernel.hold:
+        found["held_copy"] = as_variant(HeldCopy, plain)
+        if dtype != "float32":
+            found["held_copy_words"] = as_variant(HeldCopyWords, plain)
+    return found
+
+
+def probe(shapes: list[tuple[int, int]], dtypes: list[str], rounds: int, repeats: int) -> list[dict]:
+    results = []
+    for dtype in dtypes:
+        for rows, width in shapes:
+            configs = variants(rows, width, dtype)
+            names = list(configs) + ["copy"]
+            times: dict[str, list[float]] = {name: [] for name in names}
+            for r in range(rounds):
+                order = names if r % 2 == 0 else names[::-1]
+                kernels = [n for n in order if n != "copy"]
+                timed, _ = time_kernel(rows, width, [configs[n] for n in kernels], repeats=repeats, dtype=dtype)
+                for name, (batched, _isolated) in zip(kernels, timed):
+                    times[name].append(batched)
+                times["copy"].append(time_copy(rows, width, repeats=repeats, itemsize=ITEMSIZE[dtype]))
+            us = {name: statistics.mean(values) for name, values in times.items()}
+            row = {"dtype": dtype, "rows": rows, "width": width, "mbytes": rows * width * ITEMSIZE[dtype] / 2**20,
+                   "config": {n: [c.threads_per_row, c.hold] for n, c in configs.items()},
+                   "us": {n: round(v, 3) for n, v in us.items()},
+                   "rounds_us": {n: [round(v, 3) for v in values] for n, values in times.items()},
+                   "copy_over": {n: round(us["copy"] / v, 3) for n, v in us.items()}}
+            print(f"{dtype} {rows}x{width}: " + " ".join(f"{n} {v:.2f} ({row['copy_over'][n]:.3f})"
+                                                         for n, v in us.items()), flush=True)
+            results.append(row)
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", required=True)
+    parser.add_argument("--shapes", default="model4mb",
+                        help="model4mb (model shapes of 4 MB or more in float16, default) or bench_layer_norm's --shapes")
+    parser.add_argument("--dtypes", default="float16,float32")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=200)
+    args = parser.parse_args()
+    shapes = ([s for s in MODEL_SHAPES if s[0] * s[1] * 2 >= 4 << 20] if args.shapes == "model4mb"
+              else parse_shapes(args.shapes))
+    results = probe(shapes, args.dtypes.split(","), args.rounds, args.repeats)
+    write_json_atomic(args.json, {"device": device_info(), "rounds": args.rounds, "repeats": args.repeats,
+                                  "results": results})
+
+
+if __name__ == "__main__":
+    main()
