@@ -6,6 +6,8 @@ Per shape and dtype, every variant is a module the kernel's own config writes, e
 - packed_affine: weight and bias held as their stored words until the store (half rows):
   fewer registers a thread while the row sums run.
 - packed_all: x too held as its words, unpacked where each use needs it.
+- float32_affine: weight and bias stored as float32 (half rows): two conversions a value
+  fewer, the same output (a half weight is exact in float32).
 - no_affine: the kernel without weight and bias.
 - twice_threads: twice the threads per row, half the values each (where that still holds).
 - cached_reads: every row reads row 0's values (served from cache), stores as the kernel
@@ -112,6 +114,7 @@ def variants(rows: int, width: int, dtype: str) -> dict[str, KernelConfig]:
     if dtype != "float32":
         found["packed_affine"] = as_variant(PackedAffine, kernel)
         found["packed_all"] = as_variant(PackedAll, kernel)
+        found["float32_affine"] = replace(kernel, affine_dtype="float32")
     found["no_affine"] = plain
     threads = 2 * kernel.threads_per_row
     if kernel.hold and threads <= MAX_THREADS_PER_ROW and math.ceil(kernel.row_vecs / threads) <= MAX_HOLD:

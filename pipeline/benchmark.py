@@ -129,12 +129,15 @@ def time_kernel(rows: int, width: int, configs: list[KernelConfig] | None = None
     nbytes = (rows * width * itemsize + 3) // 4 * 4  # whole u32 words
     copies = _copies(nbytes)
     rng = np.random.default_rng(0)
-    affine_bufs = []
-    for _ in ("weight", "bias"):
-        buf = impl.buffer(max(16, (width * itemsize + 3) // 4 * 4), STORAGE)
-        values = _values(rng.standard_normal(width, dtype=np.float32), dtype)
-        impl.write(buf, np.concatenate([values.view(np.uint8), np.zeros(values.nbytes % 4, np.uint8)]))
-        affine_bufs.append(buf)
+    weights = rng.standard_normal((2, width), dtype=np.float32)
+    affine_bufs = {}  # weight and bias per affine dtype among the configs: float32 or `dtype`
+    for name in {config.affine_dtype for config in configs}:
+        affine_bufs[name] = []
+        for values in weights:
+            stored = _values(values, name)
+            buf = impl.buffer(max(16, (stored.nbytes + 3) // 4 * 4), STORAGE)
+            impl.write(buf, np.concatenate([stored.view(np.uint8), np.zeros(stored.nbytes % 4, np.uint8)]))
+            affine_bufs[name].append(buf)
     params = impl.buffer(PARAMS_BYTES, UNIFORM)
     row = _values(rng.standard_normal(width, dtype=np.float32), dtype)
     # Inputs and outputs rotate; mean and rstd are shared, which orders the launches.
@@ -145,16 +148,16 @@ def time_kernel(rows: int, width: int, configs: list[KernelConfig] | None = None
         x = impl.buffer(nbytes, STORAGE)
         data = np.tile(row, rows).view(np.uint8)
         impl.write(x, np.concatenate([data, np.zeros(nbytes - data.size, np.uint8)]))
-        out = shared_out or impl.buffer(nbytes, STORAGE)
-        sets.append([x, *affine_bufs, out, *stats, params])
+        sets.append((x, shared_out or impl.buffer(nbytes, STORAGE)))
     timed = _timestamped if "timestamp-query" in g.features else _wall_clock
     times = []
     for config in configs:
         pipeline = compile_pipeline(g, config)
         impl.write(params, pack_params(rows, 1e-5))
-        bind_groups = [impl.bind_group(pipeline, bufs) for bufs in sets]
+        bind_groups = [impl.bind_group(pipeline, [x, *affine_bufs[config.affine_dtype], out, *stats, params])
+                       for x, out in sets]
         times.append(timed(g, pipeline, bind_groups, grid(rows, config), warmup, repeats))
-    for buf in {id(b): b for bufs in sets for b in (bufs[0], bufs[3])}.values():
+    for buf in {id(b): b for pair in sets for b in pair}.values():
         impl.destroy(buf)
     clock = "gpu-timestamps" if "timestamp-query" in g.features else "wall-clock"
     return times, clock
