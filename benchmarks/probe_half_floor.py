@@ -10,8 +10,18 @@ Per shape and dtype, every variant is a module the kernel's own config writes, e
   fewer, the same output (a half weight is exact in float32).
 - no_affine: the kernel without weight and bias.
 - twice_threads: twice the threads per row, half the values each (where that still holds).
+- affine_late: weight and bias loaded at the store, after the row sums, not with x.
+- fused_output: the output as ((x * a - b) - c) * (r * weight) + bias, one operation a value
+  fewer (rounds differently: timing only).
+- late_fused: both.
+- two_rows: each workgroup normalizes twice its rows, one after the other (weight and bias
+  the same for both): half the workgroups.
+- two_rows_late: both, weight and bias loaded late.
+- no_correction: the share's mean without its correction pass (less exact: timing only).
 - cached_reads: every row reads row 0's values (served from cache), stores as the kernel
   does: the kernel's work without its reads from memory.
+- work_only: cached_reads with no stores (each value computed, stored only for an eps no
+  launch passes): the kernel's instructions alone.
 - held_copy: the held path's loads and stores with nothing between (x unpacked and packed
   again; no statistics): a copy in the kernel's access pattern.
 - held_copy_words: the same, words copied as they are (half rows: no conversion).
@@ -70,10 +80,65 @@ class PackedAll(PackedAffine):
 
 
 @dataclass(frozen=True)
+class AffineLate(KernelConfig):
+    def source(self, files: ShaderFiles) -> str:
+        s = super().source(files)
+        s = edited(s, r"    let [wb]_\d+ = (weight|bias)_at\(i_\d+, in_\d+\);[^\n]*\n", "")
+        return edited(s, r"store_out\(base, i_(\d+), in_\1, v_\1, c, w_\1, b_\1\);",
+                      r"store_out(base, i_\1, in_\1, v_\1, c, weight_at(i_\1, in_\1), bias_at(i_\1, in_\1));")
+
+
+@dataclass(frozen=True)
+class FusedOutput(KernelConfig):
+    def source(self, files: ShaderFiles) -> str:
+        return edited(super().source(files),
+                      r"var y = \(\(v \* c\.x - V\(c\.y\)\) - V\(c\.z\)\) \* c\.w;[^\n]*\n"
+                      r"\s*if \(HAS_WEIGHT\) \{ y = y \* w; \}\n\s*if \(HAS_BIAS\) \{ y = y \+ b; \}",
+                      "let y = ((v * c.x - V(c.y)) - V(c.z)) * (c.w * w) + b;", 1)
+
+
+@dataclass(frozen=True)
+class LateFused(AffineLate, FusedOutput):
+    pass
+
+
+@dataclass(frozen=True)
+class NoCorrection(KernelConfig):
+    def source(self, files: ShaderFiles) -> str:
+        return edited(super().source(files), r"    shift \+= deviation_at\([^\n]*\n", "")
+
+
+@dataclass(frozen=True)
+class TwoRows(KernelConfig):
+    @property
+    def rows_per_workgroup(self) -> int:
+        return 2 * super().rows_per_workgroup
+
+    def source(self, files: ShaderFiles) -> str:
+        s = edited(super().source(files), r"\* ROWS_PER_WORKGROUP \+ tid / THREADS_PER_ROW;",
+                   "* (2u * ROWS_PER_WORKGROUP) + tid / THREADS_PER_ROW;", 1)
+        return edited(s, r"normalize_held\(tid, row, lanes\);",
+                      "normalize_held(tid, row, lanes);\n        normalize_held(tid, row + ROWS_PER_WORKGROUP, lanes);", 1)
+
+
+@dataclass(frozen=True)
+class TwoRowsLate(TwoRows, AffineLate):
+    pass
+
+
+@dataclass(frozen=True)
 class CachedReads(KernelConfig):
     def source(self, files: ShaderFiles) -> str:
         return edited(super().source(files), r"(fn read_x\(at: u32\) -> V \{\n    return [^\n]*?)x\[at\]",
                       r"\1x[at % ROW_VECS]", 1)
+
+
+@dataclass(frozen=True)
+class WorkOnly(CachedReads):
+    def source(self, files: ShaderFiles) -> str:
+        s = super().source(files)
+        # Stored only for an eps no launch passes: every value is still computed.
+        return edited(s, r"(fn store_out\([^\n]*\n    if \(in_row)\)", r"\1 && params.eps == -1234.5)", 1)
 
 
 @dataclass(frozen=True)
@@ -120,7 +185,15 @@ def variants(rows: int, width: int, dtype: str) -> dict[str, KernelConfig]:
     if kernel.hold and threads <= MAX_THREADS_PER_ROW and math.ceil(kernel.row_vecs / threads) <= MAX_HOLD:
         found["twice_threads"] = replace(kernel, threads_per_row=threads, workgroup=max(kernel.workgroup, threads),
                                          hold=math.ceil(kernel.row_vecs / threads))
+    found["affine_late"] = as_variant(AffineLate, kernel)
+    found["fused_output"] = as_variant(FusedOutput, kernel)
+    found["late_fused"] = as_variant(LateFused, kernel)
+    if kernel.hold:
+        found["no_correction"] = as_variant(NoCorrection, kernel)
+        found["two_rows"] = as_variant(TwoRows, kernel)
+        found["two_rows_late"] = as_variant(TwoRowsLate, kernel)
     found["cached_reads"] = as_variant(CachedReads, kernel)
+    found["work_only"] = as_variant(WorkOnly, kernel)
     if kernel.hold:
         found["held_copy"] = as_variant(HeldCopy, plain)
         if dtype != "float32":
@@ -128,11 +201,12 @@ def variants(rows: int, width: int, dtype: str) -> dict[str, KernelConfig]:
     return found
 
 
-def probe(shapes: list[tuple[int, int]], dtypes: list[str], rounds: int, repeats: int) -> list[dict]:
+def probe(shapes: list[tuple[int, int]], dtypes: list[str], rounds: int, repeats: int,
+          only: set[str] | None = None) -> list[dict]:
     results = []
     for dtype in dtypes:
         for rows, width in shapes:
-            configs = variants(rows, width, dtype)
+            configs = {n: c for n, c in variants(rows, width, dtype).items() if only is None or n in only}
             names = list(configs) + ["copy"]
             times: dict[str, list[float]] = {name: [] for name in names}
             for r in range(rounds):
@@ -162,10 +236,12 @@ def main() -> None:
     parser.add_argument("--dtypes", default="float16,float32")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=200)
+    parser.add_argument("--variants", help="comma list of the variants to time (default: all)")
     args = parser.parse_args()
     shapes = ([s for s in MODEL_SHAPES if s[0] * s[1] * 2 >= 4 << 20] if args.shapes == "model4mb"
               else parse_shapes(args.shapes))
-    results = probe(shapes, args.dtypes.split(","), args.rounds, args.repeats)
+    results = probe(shapes, args.dtypes.split(","), args.rounds, args.repeats,
+                    set(args.variants.split(",")) if args.variants else None)
     write_json_atomic(args.json, {"device": device_info(), "rounds": args.rounds, "repeats": args.repeats,
                                   "results": results})
 
