@@ -3,14 +3,16 @@ each take one part of its work away, and the WGSL copy of the same bytes, in one
 
 Per shape and dtype, every variant is a module the kernel's own config writes, edited:
 - kernel: the runtime's choice for the launch (weight and bias, no mean and rstd stored).
-- packed_affine: weight and bias held as their stored words until the store (half rows):
-  fewer registers a thread while the row sums run.
+- packed_affine: weight and bias loaded with x and held as their stored words until the
+  store (half rows): fewer registers a thread while the row sums run.
 - packed_all: x too held as its words, unpacked where each use needs it.
 - float32_affine: weight and bias stored as float32 (half rows): two conversions a value
   fewer, the same output (a half weight is exact in float32).
 - no_affine: the kernel without weight and bias.
 - twice_threads: twice the threads per row, half the values each (where that still holds).
-- affine_late: weight and bias loaded at the store, after the row sums, not with x.
+- affine_late, affine_early: weight and bias of held rows loaded at the store, after the
+  row sums, or with x, whatever the kernel's LATE_AFFINE rule chooses (runs 1-3 in
+  benchmarks/results/h200-half-floor/ predate the rule: their kernel loaded them with x).
 - fused_output: the output as ((x * a - b) - c) * (r * weight) + bias, one operation a value
   fewer (rounds differently: timing only).
 - late_fused: both.
@@ -64,9 +66,10 @@ def edited(source: str, pattern: str, replacement: str, count: int | None = None
 class PackedAffine(KernelConfig):
     def source(self, files: ShaderFiles) -> str:
         s = super().source(files)
-        s = edited(s, r"let w_(\d+) = weight_at\(i_\1, in_\1\);", r"let w_\1 = weight[i_\1];")
-        s = edited(s, r"let b_(\d+) = bias_at\(i_\1, in_\1\);", r"let b_\1 = bias[i_\1];")
-        return edited(s, r"store_out\(base, i_(\d+), in_\1, v_\1, c, w_\1, b_\1\);",
+        s = edited(s, r"let w_(\d+) = weight_at\(i_\1, in_\1[^;]*;", r"let w_\1 = weight[i_\1];")
+        s = edited(s, r"let b_(\d+) = bias_at\(i_\1, in_\1[^;]*;", r"let b_\1 = bias[i_\1];")
+        return edited(s, r"store_out\(base, i_(\d+), in_\1, v_\1, c, held_weight\(w_\1, i_\1, in_\1\), "
+                      r"held_bias\(b_\1, i_\1, in_\1\)\);",
                       r"store_out(base, i_\1, in_\1, v_\1, c, p_value(w_\1), p_value(b_\1));")
 
 
@@ -82,10 +85,13 @@ class PackedAll(PackedAffine):
 @dataclass(frozen=True)
 class AffineLate(KernelConfig):
     def source(self, files: ShaderFiles) -> str:
-        s = super().source(files)
-        s = edited(s, r"    let [wb]_\d+ = (weight|bias)_at\(i_\d+, in_\d+\);[^\n]*\n", "")
-        return edited(s, r"store_out\(base, i_(\d+), in_\1, v_\1, c, w_\1, b_\1\);",
-                      r"store_out(base, i_\1, in_\1, v_\1, c, weight_at(i_\1, in_\1), bias_at(i_\1, in_\1));")
+        return edited(super().source(files), r"const LATE_AFFINE: bool = [^;]*;", "const LATE_AFFINE: bool = true;", 1)
+
+
+@dataclass(frozen=True)
+class AffineEarly(KernelConfig):
+    def source(self, files: ShaderFiles) -> str:
+        return edited(super().source(files), r"const LATE_AFFINE: bool = [^;]*;", "const LATE_AFFINE: bool = false;", 1)
 
 
 @dataclass(frozen=True)
@@ -186,6 +192,7 @@ def variants(rows: int, width: int, dtype: str) -> dict[str, KernelConfig]:
         found["twice_threads"] = replace(kernel, threads_per_row=threads, workgroup=max(kernel.workgroup, threads),
                                          hold=math.ceil(kernel.row_vecs / threads))
     found["affine_late"] = as_variant(AffineLate, kernel)
+    found["affine_early"] = as_variant(AffineEarly, kernel)
     found["fused_output"] = as_variant(FusedOutput, kernel)
     found["late_fused"] = as_variant(LateFused, kernel)
     if kernel.hold:

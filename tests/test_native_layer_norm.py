@@ -591,6 +591,21 @@ def test_half_rows_against_float64(dtype, width, shift, affine_dtype, reduction,
     assert_half_close_to_reference(x, (width,), weight, bias)
 
 
+@ON_BOTH_PATHS
+@pytest.mark.parametrize("dtype,width", [(torch.float32, 1280), *((d, w) for d in HALF_DTYPES for w in (1280, 3072))])
+def test_rows_whose_weight_and_bias_load_at_the_store(dtype, width, reduction):
+    # 20 or more values a thread: the kernel's LATE_AFFINE loads weight and bias after the row sums.
+    config = wgsl.config.choose_config(width, True, True, dtype=str(dtype).removeprefix("torch."))
+    assert config.hold and config.hold * config.vec >= 20
+    gen = torch.Generator().manual_seed(width)
+    x = (torch.randn(65, width, generator=gen) * 3 + 1).to(dtype)
+    weight, bias = (t.to(dtype) for t in make_affine((width,), True, True, gen))
+    if dtype == torch.float32:
+        assert_close_to_reference(x, (width,), weight, bias)
+    else:
+        assert_half_close_to_reference(x, (width,), weight, bias)
+
+
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
 @pytest.mark.parametrize("width", [1, 2, 3, 5, 7, 132, 766, 4097, 4098])
 @pytest.mark.parametrize("has_weight,has_bias", AFFINE)

@@ -72,7 +72,8 @@ class KernelConfig:
     subgroup_size: int = 0  # the adapter's (0: no subgroup operations, workgroup-memory merges)
     workgroup: int = MIN_WORKGROUP
     # 0: rows streamed (read twice), `unroll` values a loop step; k > 0: each thread holds
-    # its k values of the row (read once), weight and bias loaded with them.
+    # its k values of the row (read once), weight and bias loaded with them or, for 20
+    # values or more, at the store (the kernel's LATE_AFFINE).
     hold: int = 0
     unroll: int = 1
     dtype: str = "float32"  # of x and out
