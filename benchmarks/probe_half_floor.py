@@ -11,7 +11,7 @@ Per shape and dtype, every variant is a module the kernel's own config writes, e
 - no_affine: the kernel without weight and bias.
 - twice_threads: twice the threads per row, half the values each (where that still holds).
 - affine_late, affine_early: weight and bias of held rows loaded at the store, after the
-  row sums, or with x, whatever the kernel's LATE_AFFINE rule chooses (runs 1-3 in
+  row sums, or with x, whatever the config's late_affine rule chooses (runs 1-3 in
   benchmarks/results/h200-half-floor/ predate the rule: their kernel loaded them with x).
 - fused_output: the output as ((x * a - b) - c) * (r * weight) + bias, one operation a value
   fewer (rounds differently: timing only).
@@ -63,13 +63,26 @@ def edited(source: str, pattern: str, replacement: str, count: int | None = None
 
 
 @dataclass(frozen=True)
-class PackedAffine(KernelConfig):
+class AffineLate(KernelConfig):
+    @property
+    def late_affine(self) -> bool:
+        return True
+
+
+@dataclass(frozen=True)
+class AffineEarly(KernelConfig):
+    @property
+    def late_affine(self) -> bool:
+        return False
+
+
+@dataclass(frozen=True)
+class PackedAffine(AffineEarly):
     def source(self, files: ShaderFiles) -> str:
         s = super().source(files)
-        s = edited(s, r"let w_(\d+) = weight_at\(i_\1, in_\1[^;]*;", r"let w_\1 = weight[i_\1];")
-        s = edited(s, r"let b_(\d+) = bias_at\(i_\1, in_\1[^;]*;", r"let b_\1 = bias[i_\1];")
-        return edited(s, r"store_out\(base, i_(\d+), in_\1, v_\1, c, held_weight\(w_\1, i_\1, in_\1\), "
-                      r"held_bias\(b_\1, i_\1, in_\1\)\);",
+        s = edited(s, r"let w_(\d+) = weight_at\(i_\1, in_\1\);", r"let w_\1 = weight[i_\1];")
+        s = edited(s, r"let b_(\d+) = bias_at\(i_\1, in_\1\);", r"let b_\1 = bias[i_\1];")
+        return edited(s, r"store_out\(base, i_(\d+), in_\1, v_\1, c, w_\1, b_\1\);",
                       r"store_out(base, i_\1, in_\1, v_\1, c, p_value(w_\1), p_value(b_\1));")
 
 
@@ -80,18 +93,6 @@ class PackedAll(PackedAffine):
         s = edited(s, r"let v_(\d+) = load_x\(base, i_\1, in_\1\);", r"let v_\1 = x[base + i_\1];")
         s = edited(s, r"framed\(v_(\d+), ", r"framed(x_value(v_\1), ")
         return edited(s, r"store_out\(base, i_(\d+), in_\1, v_\1, ", r"store_out(base, i_\1, in_\1, x_value(v_\1), ")
-
-
-@dataclass(frozen=True)
-class AffineLate(KernelConfig):
-    def source(self, files: ShaderFiles) -> str:
-        return edited(super().source(files), r"const LATE_AFFINE: bool = [^;]*;", "const LATE_AFFINE: bool = true;", 1)
-
-
-@dataclass(frozen=True)
-class AffineEarly(KernelConfig):
-    def source(self, files: ShaderFiles) -> str:
-        return edited(super().source(files), r"const LATE_AFFINE: bool = [^;]*;", "const LATE_AFFINE: bool = false;", 1)
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@
 import dataclasses
 import importlib
 import os
+import re
 import subprocess
 import sys
 
@@ -532,6 +533,16 @@ def test_loads_are_as_wide_as_the_width_keeps_rows_aligned():
     assert "alias V = vec2<f32>" in even.prelude()
 
 
+def test_held_rows_take_one_form_of_their_weight_and_bias_lines():
+    late, early = kernel.choose_config(3072, True, True, 32, "float16"), kernel.choose_config(768, True, True, 32)
+    assert late.late_affine and not early.late_affine
+    files = wgsl.ShaderFiles("naga")
+    for config, absent in ((late, "store_out(base, i_0, in_0, v_0, c, w_0, b_0);"),
+                           (early, "store_out(base, i_0, in_0, v_0, c, weight_at(i_0, in_0), bias_at(i_0, in_0));")):
+        held = config.source(files).split("fn normalize_held")[1].split("\nfn ")[0]
+        assert len(re.findall(r"^    store_out\(", held, re.M)) == config.hold and absent not in held
+
+
 def test_marked_lines_are_written_out_once_per_value():
     source = "fn f() {\n    let v_K = g(lane + K * T);  // each held value\n}"
     assert written_out(source, {EACH_HELD_VALUE: 3}) == (
@@ -594,9 +605,9 @@ def test_half_rows_against_float64(dtype, width, shift, affine_dtype, reduction,
 @ON_BOTH_PATHS
 @pytest.mark.parametrize("dtype,width", [(torch.float32, 1280), *((d, w) for d in HALF_DTYPES for w in (1280, 3072))])
 def test_rows_whose_weight_and_bias_load_at_the_store(dtype, width, reduction):
-    # 20 or more values a thread: the kernel's LATE_AFFINE loads weight and bias after the row sums.
+    # 20 or more values a thread: weight and bias load after the row sums (late_affine).
     config = wgsl.config.choose_config(width, True, True, dtype=str(dtype).removeprefix("torch."))
-    assert config.hold and config.hold * config.vec >= 20
+    assert config.hold and config.late_affine
     gen = torch.Generator().manual_seed(width)
     x = (torch.randn(65, width, generator=gen) * 3 + 1).to(dtype)
     weight, bias = (t.to(dtype) for t in make_affine((width,), True, True, gen))

@@ -28,13 +28,19 @@ void bool_constant(std::string* text, const char* name, bool value) {
   *text += std::string("const ") + name + ": bool = " + (value ? "true" : "false") + ";\n";
 }
 
-// The kernel file with each marked line written out `held` or `step` times.
-std::string written_out_kernel(uint32_t held, uint32_t step) {
+// The kernel file with each marked line written out `held` or `step` times, of the held
+// lines that load or use weight and bias those of `late_affine`'s form only.
+std::string written_out_kernel(uint32_t held, uint32_t step, bool late_affine) {
   std::string kernel;
   for (const KernelPart& part : kKernelParts) {
-    const uint32_t values = part.marker == Marker::kEachHeldValue   ? held
-                            : part.marker == Marker::kEachStepValue ? step
-                                                                    : 1;
+    uint32_t values = 1;
+    switch (part.marker) {
+      case Marker::kNone: break;
+      case Marker::kEachHeldValue: values = held; break;
+      case Marker::kEachHeldValueWeightAndBiasWithX: values = late_affine ? 0 : held; break;
+      case Marker::kEachHeldValueWeightAndBiasAtTheStore: values = late_affine ? held : 0; break;
+      case Marker::kEachStepValue: values = step; break;
+    }
     if (part.value < values) {
       kernel += part.text;
     }
@@ -104,7 +110,7 @@ std::string kernel_source(const KernelConfig& config, ShaderCompiler compiler) {
     bool_constant(&text, "PACK2X16FLOAT", config.pack2x16float);
     text += half_declarations(vec, config.affine_dtype != kFloat32);
   }
-  return text + written_out_kernel(std::max<uint32_t>(config.hold, 1), config.unroll);
+  return text + written_out_kernel(std::max<uint32_t>(config.hold, 1), config.unroll, config.late_affine());
 }
 
 const std::string* wgsl_file(const std::string& name) {

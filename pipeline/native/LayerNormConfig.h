@@ -38,6 +38,8 @@ struct KernelConfig {
     return subgroup_size > 0 && uint64_t{threads_per_row} > uint64_t{subgroup_size} * subgroup_size;
   }
   uint32_t rows_per_workgroup() const { return workgroup / threads_per_row; }
+  // Held rows of kLateAffineValues values a thread or more load weight and bias at the store.
+  bool late_affine() const { return uint64_t{hold} * vec() >= kLateAffineValues; }
 };
 
 // `rows`: the launch's (0: the rule by width alone).

@@ -35,7 +35,7 @@ RULE_CONSTANTS = (
     ("MIN_WORKGROUP", "uint32_t"), ("MAX_THREADS_PER_ROW", "uint32_t"), ("MAX_HOLD", "uint32_t"),
     ("MIN_HOLD", "uint32_t"), ("MIN_HOLD_NARROW_LOADS", "uint32_t"), ("STREAM_UNROLL", "uint32_t"),
     ("WIDE_LAUNCH_THREADS", "uint64_t"), ("THREADED_COPY_BYTES", "size_t"), ("MAX_GRID_X", "uint64_t"),
-    ("PARAMS_BYTES", "uint64_t"),
+    ("PARAMS_BYTES", "uint64_t"), ("LATE_AFFINE_VALUES", "uint64_t"),
 )
 # C++ types of struct formats.
 _CPP_TYPES = {"H": "uint16_t", "I": "uint32_t", "d": "double", "q": "int64_t", "s": "char"}
@@ -175,7 +175,7 @@ def _selector(signature: str, cases: list[tuple[str, str]]) -> str:
 
 def cpp_name(name: str) -> str:
     """A Python name (or marker) as a C++ constant: THREADED_COPY_BYTES -> kThreadedCopyBytes."""
-    return "k" + "".join(word.capitalize() for word in re.split(r"[_ ]", name.lower()))
+    return "k" + "".join(word.capitalize() for word in re.split(r"[^a-z0-9]+", name.lower()))
 
 
 def literal(text: str, indent: int = 0) -> str:

@@ -44,11 +44,23 @@ MAX_GRID_X = 65535
 # The kernel's Params struct (rows, eps, nan), padded to 16 bytes.
 PARAMS_BYTES = 16
 
+# Held rows whose threads hold this many values or more load weight and bias at the store,
+# after the row sums, instead of with x, which would keep them in registers through the
+# sums (KernelConfig.late_affine). On the H200, 12-14% faster at float32 1500x1280 and
+# 10-11% at float16 4096x3072, from 2% faster to 3% slower at the other model shapes it
+# covers; at the model shapes of fewer values a thread, late was up to 8% slower
+# (docs/measurements.md, "Where float16 stands against the copy").
+LATE_AFFINE_VALUES = 20
+
 # The markers of the kernel file's lines written out once per value (`written_out`), and
-# the most values `choose_config` writes each out for.
+# the most values `choose_config` writes each out for. Held lines that load or use weight
+# and bias come in two forms: with x, or at the store (`late_affine`).
 EACH_HELD_VALUE = "each held value"
+EACH_HELD_AFFINE_WITH_X = "each held value, weight and bias with x"
+EACH_HELD_AFFINE_AT_STORE = "each held value, weight and bias at the store"
 EACH_STEP_VALUE = "each step value"
-MOST_VALUES = {EACH_HELD_VALUE: MAX_HOLD, EACH_STEP_VALUE: STREAM_UNROLL}
+MOST_VALUES = {EACH_HELD_VALUE: MAX_HOLD, EACH_HELD_AFFINE_WITH_X: MAX_HOLD, EACH_HELD_AFFINE_AT_STORE: MAX_HOLD,
+               EACH_STEP_VALUE: STREAM_UNROLL}
 
 # Per components in one load: the WGSL type of V, the sum of its components and its first.
 _V_TYPES = {4: ("vec4<f32>", "v.x + v.y + v.z + v.w", "v.x"), 2: ("vec2<f32>", "v.x + v.y", "v.x"),
@@ -72,8 +84,8 @@ class KernelConfig:
     subgroup_size: int = 0  # the adapter's (0: no subgroup operations, workgroup-memory merges)
     workgroup: int = MIN_WORKGROUP
     # 0: rows streamed (read twice), `unroll` values a loop step; k > 0: each thread holds
-    # its k values of the row (read once), weight and bias loaded with them or, for 20
-    # values or more, at the store (the kernel's LATE_AFFINE).
+    # its k values of the row (read once), weight and bias loaded with them or at the
+    # store (`late_affine`).
     hold: int = 0
     unroll: int = 1
     dtype: str = "float32"  # of x and out
@@ -90,6 +102,12 @@ class KernelConfig:
     @property
     def row_vecs(self) -> int:
         return self.width // self.vec
+
+    @property
+    def late_affine(self) -> bool:
+        """Held rows of at least LATE_AFFINE_VALUES values a thread: weight and bias load at
+        the store, after the row sums."""
+        return self.hold * self.vec >= LATE_AFFINE_VALUES
 
     @property
     def row_in_subgroup(self) -> bool:
@@ -139,8 +157,10 @@ class KernelConfig:
         reduction file (it holds the entry point), constants, kernel with its per-value
         lines written out."""
         reduce = "reduce_subgroup.wgsl" if self.subgroup_size else "reduce_workgroup.wgsl"
-        kernel = written_out(files.shader_source(SHADER),
-                             {EACH_HELD_VALUE: max(self.hold, 1), EACH_STEP_VALUE: self.unroll})
+        held = max(self.hold, 1)
+        kernel = written_out(files.shader_source(SHADER), {
+            EACH_HELD_VALUE: held, EACH_HELD_AFFINE_WITH_X: 0 if self.late_affine else held,
+            EACH_HELD_AFFINE_AT_STORE: held if self.late_affine else 0, EACH_STEP_VALUE: self.unroll})
         storage = "".join(files.shader_source(name) for name in self.storage)
         body = files.shader_source(reduce) + storage + self.prelude() + kernel
         return files.module(body, subgroups=self.subgroup_size > 0)

@@ -18,9 +18,11 @@
 //   const HOLD: u32         0: rows streamed; k > 0: each thread holds k values of its row
 //   const STEP: u32         streamed rows: values a thread loads in one loop step
 //   const WRITE_STATS: bool mean and rstd stored (a caller that uses only out does without)
-// and writes out the lines marked `// each held value` HOLD times and those marked
-// `// each step value` STEP times, K (and the suffix _K of names) becoming 0, 1, ...:
-// loops over a private array, which Naga bounds with a counter of its own, were measured
+// and writes out the lines marked `// each held value` HOLD times, those marked `// each held
+// value, weight and bias with x` HOLD times where its config's late_affine is false and
+// those marked `... at the store` where it is true (config.py), and those marked `// each
+// step value` STEP times, K (and the suffix _K of names) becoming 0, 1, ...: loops over a
+// private array, which Naga bounds with a counter of its own, were measured
 // much slower than the same statements written out (docs/measurements.md, v4).
 //
 // Statistics in the row's frame: each value x enters them as d = x * scale - first * scale,
@@ -47,9 +49,9 @@
 // rounding errors are independent from thread to thread) and corrects M2 about mean_d
 // (m2_about):
 // - held rows (the row fits: at most 8 values for each of 256 threads): the thread loads its
-//   share once into registers, weight and bias with it (or at the store: LATE_AFFINE), and
-//   takes its mean in a corrected two-pass; its squares and the output come from the
-//   registers.
+//   share once into registers, weight and bias with it (or, where it holds 20 values or
+//   more, at the store: late_affine in config.py), and takes its mean in a corrected
+//   two-pass; its squares and the output come from the registers.
 // - streamed rows: the thread walks its strided share, merging every V's exact (count,
 //   mean, M2) into its own (Welford, by pairwise merges, the mean compensated); its squares
 //   are M2 + count x (mean - mean_d)^2; then the thread walks its share again, re-reading
@@ -85,13 +87,6 @@ const ROWS_PER_WORKGROUP: u32 = WORKGROUP / THREADS_PER_ROW;
 const EVEN_SPLIT: bool = ROW_VECS % THREADS_PER_ROW == 0u;
 const EVEN_SHARE: f32 = 1.0 / f32(THREADS_PER_ROW);
 const INV_WIDTH: f32 = 1.0 / f32(WIDTH);
-// Held rows load weight and bias at the store, after the row sums, where a thread holds 20
-// or more values of x; loaded with x, they would take twice those registers through the
-// sums. On the H200 that is 12-14% faster at float32 1500x1280 and 10-11% at float16
-// 4096x3072, and within -2% to +3% at the other model shapes it covers; at the model shapes
-// it leaves alone (fewer values a thread), loading late was up to 8% slower
-// (benchmarks/results/h200-half-floor/, docs/measurements.md).
-const LATE_AFFINE: bool = HOLD * VEC >= 20u;
 
 fn is_finite(value: f32) -> bool {
     return (bitcast<u32>(value) & 0x7f800000u) != 0x7f800000u;
@@ -259,22 +254,6 @@ fn bias_at(i: u32, in_row: bool) -> V {
     return V(0.0);
 }
 
-// The weight of a held value at its store: `early`, loaded with x, or with LATE_AFFINE
-// loaded now. held_bias likewise.
-fn held_weight(early: V, i: u32, in_row: bool) -> V {
-    if (LATE_AFFINE) {
-        return weight_at(i, in_row);
-    }
-    return early;
-}
-
-fn held_bias(early: V, i: u32, in_row: bool) -> V {
-    if (LATE_AFFINE) {
-        return bias_at(i, in_row);
-    }
-    return early;
-}
-
 // c: the row's centring (a, b, c, r), the output (x * a - b - c) * r (`centring`).
 fn store_out(base: u32, i: u32, in_row: bool, v: V, c: vec4<f32>, w: V, b: V) {
     if (in_row) {
@@ -298,8 +277,8 @@ fn normalize_held(tid: u32, row: u32, lanes: u32) {
     let i_K = lane + K * THREADS_PER_ROW;  // each held value
     let in_K = held_in_row(i_K, K);  // each held value
     let v_K = load_x(base, i_K, in_K);  // each held value
-    let w_K = weight_at(i_K, in_K && !LATE_AFFINE);  // each held value
-    let b_K = bias_at(i_K, in_K && !LATE_AFFINE);  // each held value
+    let w_K = weight_at(i_K, in_K);  // each held value, weight and bias with x
+    let b_K = bias_at(i_K, in_K);  // each held value, weight and bias with x
     var count = 0.0;
     var sum = 0.0;
     count += count_at(in_K);  // each held value
@@ -320,7 +299,8 @@ fn normalize_held(tid: u32, row: u32, lanes: u32) {
         return;
     }
     let c = centring(frame, mean_d + sums.x, stats, finish_row(row, lane, stats).y);
-    store_out(base, i_K, in_K, v_K, c, held_weight(w_K, i_K, in_K), held_bias(b_K, i_K, in_K));  // each held value
+    store_out(base, i_K, in_K, v_K, c, w_K, b_K);  // each held value, weight and bias with x
+    store_out(base, i_K, in_K, v_K, c, weight_at(i_K, in_K), bias_at(i_K, in_K));  // each held value, weight and bias at the store
 }
 
 fn normalize_streamed(tid: u32, row: u32, lanes: u32) {
