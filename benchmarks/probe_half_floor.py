@@ -43,6 +43,7 @@ import math
 import re
 import statistics
 from dataclasses import dataclass, fields, replace
+from typing import ClassVar
 
 from pipeline.benchmark import MODEL_SHAPES, parse_shapes, time_copy, time_kernel
 from pipeline.ioutil import write_json_atomic
@@ -63,14 +64,29 @@ def edited(source: str, pattern: str, replacement: str, count: int | None = None
 
 
 @dataclass(frozen=True)
-class AffineLate(KernelConfig):
+class Variant(KernelConfig):
+    """The kernel's module with the EDITS of the class and of its bases applied, bases first:
+    each (pattern, replacement, count), count None for any number but at least one."""
+
+    EDITS: ClassVar[tuple[tuple[str, str, int | None], ...]] = ()
+
+    def source(self, files: ShaderFiles) -> str:
+        text = super().source(files)
+        for cls in reversed(type(self).__mro__):
+            for pattern, replacement, count in vars(cls).get("EDITS", ()):
+                text = edited(text, pattern, replacement, count)
+        return text
+
+
+@dataclass(frozen=True)
+class AffineLate(Variant):
     @property
     def late_affine(self) -> bool:
         return True
 
 
 @dataclass(frozen=True)
-class AffineEarly(KernelConfig):
+class AffineEarly(Variant):
     @property
     def late_affine(self) -> bool:
         return False
@@ -78,30 +94,24 @@ class AffineEarly(KernelConfig):
 
 @dataclass(frozen=True)
 class PackedAffine(AffineEarly):
-    def source(self, files: ShaderFiles) -> str:
-        s = super().source(files)
-        s = edited(s, r"let w_(\d+) = weight_at\(i_\1, in_\1\);", r"let w_\1 = weight[i_\1];")
-        s = edited(s, r"let b_(\d+) = bias_at\(i_\1, in_\1\);", r"let b_\1 = bias[i_\1];")
-        return edited(s, r"store_out\(base, i_(\d+), in_\1, v_\1, c, w_\1, b_\1\);",
-                      r"store_out(base, i_\1, in_\1, v_\1, c, p_value(w_\1), p_value(b_\1));")
+    EDITS = ((r"let w_(\d+) = weight_at\(i_\1, in_\1\);", r"let w_\1 = weight[i_\1];", None),
+             (r"let b_(\d+) = bias_at\(i_\1, in_\1\);", r"let b_\1 = bias[i_\1];", None),
+             (r"store_out\(base, i_(\d+), in_\1, v_\1, c, w_\1, b_\1\);",
+              r"store_out(base, i_\1, in_\1, v_\1, c, p_value(w_\1), p_value(b_\1));", None))
 
 
 @dataclass(frozen=True)
 class PackedAll(PackedAffine):
-    def source(self, files: ShaderFiles) -> str:
-        s = super().source(files)
-        s = edited(s, r"let v_(\d+) = load_x\(base, i_\1, in_\1\);", r"let v_\1 = x[base + i_\1];")
-        s = edited(s, r"framed\(v_(\d+), ", r"framed(x_value(v_\1), ")
-        return edited(s, r"store_out\(base, i_(\d+), in_\1, v_\1, ", r"store_out(base, i_\1, in_\1, x_value(v_\1), ")
+    EDITS = ((r"let v_(\d+) = load_x\(base, i_\1, in_\1\);", r"let v_\1 = x[base + i_\1];", None),
+             (r"framed\(v_(\d+), ", r"framed(x_value(v_\1), ", None),
+             (r"store_out\(base, i_(\d+), in_\1, v_\1, ", r"store_out(base, i_\1, in_\1, x_value(v_\1), ", None))
 
 
 @dataclass(frozen=True)
-class FusedOutput(KernelConfig):
-    def source(self, files: ShaderFiles) -> str:
-        return edited(super().source(files),
-                      r"var y = \(\(v \* c\.x - V\(c\.y\)\) - V\(c\.z\)\) \* c\.w;[^\n]*\n"
-                      r"\s*if \(HAS_WEIGHT\) \{ y = y \* w; \}\n\s*if \(HAS_BIAS\) \{ y = y \+ b; \}",
-                      "let y = ((v * c.x - V(c.y)) - V(c.z)) * (c.w * w) + b;", 1)
+class FusedOutput(Variant):
+    EDITS = ((r"var y = \(\(v \* c\.x - V\(c\.y\)\) - V\(c\.z\)\) \* c\.w;[^\n]*\n"
+              r"\s*if \(HAS_WEIGHT\) \{ y = y \* w; \}\n\s*if \(HAS_BIAS\) \{ y = y \+ b; \}",
+              "let y = ((v * c.x - V(c.y)) - V(c.z)) * (c.w * w) + b;", 1),)
 
 
 @dataclass(frozen=True)
@@ -110,22 +120,19 @@ class LateFused(AffineLate, FusedOutput):
 
 
 @dataclass(frozen=True)
-class NoCorrection(KernelConfig):
-    def source(self, files: ShaderFiles) -> str:
-        return edited(super().source(files), r"    shift \+= deviation_at\([^\n]*\n", "")
+class NoCorrection(Variant):
+    EDITS = ((r"    shift \+= deviation_at\([^\n]*\n", "", None),)
 
 
 @dataclass(frozen=True)
-class TwoRows(KernelConfig):
+class TwoRows(Variant):
+    EDITS = ((r"\* ROWS_PER_WORKGROUP \+ tid / THREADS_PER_ROW;", "* (2u * ROWS_PER_WORKGROUP) + tid / THREADS_PER_ROW;", 1),
+             (r"normalize_held\(tid, row, lanes\);",
+              "normalize_held(tid, row, lanes);\n        normalize_held(tid, row + ROWS_PER_WORKGROUP, lanes);", 1))
+
     @property
     def rows_per_workgroup(self) -> int:
         return 2 * super().rows_per_workgroup
-
-    def source(self, files: ShaderFiles) -> str:
-        s = edited(super().source(files), r"\* ROWS_PER_WORKGROUP \+ tid / THREADS_PER_ROW;",
-                   "* (2u * ROWS_PER_WORKGROUP) + tid / THREADS_PER_ROW;", 1)
-        return edited(s, r"normalize_held\(tid, row, lanes\);",
-                      "normalize_held(tid, row, lanes);\n        normalize_held(tid, row + ROWS_PER_WORKGROUP, lanes);", 1)
 
 
 @dataclass(frozen=True)
@@ -134,28 +141,22 @@ class TwoRowsLate(TwoRows, AffineLate):
 
 
 @dataclass(frozen=True)
-class CachedReads(KernelConfig):
-    def source(self, files: ShaderFiles) -> str:
-        return edited(super().source(files), r"(fn read_x\(at: u32\) -> V \{\n    return [^\n]*?)x\[at\]",
-                      r"\1x[at % ROW_VECS]", 1)
+class CachedReads(Variant):
+    EDITS = ((r"(fn read_x\(at: u32\) -> V \{\n    return [^\n]*?)x\[at\]", r"\1x[at % ROW_VECS]", 1),)
 
 
 @dataclass(frozen=True)
 class WorkOnly(CachedReads):
-    def source(self, files: ShaderFiles) -> str:
-        s = super().source(files)
-        # Stored only for an eps no launch passes: every value is still computed.
-        return edited(s, r"(fn store_out\([^\n]*\n    if \(in_row)\)", r"\1 && params.eps == -1234.5)", 1)
+    # Stored only for an eps no launch passes: every value is still computed.
+    EDITS = ((r"(fn store_out\([^\n]*\n    if \(in_row)\)", r"\1 && params.eps == -1234.5)", 1),)
 
 
 @dataclass(frozen=True)
-class HeldCopy(KernelConfig):
-    def source(self, files: ShaderFiles) -> str:
-        s = super().source(files)
-        # Between the loads and the stores: nothing but the row's bounds check.
-        s = edited(s, r"(fn normalize_held.*?)    var count = 0\.0;.*?let c = centring\([^\n]*\n",
-                   r"\1    if (row >= params.rows) {\n        return;\n    }\n    let c = vec4<f32>(1.0);\n", 1)
-        return edited(s, r"var y = \(\(v \* c\.x - V\(c\.y\)\) - V\(c\.z\)\) \* c\.w;[^\n]*", "var y = v;", 1)
+class HeldCopy(Variant):
+    # Between the loads and the stores: nothing but the row's bounds check.
+    EDITS = ((r"(fn normalize_held.*?)    var count = 0\.0;.*?let c = centring\([^\n]*\n",
+              r"\1    if (row >= params.rows) {\n        return;\n    }\n    let c = vec4<f32>(1.0);\n", 1),
+             (r"var y = \(\(v \* c\.x - V\(c\.y\)\) - V\(c\.z\)\) \* c\.w;[^\n]*", "var y = v;", 1))
 
 
 @dataclass(frozen=True)
@@ -178,34 +179,36 @@ def as_variant(cls: type, config: KernelConfig, **changes) -> KernelConfig:
     return cls(**{f.name: getattr(config, f.name) for f in fields(config)} | changes)
 
 
+# The edited variants: name, class, which rows it applies to ("half", "held", both or any) and
+# the config it edits (the kernel's, or "plain": without weight and bias).
+EDITED = (
+    ("packed_affine", PackedAffine, "half", "kernel"), ("packed_all", PackedAll, "half", "kernel"),
+    ("affine_late", AffineLate, "", "kernel"), ("affine_early", AffineEarly, "", "kernel"),
+    ("fused_output", FusedOutput, "", "kernel"), ("late_fused", LateFused, "", "kernel"),
+    ("no_correction", NoCorrection, "held", "kernel"), ("two_rows", TwoRows, "held", "kernel"),
+    ("two_rows_late", TwoRowsLate, "held", "kernel"), ("cached_reads", CachedReads, "", "kernel"),
+    ("work_only", WorkOnly, "", "kernel"), ("held_copy", HeldCopy, "held", "plain"),
+    ("held_copy_words", HeldCopyWords, "held half", "plain"),
+)
+
+
 def variants(rows: int, width: int, dtype: str) -> dict[str, KernelConfig]:
     g = gpu()
-    kernel = device_config(g, width, True, True, dtype, rows=rows, write_stats=False)
-    plain = device_config(g, width, False, False, dtype, rows=rows, write_stats=False)
+    configs = {"kernel": device_config(g, width, True, True, dtype, rows=rows, write_stats=False),
+               "plain": device_config(g, width, False, False, dtype, rows=rows, write_stats=False)}
+    kernel = configs["kernel"]
     found = {"kernel": kernel}
     if dtype != "float32":
-        found["packed_affine"] = as_variant(PackedAffine, kernel)
-        found["packed_all"] = as_variant(PackedAll, kernel)
         found["float32_affine"] = replace(kernel, affine_dtype="float32")
-    found["no_affine"] = plain
+    found["no_affine"] = configs["plain"]
     threads = 2 * kernel.threads_per_row
     if kernel.hold and threads <= MAX_THREADS_PER_ROW and math.ceil(kernel.row_vecs / threads) <= MAX_HOLD:
         found["twice_threads"] = replace(kernel, threads_per_row=threads, workgroup=max(kernel.workgroup, threads),
                                          hold=math.ceil(kernel.row_vecs / threads))
-    found["affine_late"] = as_variant(AffineLate, kernel)
-    found["affine_early"] = as_variant(AffineEarly, kernel)
-    found["fused_output"] = as_variant(FusedOutput, kernel)
-    found["late_fused"] = as_variant(LateFused, kernel)
-    if kernel.hold:
-        found["no_correction"] = as_variant(NoCorrection, kernel)
-        found["two_rows"] = as_variant(TwoRows, kernel)
-        found["two_rows_late"] = as_variant(TwoRowsLate, kernel)
-    found["cached_reads"] = as_variant(CachedReads, kernel)
-    found["work_only"] = as_variant(WorkOnly, kernel)
-    if kernel.hold:
-        found["held_copy"] = as_variant(HeldCopy, plain)
-        if dtype != "float32":
-            found["held_copy_words"] = as_variant(HeldCopyWords, plain)
+    for name, cls, rows_taken, base in EDITED:
+        if ("half" in rows_taken and dtype == "float32") or ("held" in rows_taken and not kernel.hold):
+            continue
+        found[name] = as_variant(cls, configs[base])
     return found
 
 
