@@ -22,8 +22,8 @@
 // value, weight and bias with x` HOLD times where its config's late_affine is false and
 // those marked `... at the store` where it is true (config.py), and those marked `// each
 // step value` STEP times, K (and the suffix _K of names) becoming 0, 1, ...: loops over a
-// private array, which Naga bounds with a counter of its own, were measured
-// much slower than the same statements written out (docs/measurements.md, v4).
+// private array, which Naga bounds with a counter of its own, were measured much slower
+// than the same statements written out (docs/measurements.md, v4).
 //
 // Statistics in the row's frame: each value x enters them as d = x * scale - first * scale,
 // `first` the row's first value and `scale` 1, or 2^-8 where |first| >= 1 (row_frame); the
