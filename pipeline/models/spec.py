@@ -37,6 +37,10 @@ class ModelSpec:
     # ("float16", "dequantized int8, float32", ...); None for seeded random weights.
     checkpoint_format: str | None = None
     checkpoint_weights: str | None = None
+    # The vocabulary by token id of a checkpoint that holds the whole model with it (a
+    # CTranslate2 Whisper; a Hugging Face one with its decoder and tokenizer files): what its
+    # decoder's transcripts are read in. None otherwise.
+    checkpoint_tokens: tuple[str, ...] | None = None
     # The WAV files (absolute paths) whose log-mel are the example inputs, and the sha256 of
     # the bytes decoded (`pipeline.models.audio.read_wavs`); None for synthetic inputs.
     audio: tuple[str, ...] | None = None
