@@ -16,7 +16,7 @@ from scipy.io import wavfile
 from pipeline import models
 from pipeline.evaluation.transcripts import WhisperDecoder, agreement, check_transcripts, decoder_of
 from pipeline.models.audio import MAX_SECONDS, SAMPLING_RATE, read_wav, shipped_utterances
-from support.ctranslate2_files import tiny_whisper, write_ct2
+from support.ctranslate2_files import listening_whisper, write_ct2
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -117,14 +117,8 @@ def test_the_audio_is_the_example_inputs_and_is_recorded(tmp_path):
 
 @pytest.fixture(scope="module")
 def whole():
-    """A tiny whole Whisper whose decoder listens to the encoder: its cross-attention scaled up
-    (at init it barely moves the logits)."""
-    model = tiny_whisper()
-    with torch.no_grad():
-        for layer in model.model.decoder.layers:
-            layer.encoder_attn.v_proj.weight.mul_(40.0)
-            layer.encoder_attn.out_proj.weight.mul_(40.0)
-    return model
+    """A tiny whole Whisper whose decoder listens to the encoder."""
+    return listening_whisper()
 
 
 def tokens_of(model) -> tuple[str, ...]:

@@ -1,10 +1,12 @@
 """The task-level check of a whole Whisper: the same greedy decode from eager's encoder output
 and from the delegated program's, token for token.
 
-A checkpoint that holds the decoder (a CTranslate2 directory: `pipeline.models.ctranslate2`)
-decodes each utterance of the example inputs twice with the checkpoint's own decoder at the
-report's dtype: from the encoder output of eager PyTorch and from the program's. The check
-passes when the tokens are identical. The decode is greedy and deterministic:
+A checkpoint that holds the decoder (a CTranslate2 directory: `pipeline.models.ctranslate2`;
+a Hugging Face directory with the decoder's weights and its tokenizer files:
+`pipeline.models.whisper.whole_model`) decodes each utterance of the example inputs twice
+with the checkpoint's own decoder at the report's dtype: from the encoder output of eager
+PyTorch and from the program's. The check passes when the tokens are identical. The decode
+is greedy and deterministic:
 - the prompt is <|startoftranscript|><|notimestamps|> for an English-only model (vocabulary
   under 51,865 tokens), <|startoftranscript|><|en|><|transcribe|><|notimestamps|> otherwise;
 - every special token (`<|...|>`) but <|endoftext|> is suppressed, and the checkpoint's
@@ -147,16 +149,28 @@ def _byte_decoder() -> dict[str, int]:
 
 
 def decoder_of(spec) -> WhisperDecoder | None:
-    """The decoder of a whisper spec built from a checkpoint that holds one (CTranslate2's
-    whole model), at the spec's dtype; None when there is none (seeded weights, an
-    encoder-only Hugging Face directory, another model)."""
-    if spec.name != "whisper" or getattr(spec, "checkpoint_format", None) != "ctranslate2":
+    """The decoder of a whisper spec built from a checkpoint that holds one, at the spec's
+    dtype: CTranslate2's whole model, or a Hugging Face directory's with its decoder weights
+    and tokenizer files (`pipeline.models.whisper.whole_model`). None when there is none
+    (seeded weights, a Hugging Face directory without decoder weights or without vocabulary
+    files, another model). The checkpoint is read again with the spec's sha256: CheckpointError
+    when its files changed since the spec was built."""
+    form = getattr(spec, "checkpoint_format", None)
+    if spec.name != "whisper" or form not in ("ctranslate2", "huggingface"):
         return None
-    from pipeline.models import ctranslate2
+    # A Hugging Face directory is whole when the build read a vocabulary with it.
+    if form == "huggingface" and getattr(spec, "checkpoint_tokens", None) is None:
+        return None
+    from pipeline.models import ctranslate2, whisper
+    from pipeline.models.checkpoint import read_checkpoint
 
-    checkpoint = ctranslate2.read_ctranslate2(spec.checkpoint, spec.checkpoint_sha256)
     dtype = next(p.dtype for p in spec.module.parameters() if p.is_floating_point())
-    return WhisperDecoder.of(ctranslate2.whole_model(checkpoint).to(dtype), checkpoint.tokens)
+    if form == "ctranslate2":
+        checkpoint = ctranslate2.read_ctranslate2(spec.checkpoint, spec.checkpoint_sha256)
+        return WhisperDecoder.of(ctranslate2.whole_model(checkpoint).to(dtype), checkpoint.tokens)
+    stored = read_checkpoint(spec.checkpoint, whisper.FAMILY, spec.checkpoint_sha256)
+    # The encoder is the spec's module, read from these files when it was built.
+    return WhisperDecoder.of(whisper.whole_model(stored, spec.module.encoder, dtype), stored.tokens)
 
 
 def agreement(a: Sequence[int], b: Sequence[int]) -> tuple[float, int | None]:

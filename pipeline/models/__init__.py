@@ -87,8 +87,11 @@ def build(
         model, read by `pipeline.models.ctranslate2`); CheckpointError (a ValueError) names
         the directory and the cause when it cannot be used. Its files must lie inside it, its
         config's sizes (a CTranslate2 model's shapes) must describe exactly the weights it
-        holds; all of this is checked before the module is built. The spec records its
-        format and how its weights were stored (`checkpoint_format`, `checkpoint_weights`).
+        holds; all of this is checked before the module is built. A Hugging Face whisper
+        directory that holds the whole model (decoder weights) and its tokenizer files is
+        read with its vocabulary, and its decoder's weights are checked too. The spec records
+        its format and how its weights were stored (`checkpoint_format`, `checkpoint_weights`)
+        and the vocabulary of a whole whisper (`checkpoint_tokens`).
     seed: seeds the random weights (when there is no checkpoint) and the example inputs.
     dynamic: export with dynamic sequence lengths (only models that have one: bart).
     config: build this config instead of an embedded one (for shrunken test models); the
@@ -135,6 +138,10 @@ def build(
     config._attn_implementation = ATTENTION
     ct2 = isinstance(stored, ctranslate2.CTranslate2Checkpoint)
     plan = plan_weights(stored, fam) if stored is not None and not ct2 else None
+    if plan is not None and stored.tokens is not None:
+        # A whole whisper: its decoder is checked now, as a CTranslate2 one's is, though only
+        # the transcripts load it (`whisper.whole_model`).
+        whisper.plan_whole(stored)
 
     torch.manual_seed(seed)
     module = fam.make_module(config)
@@ -167,6 +174,7 @@ def build(
         checkpoint_format=None if stored is None else ctranslate2.FORMAT if ct2 else "huggingface",
         checkpoint_weights=None if stored is None else stored.weights if ct2 else ", ".join(
             sorted({FLOAT_DTYPES[stored.tensors[name].dtype] for name in plan.values()})),
+        checkpoint_tokens=None if stored is None else stored.tokens,
         audio=files,
         audio_sha256=heard,
     )

@@ -4,8 +4,10 @@ A checkpoint is data from elsewhere, read in this order so that nothing large is
 for one that cannot be used:
 1. its files, each required to lie inside the directory (symlinks resolved): config.json and
    the shard index read with bounds on size and nesting, the safetensors headers (names,
-   shapes, dtypes; no data) of the shards, and one sha256 over config.json and the
-   safetensors files (what an export records, and its readers check);
+   shapes, dtypes; no data) of the shards, a whole model's tokenizer vocabulary where the
+   family reads one (`ModelFamily.read_vocabulary`: whisper's, beside its decoder), and one
+   sha256 over config.json, the safetensors files and the vocabulary's (what an export
+   records, and its readers check);
 2. the config, its sizes checked (`pipeline.models.sizes`) against what those headers hold;
 3. the module built on the meta device (no memory): its weights held against the headers, so
    a missing, misshapen, non-float or unused tensor is refused by name (`plan_weights`);
@@ -80,16 +82,21 @@ class Checkpoint:
     directory: Path  # absolute, symlinks resolved
     config: PretrainedConfig  # its sizes checked against `tensors`
     tensors: dict[str, StoredTensor]  # by name, as the headers (and the shard index) declare them
-    files: tuple[Path, ...]  # config.json and the safetensors files, as `files_sha256` hashes them
+    # config.json, the safetensors files and the vocabulary's, as `files_sha256` hashes them
+    files: tuple[Path, ...]
     sha256: str
     # Identity (device, inode, size, mtime) of each file when hashed: the files loaded must
     # be the ones hashed.
     identities: tuple[tuple[int, int, int, int], ...]
+    # The tokenizer vocabulary by id, where the family reads one and the checkpoint holds the
+    # whole model and its vocabulary files (`ModelFamily.read_vocabulary`); None otherwise.
+    tokens: tuple[str, ...] | None = None
 
 
 def read_checkpoint(directory: str | os.PathLike, family: ModelFamily, sha256: str | None = None) -> Checkpoint:
     """Read `directory` as a `family` checkpoint: its config (sizes checked against the
-    weights it holds), the tensors its safetensors headers declare, the sha256 of its files.
+    weights it holds), the tensors its safetensors headers declare, a whole model's tokenizer
+    vocabulary (where `family` reads one), the sha256 of its files.
 
     `sha256`: the digest the files must have (an export's record of them). CheckpointError
     names the directory and the cause for anything that cannot be used.
@@ -110,13 +117,16 @@ def read_checkpoint(directory: str | os.PathLike, family: ModelFamily, sha256: s
     tensors, weight_files = _tensor_table(root, shown)
     config = config_from_dict(raw, family, f"{shown}: {CONFIG}")
     check_sizes(config, family, f"{shown}: {CONFIG}", len(tensors), sum(t.numel for t in tensors.values()))
-    files = tuple(sorted({config_path, *weight_files}, key=lambda p: p.relative_to(root).as_posix()))
+    vocabulary = None if family.read_vocabulary is None else family.read_vocabulary(root, shown, config, tensors.keys())
+    held = {} if vocabulary is None else vocabulary.files
+    files = tuple(sorted({config_path, *weight_files, *held}, key=lambda p: p.relative_to(root).as_posix()))
     identities = tuple(file_identity(p) for p in files)
-    digest = files_sha256(root, files)
+    digest = files_sha256(root, files, held)
     if sha256 is not None and digest != sha256:
         raise CheckpointError(f"{shown}: its files' sha256 is {digest}, not {sha256} as the export recorded: "
                               "the checkpoint changed since; export again")
-    return Checkpoint(shown, root, config, tensors, files, digest, identities)
+    return Checkpoint(shown, root, config, tensors, files, digest, identities,
+                      None if vocabulary is None else vocabulary.tokens)
 
 
 def checkpoint_root(directory: str | os.PathLike) -> tuple[str, Path]:
@@ -144,7 +154,12 @@ def config_from_dict(raw: dict[str, Any], family: ModelFamily, where: str) -> Pr
 def read_json(path: Path, where: str) -> Any:
     """The JSON value in the regular file at `path`, refused (CheckpointError, `where` first)
     when it is larger than MAX_JSON_BYTES or nests deeper than MAX_JSON_DEPTH."""
-    data = read_small_file(path, where)
+    return parse_json(read_small_file(path, where), where)
+
+
+def parse_json(data: bytes, where: str) -> Any:
+    """The JSON value in `data` (bytes `read_small_file` read), refused (CheckpointError,
+    `where` first) when it is not JSON or nests deeper than MAX_JSON_DEPTH."""
     try:
         value = json.loads(data)
     except RecursionError:
@@ -173,12 +188,18 @@ def read_small_file(path: Path, where: str) -> bytes:
     return data
 
 
-def files_sha256(root: Path, files: tuple[Path, ...]) -> str:
-    """One sha256 over `files` (config.json and the safetensors files, in sorted order of
-    their paths inside `root`): for each, its relative path, NUL, its size in decimal, NUL,
-    then its bytes."""
+def files_sha256(root: Path, files: tuple[Path, ...], held: dict[Path, bytes] | None = None) -> str:
+    """One sha256 over `files` (config.json, the safetensors files and a vocabulary's, in
+    sorted order of their paths inside `root`): for each, its relative path, NUL, its size in decimal, NUL,
+    then its bytes. `held`: files already read (a vocabulary), hashed from those bytes, so
+    that the digest describes what was parsed."""
     digest = hashlib.sha256()
     for path in files:
+        if held is not None and path in held:
+            data = held[path]
+            digest.update(f"{path.relative_to(root).as_posix()}\0{len(data)}\0".encode())
+            digest.update(data)
+            continue
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             digest.update(f"{path.relative_to(root).as_posix()}\0{size}\0".encode())
@@ -204,27 +225,34 @@ def plan_weights(checkpoint: Checkpoint, family: ModelFamily) -> dict[str, str]:
     except Exception as exc:  # whatever transformers raises for a config it cannot build
         raise CheckpointError(f"{where}: no {family.name} module can be built from it: "
                               f"{type(exc).__name__}: {exc}") from exc
-    wanted = {key: tuple(t.shape) for key, t in module.state_dict().items()}
-    needed = sum(torch.Size(shape).numel() for shape in wanted.values())
+    state = module.state_dict(keep_vars=True)
+    wanted = {key: tuple(t.shape) for key, t in state.items()}
+    # A tied weight (Whisper's output projection, its token embedding) is one tensor under two keys.
+    needed = sum(t.numel() for t in {id(t): t for t in state.values()}.values())
     held = sum(t.numel for t in checkpoint.tensors.values())
+    found = {key: next((c for c in _candidates(key, family) if c in checkpoint.tensors), None) for key in wanted}
+    missing = [key for key, name in found.items() if name is None]
     if needed > held:
+        # Where the sizes are right but weights are missing or smaller (a whole model's counts
+        # match exactly), the message names them.
+        unfit = [f"weights missing for {_some(missing)}"] if missing else []
+        unfit += [f"{name} has shape {checkpoint.tensors[name].shape}, the config implies {wanted[key]}"
+                  for key, name in found.items()
+                  if name is not None and checkpoint.tensors[name].shape != wanted[key]]
         raise CheckpointError(f"{where}: its sizes ({describe(checkpoint.config, family)}) make a module of "
-                              f"{needed} weights, more than the {held} the checkpoint holds in all")
+                              f"{needed} weights, more than the {held} the checkpoint holds in all"
+                              + "".join(f"; {line}" for line in unfit[:2]))
     plan: dict[str, str] = {}
-    missing: list[str] = []
     for key, shape in wanted.items():
-        candidates = [p + k for k in (key, *family.weight_aliases.get(key, ())) for p in KEY_PREFIXES]
-        found = next((c for c in candidates if c in checkpoint.tensors), None)
-        if found is None:
-            missing.append(key)
+        if found[key] is None:
             continue
-        stored = checkpoint.tensors[found]
+        stored = checkpoint.tensors[found[key]]
         if stored.dtype not in FLOAT_DTYPES:
-            raise CheckpointError(f"{shown}: {found} is {OTHER_DTYPES.get(stored.dtype, stored.dtype)}; only "
+            raise CheckpointError(f"{shown}: {found[key]} is {OTHER_DTYPES.get(stored.dtype, stored.dtype)}; only "
                                   f"{', '.join(FLOAT_DTYPES.values())} weights are read")
         if stored.shape != shape:
-            raise CheckpointError(f"{shown}: {found} has shape {stored.shape}, the config implies {shape}")
-        plan[key] = found
+            raise CheckpointError(f"{shown}: {found[key]} has shape {stored.shape}, the config implies {shape}")
+        plan[key] = found[key]
     if missing:
         raise CheckpointError(f"{shown}: weights missing for {_some(missing)}")
     parts = {name for name, _ in module.named_children()}
@@ -239,11 +267,24 @@ def plan_weights(checkpoint: Checkpoint, family: ModelFamily) -> dict[str, str]:
 
 def load_weights(module: torch.nn.Module, checkpoint: Checkpoint, plan: dict[str, str]) -> None:
     """Fill every parameter and buffer of `module` from the checkpoint, as `plan_weights` mapped them."""
+    dtypes = {key: tensor.dtype for key, tensor in module.state_dict().items()}
+    module.load_state_dict(read_weights(checkpoint, plan, dtypes), strict=True)
+
+
+def read_weights(checkpoint: Checkpoint, plan: dict[str, str],
+                 dtypes: dict[str, torch.dtype]) -> dict[str, torch.Tensor]:
+    """The tensors `plan` maps (module state-dict key -> checkpoint tensor name), each cast to
+    its key's dtype in `dtypes` as it is read, once for keys that share it (tied weights);
+    CheckpointError when a file is unreadable or the files changed since they were hashed."""
     state: dict[str, torch.Tensor] = {}
-    current = module.state_dict()
+    first: dict[str, str] = {}  # checkpoint tensor name -> the key it was read for
     with ExitStack() as stack:
         handles: dict[Path, Any] = {}
         for key, name in plan.items():
+            if name in first and dtypes[first[name]] == dtypes[key]:
+                state[key] = state[first[name]]
+                continue
+            first.setdefault(name, key)
             file = checkpoint.tensors[name].file
             try:
                 if file not in handles:
@@ -251,10 +292,10 @@ def load_weights(module: torch.nn.Module, checkpoint: Checkpoint, plan: dict[str
                 tensor = handles[file].get_tensor(name)
             except (SafetensorError, OSError) as exc:
                 raise CheckpointError(f"{checkpoint.shown}: {file.name} is unreadable: {exc}") from exc
-            state[key] = tensor.to(current[key].dtype)
+            state[key] = tensor.to(dtypes[key])
     if tuple(file_identity(p) for p in checkpoint.files) != checkpoint.identities:
         raise CheckpointError(f"{checkpoint.shown}: its files changed while they were read; nothing was built")
-    module.load_state_dict(state, strict=True)
+    return state
 
 
 def inside(root: Path, entry: str, shown: str, listed_in: str | None = None) -> Path:
@@ -351,6 +392,11 @@ def _depth(value: Any) -> int:
 def file_identity(path: Path) -> tuple[int, int, int, int]:
     info = os.stat(path)
     return info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns
+
+
+def _candidates(key: str, family: ModelFamily) -> list[str]:
+    """The checkpoint names that may hold module state-dict `key`: its own and its aliases, bare or under `model.`."""
+    return [p + k for k in (key, *family.weight_aliases.get(key, ())) for p in KEY_PREFIXES]
 
 
 def _under(name: str, parts: set[str]) -> bool:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -36,10 +37,24 @@ class ModelSpec:
     # ("float16", "dequantized int8, float32", ...); None for seeded random weights.
     checkpoint_format: str | None = None
     checkpoint_weights: str | None = None
+    # The vocabulary by token id of a checkpoint that holds the whole model with it (a
+    # CTranslate2 Whisper; a Hugging Face one with its decoder and tokenizer files): what its
+    # decoder's transcripts are read in. None otherwise.
+    checkpoint_tokens: tuple[str, ...] | None = None
     # The WAV files (absolute paths) whose log-mel are the example inputs, and the sha256 of
     # the bytes decoded (`pipeline.models.audio.read_wavs`); None for synthetic inputs.
     audio: tuple[str, ...] | None = None
     audio_sha256: str | None = None
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """A tokenizer vocabulary read from a checkpoint directory beside its weights."""
+
+    tokens: tuple[str, ...]  # by token id: 0 to the model's vocab_size - 1, each once
+    # The files it was read from (absolute, inside the directory) and their bytes as read:
+    # the checkpoint's sha256 covers these bytes, the ones the tokens came from.
+    files: dict[Path, bytes]
 
 
 @dataclass(frozen=True)
@@ -83,3 +98,8 @@ class ModelFamily:
     # of them where the heads must divide the width.
     sizes: tuple[ConfigInt, ...] = ()
     divides: tuple[tuple[str, str], ...] = ()
+    # The tokenizer vocabulary of a checkpoint that holds the whole model (whisper: its decoder,
+    # which turns the encoder output into token ids): (directory, "checkpoint DIR" for
+    # messages, its config, the names of its tensors) -> the vocabulary, hashed with the
+    # checkpoint's files, or None where the checkpoint is not whole or holds no vocabulary files.
+    read_vocabulary: Callable[[Path, str, PretrainedConfig, Collection[str]], Vocabulary | None] | None = None

@@ -1,18 +1,34 @@
-"""`whisper`: the Whisper encoder — log-mel features of a 30 s window in, hidden states out."""
+"""`whisper`: the Whisper encoder — log-mel features of a 30 s window in, hidden states out.
+
+A Hugging Face checkpoint of the whole model (`WhisperForConditionalGeneration`: weights under
+`model.decoder.` beside the encoder's) is read with its tokenizer vocabulary where the directory
+holds one (`pipeline.models.vocabulary`), and `whole_model` gives the whole model for the
+transcripts: the zoo's module stays the encoder.
+"""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from transformers import WhisperConfig, WhisperFeatureExtractor
+from transformers import WhisperConfig, WhisperFeatureExtractor, WhisperForConditionalGeneration
 from transformers.models.whisper.modeling_whisper import WhisperEncoder
 
 from pipeline.models import audio
-from pipeline.models.spec import ConfigInt, ModelFamily
+from pipeline.models.checkpoint import CONFIG, Checkpoint, plan_weights, read_weights
+from pipeline.models.sizes import check_sizes
+from pipeline.models.spec import ConfigInt, ModelFamily, Vocabulary
+from pipeline.models.vocabulary import read_vocabulary
+
+# The names `WhisperForConditionalGeneration` saves its decoder's weights under: a checkpoint
+# holding any is the whole model.
+DECODER = "model.decoder."
+ENCODER = "model.encoder."
 
 CLIP_SECONDS = 8.0
 
@@ -74,6 +90,14 @@ def speech_inputs(config: WhisperConfig, preprocessor: dict[str, Any],
     return (log_mel(waves, config, preprocessor),), sha256
 
 
+def whole_vocabulary(root: Path, shown: str, config: WhisperConfig, names: Collection[str]) -> Vocabulary | None:
+    """The tokenizer vocabulary of a checkpoint that holds the whole Whisper (`ModelFamily.read_vocabulary`);
+    None for an encoder-only checkpoint or one without vocabulary files."""
+    if not any(name.startswith(DECODER) for name in names):
+        return None
+    return read_vocabulary(root, shown, config.vocab_size)
+
+
 FAMILY = ModelFamily(
     name="whisper",
     # The English-only models (.en) share their encoder with the multilingual ones; their
@@ -94,4 +118,47 @@ FAMILY = ModelFamily(
         ConfigInt("encoder_ffn_dim"), ConfigInt("num_mel_bins"), ConfigInt("max_source_positions"),
     ),
     divides=(("encoder_attention_heads", "d_model"),),
+    read_vocabulary=whole_vocabulary,
 )
+
+
+def whole_family(config: WhisperConfig) -> ModelFamily:
+    """The whole model as a family entry for the checkpoint reader's checks: its decoder's sizes
+    too, and the output projection, when tied to the token embedding, read from the embedding
+    (which is all that `save_pretrained` writes of the two)."""
+    tied = {"proj_out.weight": (f"{DECODER}embed_tokens.weight",)} if config.tie_word_embeddings else {}
+    return replace(
+        FAMILY,
+        make_module=WhisperForConditionalGeneration,
+        sizes=(*FAMILY.sizes, ConfigInt("decoder_layers", repeats=True), ConfigInt("decoder_attention_heads"),
+               ConfigInt("decoder_ffn_dim"), ConfigInt("max_target_positions"), ConfigInt("vocab_size")),
+        divides=(*FAMILY.divides, ("decoder_attention_heads", "d_model")),
+        weight_aliases=tied,
+    )
+
+
+def plan_whole(checkpoint: Checkpoint) -> dict[str, str]:
+    """`plan_weights` of the whole model (decoder and output projection with the encoder): a
+    checkpoint whose config sizes do not fit its tensors, or with a missing, misshapen,
+    non-float or unused weight, is refused by name before anything is built."""
+    family = whole_family(checkpoint.config)
+    check_sizes(checkpoint.config, family, f"{checkpoint.shown}: {CONFIG}", len(checkpoint.tensors),
+                sum(t.numel for t in checkpoint.tensors.values()))
+    return plan_weights(checkpoint, family)
+
+
+def whole_model(checkpoint: Checkpoint, encoder: WhisperEncoder, dtype: torch.dtype) -> WhisperForConditionalGeneration:
+    """The whole Whisper of a Hugging Face checkpoint that holds it, at `dtype`, eval mode:
+    `encoder` is the zoo module's (read from the same files, not read again), the decoder and
+    the output projection are read from the files, each weight checked first (`plan_whole`)."""
+    plan = plan_whole(checkpoint)
+    with torch.device("meta"):
+        model = WhisperForConditionalGeneration(checkpoint.config)
+    dtypes = {key: dtype if t.is_floating_point() else t.dtype for key, t in model.state_dict().items()}
+    state = read_weights(checkpoint, {key: name for key, name in plan.items() if not key.startswith(ENCODER)}, dtypes)
+    state.update({f"{ENCODER}{key}": t.to(dtypes[f"{ENCODER}{key}"]) for key, t in encoder.state_dict().items()})
+    # assign: the meta tensors are replaced by these; the tie is made again after.
+    model.load_state_dict(state, strict=True, assign=True)
+    if checkpoint.config.tie_word_embeddings:
+        model.tie_weights()
+    return model.eval()

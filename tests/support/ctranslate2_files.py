@@ -36,6 +36,17 @@ def tiny_whisper(vocab_size: int = 12, seed: int = 1) -> WhisperForConditionalGe
     return model
 
 
+def listening_whisper() -> WhisperForConditionalGeneration:
+    """`tiny_whisper` whose decoder listens to the encoder: its cross-attention scaled up (at
+    init it barely moves the logits, and every utterance would decode alike)."""
+    model = tiny_whisper()
+    with torch.no_grad():
+        for layer in model.model.decoder.layers:
+            layer.encoder_attn.v_proj.weight.mul_(40.0)
+            layer.encoder_attn.out_proj.weight.mul_(40.0)
+    return model
+
+
 def ct2_variables(model: WhisperForConditionalGeneration) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """(CTranslate2 name -> tensor, alias -> variable) of `model`; scalars as 0-dim tensors."""
     config = model.config
