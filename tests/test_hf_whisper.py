@@ -20,9 +20,11 @@ from pipeline.evaluation.transcripts import WhisperDecoder, decoder_of
 from pipeline.models import CheckpointError
 from pipeline.models.audio import shipped_utterances
 from pipeline.models.checkpoint import Checkpoint, StoredTensor, files_sha256, read_checkpoint
-from pipeline.models.whisper import FAMILY, plan_whole
+from pipeline.models.vocabulary import read_vocabulary
+from pipeline.models.whisper import FAMILY, TIMESTAMPS, plan_whole
 from support.ctranslate2_files import listening_whisper
-from support.hf_whisper_files import whisper_tokens, write_encoder_only, write_tokenizer_json, write_whole
+from support.hf_whisper_files import (whisper_tokens, write_encoder_only, write_tokenizer_json, write_vocab_json,
+                                      write_whole)
 
 
 @pytest.fixture(scope="module")
@@ -225,3 +227,20 @@ def test_every_published_whole_whisper_passes_the_checks(variant):
     checkpoint = Checkpoint("published", Path("."), config, saved, (), "", ())
     plan = plan_whole(checkpoint)
     assert plan == {k: k for k in saved} | {"proj_out.weight": "model.decoder.embed_tokens.weight"}
+
+
+# --- tokenizer files saved before Whisper's timestamp tokens ---------------------------------
+
+def test_tokenizer_files_without_the_timestamps_are_completed_by_them(tmp_path):
+    tokens = whisper_tokens(20)
+    write_vocab_json(tmp_path, tokens)
+    read = read_vocabulary(tmp_path, "checkpoint X", len(tokens) + len(TIMESTAMPS), TIMESTAMPS)
+    assert read.tokens == tokens + TIMESTAMPS
+    assert (read.tokens[len(tokens)], read.tokens[-1]) == ("<|0.00|>", "<|30.00|>")
+
+
+def test_a_vocabulary_short_of_more_than_the_timestamps_is_refused(tmp_path):
+    tokens = whisper_tokens(20)
+    write_vocab_json(tmp_path, tokens[:-1])
+    with pytest.raises(CheckpointError, match=r"no token for id 19 \(1502 of the model's 1521 ids have none\)"):
+        read_vocabulary(tmp_path, "checkpoint X", len(tokens) + len(TIMESTAMPS), TIMESTAMPS)

@@ -38,9 +38,11 @@ def vocabulary_files(root: Path) -> tuple[str, ...]:
     return ()
 
 
-def read_vocabulary(root: Path, shown: str, vocab_size: int) -> Vocabulary | None:
+def read_vocabulary(root: Path, shown: str, vocab_size: int, tail: tuple[str, ...] = ()) -> Vocabulary | None:
     """The vocabulary in checkpoint directory `root` (`vocabulary_files`), by id, for a model
-    of `vocab_size` tokens; None where the directory holds no vocabulary files.
+    of `vocab_size` tokens; None where the directory holds no vocabulary files. `tail`: tokens
+    that complete it where the files name exactly the ids before them (Whisper's timestamp
+    tokens, which its tokenizer files saved before they were added lack).
 
     `shown`: the directory for messages ("checkpoint DIR"). CheckpointError names the file for
     one that is not a regular file, is larger than the reader's bound, is not JSON of its form
@@ -68,7 +70,10 @@ def read_vocabulary(root: Path, shown: str, vocab_size: int) -> Vocabulary | Non
             if held != token:
                 raise CheckpointError(f"{where}: id {i} is given to {_shown(token)} and, in {source}, to "
                                       f"{_shown(held)}: each id names one token")
-    if len(by_id) < vocab_size:
+    named = len(by_id)
+    if tail and named + len(tail) == vocab_size and all(i < named for i in by_id):
+        return Vocabulary(tuple(by_id[i][0] for i in range(named)) + tail, files)
+    if named < vocab_size:
         # Every id is in range and held once: the first gap is among the first len(by_id) + 1.
         first = next(i for i in range(vocab_size) if i not in by_id)
         raise CheckpointError(f"{shown}: {' with '.join(names)}: no token for id {first} "

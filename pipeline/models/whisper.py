@@ -29,6 +29,8 @@ from pipeline.models.vocabulary import read_vocabulary
 # holding any is the whole model.
 DECODER = "model.decoder."
 ENCODER = "model.encoder."
+# Whisper's last 1,501 tokens: the timestamps <|0.00|> to <|30.00|>, 20 ms apart.
+TIMESTAMPS = tuple(f"<|{i * 0.02:.2f}|>" for i in range(1501))
 
 CLIP_SECONDS = 8.0
 
@@ -95,7 +97,7 @@ def whole_vocabulary(root: Path, shown: str, config: WhisperConfig, names: Colle
     None for an encoder-only checkpoint or one without vocabulary files."""
     if not any(name.startswith(DECODER) for name in names):
         return None
-    return read_vocabulary(root, shown, config.vocab_size)
+    return read_vocabulary(root, shown, config.vocab_size, TIMESTAMPS)
 
 
 FAMILY = ModelFamily(
