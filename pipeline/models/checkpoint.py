@@ -105,7 +105,8 @@ def read_checkpoint(directory: str | os.PathLike, family: ModelFamily, sha256: s
     config_path = inside(root, CONFIG, shown)
     if not config_path.exists():
         raise CheckpointError(f"{shown}: no {CONFIG}")
-    raw = read_json(config_path, f"{shown}: {CONFIG}")
+    config_bytes = read_small_file(config_path, f"{shown}: {CONFIG}")
+    raw = parse_json(config_bytes, f"{shown}: {CONFIG}")
     if not isinstance(raw, dict):
         raise CheckpointError(f"{shown}: {CONFIG} is not a JSON object")
     model_type = raw.get("model_type")
@@ -118,8 +119,9 @@ def read_checkpoint(directory: str | os.PathLike, family: ModelFamily, sha256: s
     config = config_from_dict(raw, family, f"{shown}: {CONFIG}")
     check_sizes(config, family, f"{shown}: {CONFIG}", len(tensors), sum(t.numel for t in tensors.values()))
     vocabulary = None if family.read_vocabulary is None else family.read_vocabulary(root, shown, config, tensors.keys())
-    held = {} if vocabulary is None else vocabulary.files
-    files = tuple(sorted({config_path, *weight_files, *held}, key=lambda p: p.relative_to(root).as_posix()))
+    # The files parsed are hashed from the bytes parsed: config.json and the vocabulary's.
+    held = {config_path: config_bytes, **({} if vocabulary is None else vocabulary.files)}
+    files = tuple(sorted({*weight_files, *held}, key=lambda p: p.relative_to(root).as_posix()))
     identities = tuple(file_identity(p) for p in files)
     digest = files_sha256(root, files, held)
     if sha256 is not None and digest != sha256:
@@ -191,8 +193,8 @@ def read_small_file(path: Path, where: str) -> bytes:
 def files_sha256(root: Path, files: tuple[Path, ...], held: dict[Path, bytes] | None = None) -> str:
     """One sha256 over `files` (config.json, the safetensors files and a vocabulary's, in
     sorted order of their paths inside `root`): for each, its relative path, NUL, its size in decimal, NUL,
-    then its bytes. `held`: files already read (a vocabulary), hashed from those bytes, so
-    that the digest describes what was parsed."""
+    then its bytes. `held`: files already read (config.json, a vocabulary), hashed from those
+    bytes, so that the digest describes what was parsed."""
     digest = hashlib.sha256()
     for path in files:
         if held is not None and path in held:
