@@ -27,6 +27,17 @@ Per shape and dtype, every variant is a module the kernel's own config writes, e
 - held_copy: the held path's loads and stores with nothing between (x unpacked and packed
   again; no statistics): a copy in the kernel's access pattern.
 - held_copy_words: the same, words copied as they are (half rows: no conversion).
+- merged_squares: each thread's squares taken about its own corrected mean in the correction
+  pass, moved to the row's mean by count x gap^2 as streamed rows do (Chan et al.): one
+  pass over the held values fewer, the same exactness.
+- near_store: rows not far from zero (the centring's a = 1, c = 0) store (x - mean) * r, a
+  row-uniform branch: two operations a value fewer, the same bits.
+- lean: merged_squares and near_store.
+- one_sum: no second row sum (each thread's own second sums: wrong values, timing only):
+  what a row with one butterfly could reach.
+- lean_one_sum: lean and one_sum (timing only).
+- half_threads: half the threads per row, twice the values each.
+- lean_half_threads: lean and half_threads.
 - copy: bench_copy.wgsl over the same bytes, 16-byte loads, 256 threads a workgroup.
 The variants time in rounds, the order reversed every other round, so drift falls on all.
 Only the kernel is a LayerNorm; the rest are for timing.
@@ -175,6 +186,56 @@ class HeldCopyWords(HeldCopy):
         return edited(s, r"fn x_word\(v: V\) -> XW \{ return [^\n]*", f"fn x_word(v: V) -> XW {{ return {word}; }}", 1)
 
 
+@dataclass(frozen=True)
+class MergedSquares(Variant):
+    EDITS = (("    var shift = 0.0;\n", "    var shift = 0.0;\n    var own = 0.0;\n", 1),
+             (r"    shift \+= deviation_at\((framed\(v_(\d+), in_\2, frame\)), in_\2, first_mean\)\.x;",
+              r"    let e_\2 = deviation_at(\1, in_\2, first_mean);\n    shift += e_\2.x;\n    own += e_\2.y;", None),
+             (r"    squares \+= deviation_at\([^\n]*, mean_d\)\.y;[^\n]*\n", "", None),
+             (r"    var squares = 0\.0;\n",
+              "    let squares = (own - count * rest * rest) + count * gap * gap;\n", 1))
+
+
+@dataclass(frozen=True)
+class NearStore(Variant):
+    def source(self, files: ShaderFiles) -> str:
+        text = super().source(files)
+        found = re.search(r"((?:    store_out\(base, i_\d+[^\n]*\n)+)}\n\nfn normalize_streamed", text)
+        if found is None:
+            raise RuntimeError("probe edit: the held stores not found")
+        stores = found.group(1)
+        near = stores.replace(", c, ", ", near, ").replace("    store_out", "        store_out")
+        far = stores.replace("    store_out", "        store_out")
+        branch = ("    let near = vec4<f32>(1.0, c.y, 0.0, c.w);\n    if (c.x == 1.0 && c.z == 0.0) {\n"
+                  + near + "    } else {\n" + far + "    }\n")
+        return text[:found.start(1)] + branch + text[found.end(1):]
+
+
+@dataclass(frozen=True)
+class Lean(MergedSquares, NearStore):
+    pass
+
+
+@dataclass(frozen=True)
+class OneSum(Variant):
+    EDITS = ((r"let sums = row_sum\((vec2<f32>\(gap \* share_of\(count\), squares\)), tid, lane, 1u, lanes\);",
+              r"let sums = \1;", 1),)
+
+
+@dataclass(frozen=True)
+class LeanOneSum(Lean, OneSum):
+    pass
+
+
+def half_threads(config: KernelConfig) -> KernelConfig | None:
+    """`config` with half the threads per row, twice the values each (None where it has none)."""
+    if not config.hold or config.threads_per_row < 2 or 2 * config.hold > 12:
+        return None
+    threads = config.threads_per_row // 2
+    return replace(config, threads_per_row=threads, workgroup=max(64, threads),
+                   hold=math.ceil(config.row_vecs / threads))
+
+
 def as_variant(cls: type, config: KernelConfig, **changes) -> KernelConfig:
     return cls(**{f.name: getattr(config, f.name) for f in fields(config)} | changes)
 
@@ -189,7 +250,12 @@ EDITED = (
     ("two_rows_late", TwoRowsLate, "held", "kernel"), ("cached_reads", CachedReads, "", "kernel"),
     ("work_only", WorkOnly, "", "kernel"), ("held_copy", HeldCopy, "held", "plain"),
     ("held_copy_words", HeldCopyWords, "held half", "plain"),
+    ("merged_squares", MergedSquares, "held", "kernel"), ("near_store", NearStore, "held", "kernel"),
+    ("lean", Lean, "held", "kernel"), ("one_sum", OneSum, "held", "kernel"),
+    ("lean_one_sum", LeanOneSum, "held", "kernel"),
 )
+# Variants whose values are the kernel's to within rounding (checked by --check).
+EXACT = ("merged_squares", "near_store", "lean", "half_threads", "lean_half_threads")
 
 
 def variants(rows: int, width: int, dtype: str) -> dict[str, KernelConfig]:
@@ -209,6 +275,10 @@ def variants(rows: int, width: int, dtype: str) -> dict[str, KernelConfig]:
         if ("half" in rows_taken and dtype == "float32") or ("held" in rows_taken and not kernel.hold):
             continue
         found[name] = as_variant(cls, configs[base])
+    halved = half_threads(kernel)
+    if halved is not None:
+        found["half_threads"] = halved
+        found["lean_half_threads"] = as_variant(Lean, halved)
     return found
 
 
@@ -239,6 +309,62 @@ def probe(shapes: list[tuple[int, int]], dtypes: list[str], rounds: int, repeats
     return results
 
 
+def check_rows(rows: int, width: int, seed: int = 0):
+    """float64 rows of the kinds the kernel's exactness rests on: random, far from zero
+    (1e4 + 1e-2 randn, 300 + randn), constant, a first value far out, halves apart."""
+    import torch
+    gen = torch.Generator().manual_seed(seed)
+    n = torch.randn(rows, width, generator=gen, dtype=torch.float64)
+    kinds = {"random": n, "1e4+1e-2": 1e4 + 1e-2 * n, "300+randn": 300 + n,
+             "constant": torch.full((rows, width), 7.25, dtype=torch.float64)}
+    outlier = n.clone()
+    outlier[:, 0] = 1e3
+    kinds["first_outlier"] = outlier
+    halves = n.clone()
+    halves[:, width // 2:] += 50.0
+    kinds["halves_apart"] = halves
+    return kinds
+
+
+def check(shapes: list[tuple[int, int]], dtypes: list[str], rows_each: int = 256) -> list[dict]:
+    """Max |out - float64| of the kernel and of each EXACT variant, per row kind: a variant
+    that moves the kernel's values shows here before its times mean anything."""
+    import torch
+    import torch.nn.functional as F
+
+    import pipeline.runtime.launch as launch
+
+    found = []
+    torch_dtype = {"float32": torch.float32, "float16": torch.float16}
+    for dtype in dtypes:
+        for _rows, width in shapes:
+            configs = variants(rows_each, width, dtype)
+            gen = torch.Generator().manual_seed(1)
+            w = torch.randn(width, generator=gen, dtype=torch.float64).to(torch_dtype[dtype])
+            b = torch.randn(width, generator=gen, dtype=torch.float64).to(torch_dtype[dtype])
+            errors: dict[str, dict[str, float]] = {}
+            for kind, rows in check_rows(rows_each, width).items():
+                x = rows.to(torch_dtype[dtype])
+                want = F.layer_norm(x.double(), (width,), w.double(), b.double(), 1e-5)
+                for name in ("kernel",) + EXACT:
+                    if name not in configs:
+                        continue
+                    chosen = configs[name]
+                    original = launch.device_config
+                    launch.device_config = lambda *a, chosen=chosen, **k: chosen
+                    try:
+                        out, _, _ = launch.native_layer_norm(x, (width,), w, b, 1e-5, stats=False)
+                    finally:
+                        launch.device_config = original
+                    err = (out.double() - want).abs().max().item()
+                    errors.setdefault(name, {})[kind] = err
+            row = {"dtype": dtype, "width": width, "errors": errors}
+            worst = {n: max(e[k] / max(errors["kernel"][k], 1e-30) for k in e) for n, e in errors.items()}
+            print(f"check {dtype} width {width}: " + " ".join(f"{n} x{v:.2f}" for n, v in worst.items()), flush=True)
+            found.append(row | {"worst_over_kernel": worst})
+    return found
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", required=True)
@@ -248,13 +374,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=200)
     parser.add_argument("--variants", help="comma list of the variants to time (default: all)")
+    parser.add_argument("--check", action="store_true",
+                        help="first compare the EXACT variants' values with the kernel's against float64")
     args = parser.parse_args()
     shapes = ([s for s in MODEL_SHAPES if s[0] * s[1] * 2 >= 4 << 20] if args.shapes == "model4mb"
               else parse_shapes(args.shapes))
+    checked = check(shapes, args.dtypes.split(",")) if args.check else None
     results = probe(shapes, args.dtypes.split(","), args.rounds, args.repeats,
                     set(args.variants.split(",")) if args.variants else None)
     write_json_atomic(args.json, {"device": device_info(), "rounds": args.rounds, "repeats": args.repeats,
-                                  "results": results})
+                                  "results": results, "check": checked})
 
 
 if __name__ == "__main__":
