@@ -38,6 +38,11 @@ Per shape and dtype, every variant is a module the kernel's own config writes, e
 - lean_one_sum: lean and one_sum (timing only).
 - half_threads: half the threads per row, twice the values each.
 - lean_half_threads: lean and half_threads.
+- least: the least a LayerNorm of held rows computes, ONNX Runtime's way: one sum of x and
+  x^2 over the row (var = E[x^2] - E[x]^2, wrong far from zero), then (x - mean) * rstd *
+  weight + bias; no frame, no correction, no NaN handling (timing only).
+- least_two_pass: the textbook two-pass (Triton's tutorial): the mean's sum, then the squares
+  about it, then the same output (timing only).
 - copy: bench_copy.wgsl over the same bytes, 16-byte loads, 256 threads a workgroup.
 The variants time in rounds, the order reversed every other round, so drift falls on all.
 Only the kernel is a LayerNorm; the rest are for timing.
@@ -227,6 +232,43 @@ class LeanOneSum(Lean, OneSum):
     pass
 
 
+@dataclass(frozen=True)
+class Least(Variant):
+    TWO_PASS: ClassVar[bool] = False
+
+    def source(self, files: ShaderFiles) -> str:
+        text = super().source(files)
+        start, end = text.index("fn normalize_held("), text.index("fn normalize_streamed(")
+        each = range(self.hold)
+        lines = ["fn normalize_held(tid: u32, row: u32, lanes: u32) {",
+                 "    let lane = tid % THREADS_PER_ROW;", "    let base = row_base(row);"]
+        lines += [f"    let i_{k} = lane + {k}u * THREADS_PER_ROW;\n    let in_{k} = held_in_row(i_{k}, {k}u);\n"
+                  f"    let v_{k} = load_x(base, i_{k}, in_{k});" for k in each]
+        if self.TWO_PASS:
+            lines += ["    var s = 0.0;"] + [f"    s += hsum(v_{k});" for k in each]
+            lines += ["    let mean = row_sum(vec2<f32>(s, 0.0), tid, lane, 0u, lanes).x * INV_WIDTH;",
+                      "    var q = 0.0;"]
+            lines += [f"    q += deviation_at(v_{k}, in_{k}, mean).y;" for k in each]
+            lines += ["    let m2 = row_sum(vec2<f32>(q, 0.0), tid, lane, 1u, lanes).x;",
+                      "    let r = inverseSqrt(m2 * INV_WIDTH + params.eps);"]
+        else:
+            lines += ["    var s = 0.0;", "    var q = 0.0;"]
+            lines += [f"    s += hsum(v_{k});\n    q += hsum(v_{k} * v_{k});" for k in each]
+            lines += ["    let sums = row_sum(vec2<f32>(s, q), tid, lane, 0u, lanes);",
+                      "    let mean = sums.x * INV_WIDTH;",
+                      "    let r = inverseSqrt(max(sums.y * INV_WIDTH - mean * mean, 0.0) + params.eps);"]
+        lines += ["    if (row >= params.rows) {", "        return;", "    }",
+                  "    let c = vec4<f32>(1.0, mean, 0.0, r);"]
+        lines += [f"    store_out(base, i_{k}, in_{k}, v_{k}, c, weight_at(i_{k}, in_{k}), bias_at(i_{k}, in_{k}));"
+                  for k in each]
+        return text[:start] + "\n".join(lines) + "\n}\n\n" + text[end:]
+
+
+@dataclass(frozen=True)
+class LeastTwoPass(Least):
+    TWO_PASS: ClassVar[bool] = True
+
+
 def half_threads(config: KernelConfig) -> KernelConfig | None:
     """`config` with half the threads per row, twice the values each (None where it has none)."""
     if not config.hold or config.threads_per_row < 2 or 2 * config.hold > 12:
@@ -253,6 +295,7 @@ EDITED = (
     ("merged_squares", MergedSquares, "held", "kernel"), ("near_store", NearStore, "held", "kernel"),
     ("lean", Lean, "held", "kernel"), ("one_sum", OneSum, "held", "kernel"),
     ("lean_one_sum", LeanOneSum, "held", "kernel"),
+    ("least", Least, "held", "kernel"), ("least_two_pass", LeastTwoPass, "held", "kernel"),
 )
 # Variants whose values are the kernel's to within rounding (checked by --check).
 EXACT = ("merged_squares", "near_store", "lean", "half_threads", "lean_half_threads")
