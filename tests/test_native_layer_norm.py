@@ -543,6 +543,18 @@ def test_held_rows_take_one_form_of_their_weight_and_bias_lines():
         assert len(re.findall(r"^    store_out\(", held, re.M)) == config.hold and absent not in held
 
 
+def test_held_rows_take_one_form_of_their_squares():
+    # Half rows: the squares come from the correction pass; float32 rows: a pass after the mean.
+    files = wgsl.ShaderFiles("naga")
+    for dtype, merged in (("float16", True), ("bfloat16", True), ("float32", False)):
+        config = kernel.choose_config(1024, True, True, 32, dtype)
+        assert config.hold and config.squares_with_correction == merged
+        held = config.source(files).split("fn normalize_held")[1].split("\nfn ")[0]
+        assert len(re.findall(r"^    own \+= e_\d+\.y;$", held, re.M)) == (config.hold if merged else 0)
+        assert len(re.findall(r"^    squares \+= deviation_at\(", held, re.M)) == (0 if merged else config.hold)
+        assert held.count("squares = (own - count * rest * rest) + count * gap * gap;") == int(merged)
+
+
 def test_marked_lines_are_written_out_once_per_value():
     source = "fn f() {\n    let v_K = g(lane + K * T);  // each held value\n}"
     assert written_out(source, {EACH_HELD_VALUE: 3}) == (
@@ -615,6 +627,26 @@ def test_rows_whose_weight_and_bias_load_at_the_store(dtype, width, reduction):
         assert_close_to_reference(x, (width,), weight, bias)
     else:
         assert_half_close_to_reference(x, (width,), weight, bias)
+
+
+@ON_BOTH_PATHS
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("width", [128, 768, 3072])
+@pytest.mark.parametrize("rows", ["halves_apart", "first_outlier", "far_from_zero"])
+def test_half_rows_whose_shares_differ(dtype, width, rows, reduction):
+    # Half rows take each thread's squares about its own share's mean and move them to the
+    # row's (squares_with_correction): rows whose threads' shares lie far apart, or whose
+    # first value (the frame) lies far out, are where that could lose precision.
+    gen = torch.Generator().manual_seed(width)
+    x = torch.randn(40, width, generator=gen)
+    if rows == "halves_apart":
+        x[:, width // 2:] += 50.0
+    elif rows == "first_outlier":
+        x[:, 0] = 1e3
+    else:
+        x = 3000.0 + 0.5 * x
+    weight, bias = (t.to(dtype) for t in make_affine((width,), True, True, gen))
+    assert_half_close_to_reference(x.to(dtype), (width,), weight, bias)
 
 
 @pytest.mark.parametrize("dtype", HALF_DTYPES)

@@ -29,8 +29,9 @@ void bool_constant(std::string* text, const char* name, bool value) {
 }
 
 // The kernel file with each marked line written out `held` or `step` times, of the held
-// lines that load or use weight and bias those of `late_affine`'s form only.
-std::string written_out_kernel(uint32_t held, uint32_t step, bool late_affine) {
+// lines that load or use weight and bias those of `late_affine`'s form only, and of those
+// that take the squares those of `merged`'s (squares_with_correction) only.
+std::string written_out_kernel(uint32_t held, uint32_t step, bool late_affine, bool merged) {
   std::string kernel;
   for (const KernelPart& part : kKernelParts) {
     uint32_t values = 1;
@@ -39,6 +40,9 @@ std::string written_out_kernel(uint32_t held, uint32_t step, bool late_affine) {
       case Marker::kEachHeldValue: values = held; break;
       case Marker::kEachHeldValueWeightAndBiasWithX: values = late_affine ? 0 : held; break;
       case Marker::kEachHeldValueWeightAndBiasAtTheStore: values = late_affine ? held : 0; break;
+      case Marker::kEachHeldValueSquaresAfterTheMean: values = merged ? 0 : held; break;
+      case Marker::kEachHeldValueSquaresWithTheCorrection: values = merged ? held : 0; break;
+      case Marker::kSquaresWithTheCorrection: values = merged ? 1 : 0; break;
       case Marker::kEachStepValue: values = step; break;
     }
     if (part.value < values) {
@@ -49,6 +53,8 @@ std::string written_out_kernel(uint32_t held, uint32_t step, bool late_affine) {
 }
 
 }  // namespace
+
+bool KernelConfig::squares_with_correction() const { return dtype != kFloat32; }
 
 KernelConfig choose_config(uint64_t width, bool has_weight, bool has_bias, uint32_t subgroup_size,
                            uint32_t dtype, uint32_t affine_dtype, bool pack2x16float,
@@ -110,7 +116,8 @@ std::string kernel_source(const KernelConfig& config, ShaderCompiler compiler) {
     bool_constant(&text, "PACK2X16FLOAT", config.pack2x16float);
     text += half_declarations(vec, config.affine_dtype != kFloat32);
   }
-  return text + written_out_kernel(std::max<uint32_t>(config.hold, 1), config.unroll, config.late_affine());
+  return text + written_out_kernel(std::max<uint32_t>(config.hold, 1), config.unroll, config.late_affine(),
+                                   config.squares_with_correction());
 }
 
 const std::string* wgsl_file(const std::string& name) {

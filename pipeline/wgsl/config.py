@@ -52,15 +52,27 @@ PARAMS_BYTES = 16
 # (docs/measurements.md, "Where float16 stands against the copy").
 LATE_AFFINE_VALUES = 20
 
+# Half rows take each thread's squares in its correction pass, about its share's first mean,
+# and move them to the row's mean_d (KernelConfig.squares_with_correction); float32 rows take
+# them in a pass of their own after mean_d. On the H200, over the float16 model shapes of 4 MB
+# or more, 1.5-8% faster (one shape 1% slower); over float32's, 0-3% slower at 7 of 9
+# (docs/measurements.md, "Where float16 stands against the copy").
+
 # The markers of the kernel file's lines written out once per value (`written_out`), and
 # the most values `choose_config` writes each out for. Held lines that load or use weight
-# and bias come in two forms: with x, or at the store (`late_affine`).
+# and bias come in two forms: with x, or at the store (`late_affine`); held lines that take
+# the squares, in two: after the mean, or with the correction (`squares_with_correction`),
+# whose lines marked SQUARES_WITH_CORRECTION are written once or not at all.
 EACH_HELD_VALUE = "each held value"
 EACH_HELD_AFFINE_WITH_X = "each held value, weight and bias with x"
 EACH_HELD_AFFINE_AT_STORE = "each held value, weight and bias at the store"
+EACH_HELD_SQUARES_AFTER_MEAN = "each held value, squares after the mean"
+EACH_HELD_SQUARES_WITH_CORRECTION = "each held value, squares with the correction"
+SQUARES_WITH_CORRECTION = "squares with the correction"
 EACH_STEP_VALUE = "each step value"
 MOST_VALUES = {EACH_HELD_VALUE: MAX_HOLD, EACH_HELD_AFFINE_WITH_X: MAX_HOLD, EACH_HELD_AFFINE_AT_STORE: MAX_HOLD,
-               EACH_STEP_VALUE: STREAM_UNROLL}
+               EACH_HELD_SQUARES_AFTER_MEAN: MAX_HOLD, EACH_HELD_SQUARES_WITH_CORRECTION: MAX_HOLD,
+               SQUARES_WITH_CORRECTION: 1, EACH_STEP_VALUE: STREAM_UNROLL}
 
 # Per components in one load: the WGSL type of V, the sum of its components and its first.
 _V_TYPES = {4: ("vec4<f32>", "v.x + v.y + v.z + v.w", "v.x"), 2: ("vec2<f32>", "v.x + v.y", "v.x"),
@@ -108,6 +120,12 @@ class KernelConfig:
         """Held rows of at least LATE_AFFINE_VALUES values a thread: weight and bias load at
         the store, after the row sums."""
         return self.hold * self.vec >= LATE_AFFINE_VALUES
+
+    @property
+    def squares_with_correction(self) -> bool:
+        """Half rows: each held thread's squares come from its correction pass, moved to the
+        row's mean, instead of a pass of their own after it."""
+        return self.dtype != "float32"
 
     @property
     def row_in_subgroup(self) -> bool:
@@ -158,9 +176,13 @@ class KernelConfig:
         lines written out."""
         reduce = "reduce_subgroup.wgsl" if self.subgroup_size else "reduce_workgroup.wgsl"
         held = max(self.hold, 1)
+        late, merged = self.late_affine, self.squares_with_correction
         kernel = written_out(files.shader_source(SHADER), {
-            EACH_HELD_VALUE: held, EACH_HELD_AFFINE_WITH_X: 0 if self.late_affine else held,
-            EACH_HELD_AFFINE_AT_STORE: held if self.late_affine else 0, EACH_STEP_VALUE: self.unroll})
+            EACH_HELD_VALUE: held, EACH_HELD_AFFINE_WITH_X: 0 if late else held,
+            EACH_HELD_AFFINE_AT_STORE: held if late else 0,
+            EACH_HELD_SQUARES_AFTER_MEAN: 0 if merged else held,
+            EACH_HELD_SQUARES_WITH_CORRECTION: held if merged else 0,
+            SQUARES_WITH_CORRECTION: int(merged), EACH_STEP_VALUE: self.unroll})
         storage = "".join(files.shader_source(name) for name in self.storage)
         body = files.shader_source(reduce) + storage + self.prelude() + kernel
         return files.module(body, subgroups=self.subgroup_size > 0)

@@ -20,8 +20,11 @@
 //   const WRITE_STATS: bool mean and rstd stored (a caller that uses only out does without)
 // and writes out the lines marked `// each held value` HOLD times, those marked `// each held
 // value, weight and bias with x` HOLD times where its config's late_affine is false and
-// those marked `... at the store` where it is true (config.py), and those marked `// each
-// step value` STEP times, K (and the suffix _K of names) becoming 0, 1, ...: loops over a
+// those marked `... at the store` where it is true (config.py), those marked `// each held
+// value, squares after the mean` HOLD times where its squares_with_correction is false and
+// those marked `... squares with the correction` where it is true (and the lines marked
+// `// squares with the correction` then once), and those marked `// each step value` STEP
+// times, K (and the suffix _K of names) becoming 0, 1, ...: loops over a
 // private array, which Naga bounds with a counter of its own, were measured much slower
 // than the same statements written out (docs/measurements.md, v4).
 //
@@ -51,7 +54,8 @@
 // - held rows (the row fits: at most 8 values for each of 256 threads): the thread loads its
 //   share once into registers, weight and bias with it (or, where it holds 20 values or
 //   more, at the store: late_affine in config.py), and takes its mean in a corrected
-//   two-pass; its squares and the output come from the registers.
+//   two-pass; its squares (in that second pass for half rows) and the output come from the
+//   registers.
 // - streamed rows: the thread walks its strided share, merging every V's exact (count,
 //   mean, M2) into its own (Welford, by pairwise merges, the mean compensated); its squares
 //   are M2 + count x (mean - mean_d)^2; then the thread walks its share again, re-reading
@@ -286,13 +290,20 @@ fn normalize_held(tid: u32, row: u32, lanes: u32) {
     let first_mean = select(0.0, sum / count, count > 0.0);
     // The share's mean of d: the first, corrected by the sum of the deviations from it.
     var shift = 0.0;
-    shift += deviation_at(framed(v_K, in_K, frame), in_K, first_mean).x;  // each held value
+    var own = 0.0;  // squares with the correction
+    let e_K = deviation_at(framed(v_K, in_K, frame), in_K, first_mean);  // each held value
+    shift += e_K.x;  // each held value
+    own += e_K.y;  // each held value, squares with the correction
     let rest = select(0.0, shift / count, count > 0.0);
     let mean_d = row_mean(count, first_mean + rest, tid, lane, lanes);
-    // The second sums: the share's mean less mean_d, weighed, and its squares of d - mean_d.
+    // The second sums: the share's mean less mean_d, weighed, and its squares of d - mean_d:
+    // taken in a pass after mean_d, or (squares_with_correction in config.py) from the
+    // squares about the share's own first mean, moved to its corrected mean and then to
+    // mean_d (Chan et al.), one pass over the values fewer.
     let gap = (first_mean - mean_d) + rest;
     var squares = 0.0;
-    squares += deviation_at(framed(v_K, in_K, frame), in_K, mean_d).y;  // each held value
+    squares += deviation_at(framed(v_K, in_K, frame), in_K, mean_d).y;  // each held value, squares after the mean
+    squares = (own - count * rest * rest) + count * gap * gap;  // squares with the correction
     let sums = row_sum(vec2<f32>(gap * share_of(count), squares), tid, lane, 1u, lanes);
     let stats = unframed(frame, mean_d, sums.x, m2_about(sums.x, sums.y));
     if (row >= params.rows) {
