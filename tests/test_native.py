@@ -96,15 +96,16 @@ def test_wgsl_module_is_pythons(native, width, dtype, affine_dtype):
                                      f"{subgroup_size} {dtype}/{affine_dtype} pack2x16float {pack} {compiler}")
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("dtype, affine_dtype", [("float32", None), ("float16", None), ("float16", "float32")])
 @pytest.mark.parametrize("width", [128, 512, 1024, 1026, 1536, 4096])
-def test_wgsl_module_by_launch_rows_and_stats_is_pythons(native, width, dtype):
-    # Rows on both sides of WIDE_LAUNCH_THREADS at any threads per row, with and without stats.
+def test_wgsl_module_by_launch_rows_and_stats_is_pythons(native, width, dtype, affine_dtype):
+    # Rows on both sides of WIDE_LAUNCH_THREADS at any threads per row, with and without stats
+    # (which, with a float32 weight and bias, choose the form of half rows' squares).
     for rows in (0, 1, 4095, 4096, 24575, 24576, 1 << 20):
         for write_stats in (False, True):
-            got = native.wgsl_source(width, True, True, 32, dtype, rows=rows, write_stats=write_stats)
-            want = _python_source(width, True, True, 32, dtype, rows=rows, write_stats=write_stats)
-            assert got == want, f"width {width} {dtype} rows {rows} write_stats {write_stats}"
+            got = native.wgsl_source(width, True, True, 32, dtype, affine_dtype, rows=rows, write_stats=write_stats)
+            want = _python_source(width, True, True, 32, dtype, affine_dtype, rows=rows, write_stats=write_stats)
+            assert got == want, f"width {width} {dtype}/{affine_dtype} rows {rows} write_stats {write_stats}"
 
 
 # One set of blob rules

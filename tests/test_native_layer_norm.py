@@ -544,10 +544,13 @@ def test_held_rows_take_one_form_of_their_weight_and_bias_lines():
 
 
 def test_held_rows_take_one_form_of_their_squares():
-    # Half rows: the squares come from the correction pass; float32 rows: a pass after the mean.
+    # Half rows: the squares come from the correction pass; float32 rows, and half rows whose
+    # mean is stored in float32: a pass after the mean.
     files = wgsl.ShaderFiles("naga")
-    for dtype, merged in (("float16", True), ("bfloat16", True), ("float32", False)):
-        config = kernel.choose_config(1024, True, True, 32, dtype)
+    for dtype, affine, stats, merged in (("float16", None, True, True), ("bfloat16", None, False, True),
+                                         ("float16", "float32", False, True), ("float16", "float32", True, False),
+                                         ("bfloat16", "float32", True, False), ("float32", None, False, False)):
+        config = kernel.choose_config(1024, True, True, 32, dtype, affine, write_stats=stats)
         assert config.hold and config.squares_with_correction == merged
         held = config.source(files).split("fn normalize_held")[1].split("\nfn ")[0]
         assert len(re.findall(r"^    own \+= e_\d+\.y;$", held, re.M)) == (config.hold if merged else 0)

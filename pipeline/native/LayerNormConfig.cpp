@@ -54,7 +54,9 @@ std::string written_out_kernel(uint32_t held, uint32_t step, bool late_affine, b
 
 }  // namespace
 
-bool KernelConfig::squares_with_correction() const { return dtype != kFloat32; }
+bool KernelConfig::squares_with_correction() const {
+  return dtype != kFloat32 && !(write_stats && affine_dtype == kFloat32);
+}
 
 KernelConfig choose_config(uint64_t width, bool has_weight, bool has_bias, uint32_t subgroup_size,
                            uint32_t dtype, uint32_t affine_dtype, bool pack2x16float,

@@ -40,7 +40,8 @@ struct KernelConfig {
   uint32_t rows_per_workgroup() const { return workgroup / threads_per_row; }
   // Held rows of kLateAffineValues values a thread or more load weight and bias at the store.
   bool late_affine() const { return uint64_t{hold} * vec() >= kLateAffineValues; }
-  // Half rows take each held thread's squares in its correction pass (squares_with_correction).
+  // Half rows whose mean leaves in a half dtype or not at all take each held thread's squares
+  // in its correction pass (squares_with_correction).
   bool squares_with_correction() const;
 };
 

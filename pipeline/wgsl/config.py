@@ -55,8 +55,12 @@ LATE_AFFINE_VALUES = 20
 # Half rows take each thread's squares in its correction pass, about its share's first mean,
 # and move them to the row's mean_d (KernelConfig.squares_with_correction); float32 rows take
 # them in a pass of their own after mean_d. On the H200, over the float16 model shapes of 4 MB
-# or more, 1.5-8% faster (one shape 1% slower); over float32's, 0-3% slower at 7 of 9
-# (docs/measurements.md, "Where float16 stands against the copy").
+# or more, 1.5-8% faster (one shape 1% slower); over float32's, 0-3% slower at 7 of 9. Half
+# rows whose mean is stored in float32 (float32 weight and bias, mean and rstd stored) keep the
+# pass of their own too: with the squares in the correction pass, the H200's float32 mean of
+# rows near zero came out 1.5-2.5x eager's error from float64 (median; 1x in their own pass),
+# while out and rstd, and the mean rounded to a half dtype, did not move (docs/measurements.md,
+# "Where float16 stands against the copy").
 
 # The markers of the kernel file's lines written out once per value (`written_out`), and
 # the most values `choose_config` writes each out for. Held lines that load or use weight
@@ -123,9 +127,10 @@ class KernelConfig:
 
     @property
     def squares_with_correction(self) -> bool:
-        """Half rows: each held thread's squares come from its correction pass, moved to the
-        row's mean, instead of a pass of their own after it."""
-        return self.dtype != "float32"
+        """Half rows whose mean leaves the kernel in a half dtype or not at all: each held
+        thread's squares come from its correction pass, moved to the row's mean, instead of a
+        pass of their own after it."""
+        return self.dtype != "float32" and not (self.write_stats and self.affine_dtype == "float32")
 
     @property
     def row_in_subgroup(self) -> bool:
