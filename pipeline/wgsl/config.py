@@ -54,8 +54,9 @@ LATE_AFFINE_VALUES = 20
 
 # Half rows take each thread's squares in its correction pass, about its share's first mean,
 # and move them to the row's mean_d (KernelConfig.squares_with_correction); float32 rows take
-# them in a pass of their own after mean_d. On the H200, over the float16 model shapes of 4 MB
-# or more, 1.5-8% faster (one shape 1% slower); over float32's, 0-3% slower at 7 of 9. Half
+# them in a pass of their own after mean_d. On the H200, over the 19 float16 model shapes, up
+# to 7% less time (4096x3072), 2-4% at most, and within 1.5% slower at a few of width 1024 and
+# 1280; in float32 from 3.5% faster to 3.5% slower, so float32 rows keep their own pass. Half
 # rows whose mean is stored in float32 (float32 weight and bias, mean and rstd stored) keep the
 # pass of their own too: with the squares in the correction pass, the H200's float32 mean of
 # rows near zero came out 1.5-2.5x eager's error from float64 (median; 1x in their own pass),
