@@ -138,6 +138,29 @@ def test_a_changed_checkpoint_is_refused(model, tmp_path):
         models.build("whisper", checkpoint=directory, checkpoint_sha256=digest)
 
 
+def test_config_and_vocabulary_are_hashed_from_the_bytes_parsed(model, tmp_path, monkeypatch):
+    # Each is read once: what the digest covers is what was parsed, even if the file changes
+    # between the two (here a reader that sees one more space than the disk holds).
+    from pipeline.models import checkpoint, ctranslate2
+
+    directory = write_ct2(tmp_path / "m", model)
+    on_disk = read_ctranslate2(directory)
+    assert on_disk.sha256 == checkpoint.files_sha256(on_disk.directory, on_disk.files)
+    read = ctranslate2.read_small_file
+    reads = []
+
+    def spaced(path, where):
+        reads.append(path.name)
+        return read(path, where) + b" " if path.name == "config.json" else read(path, where)
+
+    monkeypatch.setattr(ctranslate2, "read_small_file", spaced)
+    parsed = read_ctranslate2(directory)
+    assert sorted(reads) == ["config.json", "vocabulary.txt"]
+    assert parsed.sha256 != on_disk.sha256
+    config = parsed.directory / "config.json"
+    assert parsed.sha256 == checkpoint.files_sha256(parsed.directory, parsed.files, {config: config.read_bytes() + b" "})
+
+
 def test_the_english_only_variant_is_told_from_the_multilingual_one():
     family = models.family("whisper")
     for name in ("tiny", "base", "small", "medium"):

@@ -43,7 +43,7 @@ from pipeline.models.checkpoint import (
     file_identity,
     files_sha256,
     inside,
-    read_json,
+    parse_json,
     read_small_file,
 )
 from pipeline.models.spec import CheckpointError
@@ -158,14 +158,17 @@ def read_ctranslate2(directory: str | os.PathLike, sha256: str | None = None) ->
     if not config_path.exists():
         raise CheckpointError(f"{shown}: no {CONFIG}")
     variables, aliases = read_header(model_path, f"{shown}: {MODEL_FILE}")
-    raw = read_json(config_path, f"{shown}: {CONFIG}")
+    # config.json and the vocabulary are hashed from the bytes parsed: each file is read once.
+    held = {config_path: read_small_file(config_path, f"{shown}: {CONFIG}")}
+    raw = parse_json(held[config_path], f"{shown}: {CONFIG}")
     if not isinstance(raw, dict):
         raise CheckpointError(f"{shown}: {CONFIG} is not a JSON object")
     vocabulary_name = next((name for name in VOCABULARIES if os.path.lexists(root / name)), None)
     if vocabulary_name is None:
         raise CheckpointError(f"{shown}: no {' or '.join(VOCABULARIES)} (a Whisper model is read with its vocabulary)")
     vocabulary_path = inside(root, vocabulary_name, shown)
-    tokens = _read_vocabulary(vocabulary_path, f"{shown}: {vocabulary_name}")
+    held[vocabulary_path] = read_small_file(vocabulary_path, f"{shown}: {vocabulary_name}")
+    tokens = _vocabulary_tokens(held[vocabulary_path], vocabulary_name, f"{shown}: {vocabulary_name}")
 
     where = f"{shown}: {MODEL_FILE}"
     names = _Names(variables, aliases, where)
@@ -180,7 +183,7 @@ def read_ctranslate2(directory: str | os.PathLike, sha256: str | None = None) ->
         files.append(inside(root, TOKENIZER, shown))
     ordered = tuple(sorted(files, key=lambda p: p.relative_to(root).as_posix()))
     identities = tuple(file_identity(p) for p in ordered)
-    digest = files_sha256(root, ordered)
+    digest = files_sha256(root, ordered, held)
     if sha256 is not None and digest != sha256:
         raise CheckpointError(f"{shown}: its files' sha256 is {digest}, not {sha256} as the export recorded: "
                               "the checkpoint changed since; export again")
@@ -620,14 +623,14 @@ def _part(tensor: torch.Tensor, source: Source) -> torch.Tensor:
     return tensor.chunk(source.parts, dim=0)[source.part] if source.parts > 1 else tensor
 
 
-def _read_vocabulary(path: Path, where: str) -> tuple[str, ...]:
-    """The tokens of vocabulary.json (a JSON list of strings) or vocabulary.txt (one a line)."""
-    if path.name.endswith(".json"):
-        tokens = read_json(path, where)
+def _vocabulary_tokens(data: bytes, name: str, where: str) -> tuple[str, ...]:
+    """The tokens in the bytes of vocabulary.json (a JSON list of strings) or vocabulary.txt
+    (one a line), the file `name`."""
+    if name.endswith(".json"):
+        tokens = parse_json(data, where)
         if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
             raise CheckpointError(f"{where} is not a JSON list of token strings")
         return tuple(tokens)
-    data = read_small_file(path, where)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
