@@ -83,9 +83,11 @@ def edited(source: str, pattern: str, replacement: str, count: int | None = None
 @dataclass(frozen=True)
 class Variant(KernelConfig):
     """The kernel's module with the EDITS of the class and of its bases applied, bases first:
-    each (pattern, replacement, count), count None for any number but at least one."""
+    each (pattern, replacement, count), count None for any number but at least one; and with
+    the config's rules named in FORCED (late_affine, squares_with_correction) set."""
 
     EDITS: ClassVar[tuple[tuple[str, str, int | None], ...]] = ()
+    FORCED: ClassVar[dict[str, bool]] = {}
 
     def source(self, files: ShaderFiles) -> str:
         text = super().source(files)
@@ -94,19 +96,30 @@ class Variant(KernelConfig):
                 text = edited(text, pattern, replacement, count)
         return text
 
+    def _rule(self, name: str) -> bool:
+        forced = {}
+        for cls in reversed(type(self).__mro__):
+            forced |= vars(cls).get("FORCED", {})
+        return forced[name] if name in forced else getattr(KernelConfig, name).fget(self)
 
-@dataclass(frozen=True)
-class AffineLate(Variant):
     @property
     def late_affine(self) -> bool:
-        return True
+        return self._rule("late_affine")
 
-
-@dataclass(frozen=True)
-class AffineEarly(Variant):
     @property
-    def late_affine(self) -> bool:
-        return False
+    def squares_with_correction(self) -> bool:
+        return self._rule("squares_with_correction")
+
+
+def forcing(name: str, **rules: bool) -> type:
+    """A Variant class that sets the config's rules `rules` and edits nothing."""
+    return dataclass(frozen=True)(type(name, (Variant,), {"FORCED": rules}))
+
+
+AffineLate = forcing("AffineLate", late_affine=True)
+AffineEarly = forcing("AffineEarly", late_affine=False)
+MergedSquares = forcing("MergedSquares", squares_with_correction=True)
+SquaresAfterMean = forcing("SquaresAfterMean", squares_with_correction=False)
 
 
 @dataclass(frozen=True)
@@ -190,20 +203,6 @@ class HeldCopyWords(HeldCopy):
             value, word = "bitcast<f32>(w)", "bitcast<u32>(v)"
         s = edited(s, r"fn x_value\(w: XW\) -> V \{ return [^\n]*", f"fn x_value(w: XW) -> V {{ return {value}; }}", 1)
         return edited(s, r"fn x_word\(v: V\) -> XW \{ return [^\n]*", f"fn x_word(v: V) -> XW {{ return {word}; }}", 1)
-
-
-@dataclass(frozen=True)
-class MergedSquares(Variant):
-    @property
-    def squares_with_correction(self) -> bool:
-        return True
-
-
-@dataclass(frozen=True)
-class SquaresAfterMean(Variant):
-    @property
-    def squares_with_correction(self) -> bool:
-        return False
 
 
 @dataclass(frozen=True)
