@@ -39,6 +39,9 @@ Per shape and dtype, every variant is a module the kernel's own config writes, e
 - lean_one_sum: lean and one_sum (timing only).
 - half_threads: half the threads per row, twice the values each.
 - lean_half_threads: lean and half_threads.
+- shifted: each thread's centre is its first value of d instead of its share's first mean,
+  its squares taken with the correction: one pass over the held values in all (the shifted
+  two-sum: Chan et al.'s "shifted data"), the centre the same bits in every use.
 - least: the least a LayerNorm of held rows computes, ONNX Runtime's way: one sum of x and
   x^2 over the row (var = E[x^2] - E[x]^2, wrong far from zero), then (x - mean) * rstd *
   weight + bias; no frame, no correction, no NaN handling (timing only).
@@ -147,6 +150,17 @@ class FusedOutput(Variant):
 @dataclass(frozen=True)
 class LateFused(AffineLate, FusedOutput):
     pass
+
+
+@dataclass(frozen=True)
+class Shifted(Variant):
+    # The share's centre is its first value of d, not its first mean: no first pass, and the
+    # squares with the correction, so one pass over the held values in all; the centre is
+    # the same bits in every use.
+    FORCED = {"squares_with_correction": True}
+    EDITS = ((r"    sum \+= hsum\(framed\(v_\d+, in_\d+, frame\)\);\n", "", None),
+             (r"let first_mean = select\(0\.0, sum / count, count > 0\.0\);",
+              "let first_mean = first_value(framed(v_0, in_0, frame));", 1))
 
 
 @dataclass(frozen=True)
@@ -301,9 +315,11 @@ EDITED = (
     ("lean", Lean, "held", "kernel"), ("one_sum", OneSum, "held", "kernel"),
     ("lean_one_sum", LeanOneSum, "held", "kernel"),
     ("least", Least, "held", "kernel"), ("least_two_pass", LeastTwoPass, "held", "kernel"),
+    ("shifted", Shifted, "held", "kernel"),
 )
 # Variants whose values are the kernel's to within rounding (checked by --check).
-EXACT = ("merged_squares", "squares_after_mean", "near_store", "lean", "half_threads", "lean_half_threads")
+EXACT = ("merged_squares", "squares_after_mean", "near_store", "lean", "half_threads", "lean_half_threads",
+         "shifted")
 
 
 def variants(rows: int, width: int, dtype: str) -> dict[str, KernelConfig]:
