@@ -198,6 +198,34 @@ def test_a_missing_or_misshapen_decoder_weight_is_refused_naming_it(copy, damage
 
 # --- no transcripts ---------------------------------------------------------------------------
 
+def test_a_whisper_model_save_transcribes_like_the_whole_model(whole, tokens, tmp_path):
+    # `WhisperModel.save_pretrained`: the weights without `model.`, the output projection
+    # (tied to the token embedding) not saved; transformers reads it as the whole model.
+    directory = tmp_path / "whisper"
+    whole.model.save_pretrained(directory, safe_serialization=True)
+    write_vocab_json(directory, tokens)
+    assert not any(name.startswith("model.") for name in load_file(directory / "model.safetensors"))
+    spec = models.build("whisper", checkpoint=directory, audio=one_utterance())
+    assert spec.checkpoint_tokens == tokens
+    decoder = decoder_of(spec)
+    state = decoder.model.state_dict()
+    assert all(torch.equal(state[key], value) for key, value in whole.state_dict().items())
+    assert decoder.decode(spec.module(*spec.example_inputs).detach()) == reference(whole, tokens, spec)
+
+
+def test_a_whisper_model_save_with_weights_its_config_has_no_place_for_is_refused(whole, tokens, tmp_path):
+    directory = tmp_path / "whisper"
+    whole.model.save_pretrained(directory, safe_serialization=True)
+    write_vocab_json(directory, tokens)
+    # A decoder layer more than the config's: saved without `model.`, it must not pass unused.
+    state = load_file(directory / "model.safetensors")
+    extra = f"decoder.layers.{whole.config.decoder_layers}.fc1.weight"
+    state[extra] = state["decoder.layers.0.fc1.weight"].clone()
+    save_file(state, directory / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match=f"without a place in the module: {re.escape(extra)}"):
+        models.build("whisper", checkpoint=directory, audio=one_utterance())
+
+
 def test_the_decoder_weights_decide_an_encoder_only_directory_gives_none(whole, tokens, directory, tmp_path):
     encoder_only = write_encoder_only(tmp_path / "encoder", whole, tokens)
     spec = models.build("whisper", checkpoint=encoder_only, audio=one_utterance())

@@ -40,6 +40,9 @@ SINGLE_FILE = "model.safetensors"
 SHARD_INDEX = "model.safetensors.index.json"
 # Full models nest the parts we build under `model.` (e.g. `model.decoder.layers.0...`).
 KEY_PREFIXES = ("", "model.")
+# A module that nests its own parts there (Whisper's whole model) may be saved without it, as
+# its inner model saves them (`WhisperModel`: `decoder.layers.0...`).
+NESTED = "model."
 # config.json and the shard index: published ones are a few kB (an index of thousands of
 # tensors, a few hundred kB).
 MAX_JSON_BYTES = 16 << 20
@@ -258,8 +261,10 @@ def plan_weights(checkpoint: Checkpoint, family: ModelFamily) -> dict[str, str]:
     if missing:
         raise CheckpointError(f"{shown}: weights missing for {_some(missing)}")
     parts = {name for name, _ in module.named_children()}
+    inner = {name for name, _ in module.get_submodule(NESTED[:-1]).named_children()} if NESTED[:-1] in parts else set()
     used = set(plan.values())
-    unused = [name for name in checkpoint.tensors if name not in used and _under(name, parts)]
+    unused = [name for name in checkpoint.tensors
+              if name not in used and (_under(name, parts) or name.split(".", 1)[0] in inner)]
     if unused:
         raise CheckpointError(f"{where}: its sizes ({describe(checkpoint.config, family)}) leave {len(unused)} of the "
                               f"checkpoint's {'/'.join(sorted(parts))} weights without a place in the module: "
@@ -397,8 +402,10 @@ def file_identity(path: Path) -> tuple[int, int, int, int]:
 
 
 def _candidates(key: str, family: ModelFamily) -> list[str]:
-    """The checkpoint names that may hold module state-dict `key`: its own and its aliases, bare or under `model.`."""
-    return [p + k for k in (key, *family.weight_aliases.get(key, ())) for p in KEY_PREFIXES]
+    """The checkpoint names that may hold module state-dict `key`: its own and its aliases, bare
+    or under `model.`, and those under `model.` without it (a save of the inner model)."""
+    names = (key, *family.weight_aliases.get(key, ()))
+    return [p + k for k in names for p in KEY_PREFIXES] + [k[len(NESTED):] for k in names if k.startswith(NESTED)]
 
 
 def _under(name: str, parts: set[str]) -> bool:

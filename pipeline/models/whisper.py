@@ -1,7 +1,8 @@
 """`whisper`: the Whisper encoder — log-mel features of a 30 s window in, hidden states out.
 
 A Hugging Face checkpoint of the whole model (`WhisperForConditionalGeneration`: weights under
-`model.decoder.` beside the encoder's) is read with its tokenizer vocabulary where the directory
+`model.decoder.` beside the encoder's; or `WhisperModel`'s, under `decoder.`, the output
+projection tied to the token embedding) is read with its tokenizer vocabulary where the directory
 holds one (`pipeline.models.vocabulary`), and `whole_model` gives the whole model for the
 transcripts: the zoo's module stays the encoder.
 """
@@ -25,8 +26,8 @@ from pipeline.models.sizes import check_sizes
 from pipeline.models.spec import ConfigInt, ModelFamily, Vocabulary
 from pipeline.models.vocabulary import read_vocabulary
 
-# The names `WhisperForConditionalGeneration` saves its decoder's weights under: a checkpoint
-# holding any is the whole model.
+# The names `WhisperForConditionalGeneration` saves its decoder's weights under (`WhisperModel`
+# the same without `model.`): a checkpoint holding any is the whole model.
 DECODER = "model.decoder."
 ENCODER = "model.encoder."
 # Whisper's last 1,501 tokens: the timestamps <|0.00|> to <|30.00|>, 20 ms apart.
@@ -95,7 +96,7 @@ def speech_inputs(config: WhisperConfig, preprocessor: dict[str, Any],
 def whole_vocabulary(root: Path, shown: str, config: WhisperConfig, names: Collection[str]) -> Vocabulary | None:
     """The tokenizer vocabulary of a checkpoint that holds the whole Whisper (`ModelFamily.read_vocabulary`);
     None for an encoder-only checkpoint or one without vocabulary files."""
-    if not any(name.startswith(DECODER) for name in names):
+    if not any(name.startswith((DECODER, DECODER.removeprefix("model."))) for name in names):
         return None
     return read_vocabulary(root, shown, config.vocab_size, TIMESTAMPS)
 
