@@ -62,13 +62,18 @@ import json
 import math
 import re
 import statistics
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, fields, replace
 from typing import ClassVar
 
+import torch
+import torch.nn.functional as F
+
+import pipeline.runtime.launch as launch
 from pipeline.benchmark import MODEL_SHAPES, parse_shapes, time_copy, time_kernel
 from pipeline.ioutil import write_json_atomic
 from pipeline.runtime.device import device_info, gpu
-from pipeline.runtime.launch import device_config
 from pipeline.wgsl import ShaderFiles
 from pipeline.wgsl.config import MAX_HOLD, MAX_THREADS_PER_ROW, KernelConfig
 
@@ -324,8 +329,8 @@ EXACT = ("merged_squares", "squares_after_mean", "near_store", "lean", "half_thr
 
 def variants(rows: int, width: int, dtype: str) -> dict[str, KernelConfig]:
     g = gpu()
-    configs = {"kernel": device_config(g, width, True, True, dtype, rows=rows, write_stats=False),
-               "plain": device_config(g, width, False, False, dtype, rows=rows, write_stats=False)}
+    configs = {"kernel": launch.device_config(g, width, True, True, dtype, rows=rows, write_stats=False),
+               "plain": launch.device_config(g, width, False, False, dtype, rows=rows, write_stats=False)}
     kernel = configs["kernel"]
     found = {"kernel": kernel}
     if dtype != "float32":
@@ -373,10 +378,20 @@ def probe(shapes: list[tuple[int, int]], dtypes: list[str], rounds: int, repeats
     return results
 
 
+@contextmanager
+def launching(choose: Callable[[KernelConfig], KernelConfig]) -> Iterator[None]:
+    """Within it, pipeline.runtime.launch launches `choose(the config it would choose)`."""
+    chosen = launch.device_config
+    launch.device_config = lambda *args, **kwargs: choose(chosen(*args, **kwargs))
+    try:
+        yield
+    finally:
+        launch.device_config = chosen
+
+
 def check_rows(rows: int, width: int, seed: int = 0):
     """float64 rows of the kinds the kernel's exactness rests on: random, far from zero
     (1e4 + 1e-2 randn, 300 + randn), constant, a first value far out, halves apart."""
-    import torch
     gen = torch.Generator().manual_seed(seed)
     n = torch.randn(rows, width, generator=gen, dtype=torch.float64)
     kinds = {"random": n, "1e4+1e-2": 1e4 + 1e-2 * n, "300+randn": 300 + n,
@@ -393,33 +408,22 @@ def check_rows(rows: int, width: int, seed: int = 0):
 def check(shapes: list[tuple[int, int]], dtypes: list[str], rows_each: int = 256) -> list[dict]:
     """Max |out - float64| of the kernel and of each EXACT variant, per row kind: a variant
     that moves the kernel's values shows here before its times mean anything."""
-    import torch
-    import torch.nn.functional as F
-
-    import pipeline.runtime.launch as launch
-
     found = []
-    torch_dtype = {"float32": torch.float32, "float16": torch.float16}
     for dtype in dtypes:
         for _rows, width in shapes:
             configs = variants(rows_each, width, dtype)
             gen = torch.Generator().manual_seed(1)
-            w = torch.randn(width, generator=gen, dtype=torch.float64).to(torch_dtype[dtype])
-            b = torch.randn(width, generator=gen, dtype=torch.float64).to(torch_dtype[dtype])
+            w = torch.randn(width, generator=gen, dtype=torch.float64).to(getattr(torch, dtype))
+            b = torch.randn(width, generator=gen, dtype=torch.float64).to(getattr(torch, dtype))
             errors: dict[str, dict[str, float]] = {}
             for kind, rows in check_rows(rows_each, width).items():
-                x = rows.to(torch_dtype[dtype])
+                x = rows.to(getattr(torch, dtype))
                 want = F.layer_norm(x.double(), (width,), w.double(), b.double(), 1e-5)
                 for name in ("kernel",) + EXACT:
                     if name not in configs:
                         continue
-                    chosen = configs[name]
-                    original = launch.device_config
-                    launch.device_config = lambda *a, chosen=chosen, **k: chosen
-                    try:
+                    with launching(lambda _, chosen=configs[name]: chosen):
                         out, _, _ = launch.native_layer_norm(x, (width,), w, b, 1e-5, stats=False)
-                    finally:
-                        launch.device_config = original
                     err = (out.double() - want).abs().max().item()
                     errors.setdefault(name, {})[kind] = err
             row = {"dtype": dtype, "width": width, "errors": errors}

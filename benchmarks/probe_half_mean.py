@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import pipeline.runtime.launch as launch  # noqa: E402
 from pipeline.ioutil import write_json_atomic  # noqa: E402
 from pipeline.runtime.device import device_info, gpu  # noqa: E402
-from probe_half_floor import MergedSquares, SquaresAfterMean, as_variant  # noqa: E402
+from probe_half_floor import MergedSquares, SquaresAfterMean, as_variant, launching  # noqa: E402
 
 ATEN = torch.ops.aten.native_layer_norm.default
 FORMS = {"with_correction": MergedSquares, "after_mean": SquaresAfterMean}
@@ -32,16 +32,8 @@ FORMS = {"with_correction": MergedSquares, "after_mean": SquaresAfterMean}
 def errors(x, w, b, form, eps=1e-5):
     """(out, mean, rstd) error ratios over eager's, and whether each passes the test's bound."""
     width = x.shape[-1]
-    chosen = launch.device_config
-
-    def config(*args, **kwargs):
-        return as_variant(FORMS[form], chosen(*args, **kwargs))
-
-    launch.device_config = config
-    try:
+    with launching(lambda config: as_variant(FORMS[form], config)):
         ours = launch.native_layer_norm(x, (width,), w, b, eps)
-    finally:
-        launch.device_config = chosen
     eager = ATEN(x, [width], w, b, eps)
     truth = ATEN(x.double(), [width], w.double(), b.double(), eps)
     found = {}

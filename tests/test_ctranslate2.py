@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from pipeline import models
-from pipeline.models import CheckpointError
+from pipeline.models import CheckpointError, ctranslate2
+from pipeline.models import checkpoint as checkpoint_reader
 from pipeline.models.ctranslate2 import holds_ctranslate2, load_state, read_ctranslate2, whole_model
 from support.ctranslate2_files import (
     convert,
@@ -141,24 +142,24 @@ def test_a_changed_checkpoint_is_refused(model, tmp_path):
 def test_config_and_vocabulary_are_hashed_from_the_bytes_parsed(model, tmp_path, monkeypatch):
     # Each is read once: what the digest covers is what was parsed, even if the file changes
     # between the two (here a reader that sees one more space than the disk holds).
-    from pipeline.models import checkpoint, ctranslate2
-
     directory = write_ct2(tmp_path / "m", model)
     on_disk = read_ctranslate2(directory)
-    assert on_disk.sha256 == checkpoint.files_sha256(on_disk.directory, on_disk.files)
-    read = ctranslate2.read_small_file
+    assert on_disk.sha256 == checkpoint_reader.files_sha256(on_disk.directory, on_disk.files)
+    read = checkpoint_reader.read_small_file
     reads = []
 
     def spaced(path, where):
         reads.append(path.name)
         return read(path, where) + b" " if path.name == "config.json" else read(path, where)
 
-    monkeypatch.setattr(ctranslate2, "read_small_file", spaced)
+    for module in (checkpoint_reader, ctranslate2):  # config.json through checkpoint.read_config
+        monkeypatch.setattr(module, "read_small_file", spaced)
     parsed = read_ctranslate2(directory)
     assert sorted(reads) == ["config.json", "vocabulary.txt"]
     assert parsed.sha256 != on_disk.sha256
     config = parsed.directory / "config.json"
-    assert parsed.sha256 == checkpoint.files_sha256(parsed.directory, parsed.files, {config: config.read_bytes() + b" "})
+    held = {config: config.read_bytes() + b" "}
+    assert parsed.sha256 == checkpoint_reader.files_sha256(parsed.directory, parsed.files, held)
 
 
 def test_the_english_only_variant_is_told_from_the_multilingual_one():

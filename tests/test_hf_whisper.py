@@ -23,8 +23,8 @@ from pipeline.models.checkpoint import Checkpoint, StoredTensor, files_sha256, r
 from pipeline.models.vocabulary import read_vocabulary
 from pipeline.models.whisper import FAMILY, TIMESTAMPS, plan_whole
 from support.ctranslate2_files import listening_whisper
-from support.hf_whisper_files import (whisper_tokens, write_encoder_only, write_tokenizer_json, write_vocab_json,
-                                      write_whole)
+from support.hf_whisper_files import (whisper_tokens, write_encoder_only, write_inner_model, write_tokenizer_json,
+                                      write_vocab_json, write_whole)
 
 
 @pytest.fixture(scope="module")
@@ -201,9 +201,7 @@ def test_a_missing_or_misshapen_decoder_weight_is_refused_naming_it(copy, damage
 def test_a_whisper_model_save_transcribes_like_the_whole_model(whole, tokens, tmp_path):
     # `WhisperModel.save_pretrained`: the weights without `model.`, the output projection
     # (tied to the token embedding) not saved; transformers reads it as the whole model.
-    directory = tmp_path / "whisper"
-    whole.model.save_pretrained(directory, safe_serialization=True)
-    write_vocab_json(directory, tokens)
+    directory = write_inner_model(tmp_path / "whisper", whole, tokens)
     assert not any(name.startswith("model.") for name in load_file(directory / "model.safetensors"))
     spec = models.build("whisper", checkpoint=directory, audio=one_utterance())
     assert spec.checkpoint_tokens == tokens
@@ -214,9 +212,7 @@ def test_a_whisper_model_save_transcribes_like_the_whole_model(whole, tokens, tm
 
 
 def test_a_whisper_model_save_with_weights_its_config_has_no_place_for_is_refused(whole, tokens, tmp_path):
-    directory = tmp_path / "whisper"
-    whole.model.save_pretrained(directory, safe_serialization=True)
-    write_vocab_json(directory, tokens)
+    directory = write_inner_model(tmp_path / "whisper", whole, tokens)
     # A decoder layer more than the config's: saved without `model.`, it must not pass unused.
     state = load_file(directory / "model.safetensors")
     extra = f"decoder.layers.{whole.config.decoder_layers}.fc1.weight"

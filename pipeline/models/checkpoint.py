@@ -38,11 +38,11 @@ from pipeline.models.spec import CheckpointError, ModelFamily
 CONFIG = "config.json"
 SINGLE_FILE = "model.safetensors"
 SHARD_INDEX = "model.safetensors.index.json"
-# Full models nest the parts we build under `model.` (e.g. `model.decoder.layers.0...`).
-KEY_PREFIXES = ("", "model.")
-# A module that nests its own parts there (Whisper's whole model) may be saved without it, as
-# its inner model saves them (`WhisperModel`: `decoder.layers.0...`).
+# Full models nest the parts we build under `model.` (e.g. `model.decoder.layers.0...`). A
+# module that nests its own parts there (Whisper's whole model) may be saved without it, as its
+# inner model saves them (`WhisperModel`: `decoder.layers.0...`).
 NESTED = "model."
+KEY_PREFIXES = ("", NESTED)
 # config.json and the shard index: published ones are a few kB (an index of thousands of
 # tensors, a few hundred kB).
 MAX_JSON_BYTES = 16 << 20
@@ -108,10 +108,7 @@ def read_checkpoint(directory: str | os.PathLike, family: ModelFamily, sha256: s
     config_path = inside(root, CONFIG, shown)
     if not config_path.exists():
         raise CheckpointError(f"{shown}: no {CONFIG}")
-    config_bytes = read_small_file(config_path, f"{shown}: {CONFIG}")
-    raw = parse_json(config_bytes, f"{shown}: {CONFIG}")
-    if not isinstance(raw, dict):
-        raise CheckpointError(f"{shown}: {CONFIG} is not a JSON object")
+    config_bytes, raw = read_config(config_path, shown)
     model_type = raw.get("model_type")
     if model_type != family.model_type:
         raise CheckpointError(
@@ -154,6 +151,16 @@ def config_from_dict(raw: dict[str, Any], family: ModelFamily, where: str) -> Pr
     except (TypeError, ValueError, KeyError, AttributeError, StrictDataclassError) as exc:
         # transformers' messages span lines; ours are one.
         raise CheckpointError(f"{where} is not a valid {family.name} config: {' '.join(str(exc).split())}") from exc
+
+
+def read_config(path: Path, shown: str) -> tuple[bytes, dict[str, Any]]:
+    """config.json's bytes as read (what the checkpoint's sha256 hashes) and the JSON object in
+    them; CheckpointError (`shown`, "checkpoint DIR", first) for anything else."""
+    data = read_small_file(path, f"{shown}: {CONFIG}")
+    raw = parse_json(data, f"{shown}: {CONFIG}")
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{shown}: {CONFIG} is not a JSON object")
+    return data, raw
 
 
 def read_json(path: Path, where: str) -> Any:
@@ -263,8 +270,7 @@ def plan_weights(checkpoint: Checkpoint, family: ModelFamily) -> dict[str, str]:
     parts = {name for name, _ in module.named_children()}
     inner = {name for name, _ in module.get_submodule(NESTED[:-1]).named_children()} if NESTED[:-1] in parts else set()
     used = set(plan.values())
-    unused = [name for name in checkpoint.tensors
-              if name not in used and (_under(name, parts) or name.split(".", 1)[0] in inner)]
+    unused = [name for name in checkpoint.tensors if name not in used and _under(name, parts, inner)]
     if unused:
         raise CheckpointError(f"{where}: its sizes ({describe(checkpoint.config, family)}) leave {len(unused)} of the "
                               f"checkpoint's {'/'.join(sorted(parts))} weights without a place in the module: "
@@ -408,9 +414,12 @@ def _candidates(key: str, family: ModelFamily) -> list[str]:
     return [p + k for k in names for p in KEY_PREFIXES] + [k[len(NESTED):] for k in names if k.startswith(NESTED)]
 
 
-def _under(name: str, parts: set[str]) -> bool:
-    """Whether checkpoint tensor `name` belongs to one of the module's top-level `parts`."""
-    return any(name.startswith(prefix) and name[len(prefix):].split(".", 1)[0] in parts for prefix in KEY_PREFIXES)
+def _under(name: str, parts: set[str], inner: set[str]) -> bool:
+    """Whether checkpoint tensor `name` belongs to one of the module's top-level `parts`, by the
+    names `_candidates` looks for: bare or under `model.`, or, without `model.`, to one of the
+    `inner` parts the module nests there."""
+    return name.split(".", 1)[0] in inner or any(
+        name.startswith(prefix) and name[len(prefix):].split(".", 1)[0] in parts for prefix in KEY_PREFIXES)
 
 
 def _some(names: list[str]) -> str:

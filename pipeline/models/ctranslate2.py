@@ -44,6 +44,7 @@ from pipeline.models.checkpoint import (
     files_sha256,
     inside,
     parse_json,
+    read_config,
     read_small_file,
 )
 from pipeline.models.spec import CheckpointError
@@ -159,10 +160,8 @@ def read_ctranslate2(directory: str | os.PathLike, sha256: str | None = None) ->
         raise CheckpointError(f"{shown}: no {CONFIG}")
     variables, aliases = read_header(model_path, f"{shown}: {MODEL_FILE}")
     # config.json and the vocabulary are hashed from the bytes parsed: each file is read once.
-    held = {config_path: read_small_file(config_path, f"{shown}: {CONFIG}")}
-    raw = parse_json(held[config_path], f"{shown}: {CONFIG}")
-    if not isinstance(raw, dict):
-        raise CheckpointError(f"{shown}: {CONFIG} is not a JSON object")
+    config_bytes, raw = read_config(config_path, shown)
+    held = {config_path: config_bytes}
     vocabulary_name = next((name for name in VOCABULARIES if os.path.lexists(root / name)), None)
     if vocabulary_name is None:
         raise CheckpointError(f"{shown}: no {' or '.join(VOCABULARIES)} (a Whisper model is read with its vocabulary)")

@@ -21,7 +21,7 @@ from transformers import WhisperConfig, WhisperFeatureExtractor, WhisperForCondi
 from transformers.models.whisper.modeling_whisper import WhisperEncoder
 
 from pipeline.models import audio
-from pipeline.models.checkpoint import CONFIG, Checkpoint, plan_weights, read_weights
+from pipeline.models.checkpoint import CONFIG, NESTED, Checkpoint, plan_weights, read_weights
 from pipeline.models.sizes import check_sizes
 from pipeline.models.spec import ConfigInt, ModelFamily, Vocabulary
 from pipeline.models.vocabulary import read_vocabulary
@@ -96,7 +96,7 @@ def speech_inputs(config: WhisperConfig, preprocessor: dict[str, Any],
 def whole_vocabulary(root: Path, shown: str, config: WhisperConfig, names: Collection[str]) -> Vocabulary | None:
     """The tokenizer vocabulary of a checkpoint that holds the whole Whisper (`ModelFamily.read_vocabulary`);
     None for an encoder-only checkpoint or one without vocabulary files."""
-    if not any(name.startswith((DECODER, DECODER.removeprefix("model."))) for name in names):
+    if not any(name.startswith((DECODER, DECODER.removeprefix(NESTED))) for name in names):
         return None
     return read_vocabulary(root, shown, config.vocab_size, TIMESTAMPS)
 

@@ -1,6 +1,6 @@
 """Hugging Face Whisper directories of the whole model as `save_pretrained` writes them, with the
 tokenizer vocabulary in either form Whisper's tokenizer saves: vocab.json with added_tokens.json,
-or tokenizer.json; and encoder-only ones."""
+or tokenizer.json; the inner `WhisperModel` saved alone; and encoder-only ones."""
 
 from __future__ import annotations
 
@@ -51,6 +51,14 @@ def write_whole(directory: Path, model: WhisperForConditionalGeneration, tokens:
     model.save_pretrained(directory, safe_serialization=True, **kwargs)
     if tokens is not None:
         (write_vocab_json if form == "vocab" else write_tokenizer_json)(directory, tokens)
+    return directory
+
+
+def write_inner_model(directory: Path, model: WhisperForConditionalGeneration, tokens: tuple[str, ...]) -> Path:
+    """`model`'s inner `WhisperModel` saved (`save_pretrained`: weights without `model.`, no
+    output projection) with `tokens` as vocab.json + added_tokens.json."""
+    model.model.save_pretrained(directory, safe_serialization=True)
+    write_vocab_json(directory, tokens)
     return directory
 
 
