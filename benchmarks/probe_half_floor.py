@@ -47,6 +47,12 @@ Per shape and dtype, every variant is a module the kernel's own config writes, e
   weight + bias; no frame, no correction, no NaN handling (timing only).
 - least_two_pass: the textbook two-pass (Triton's tutorial): the mean's sum, then the squares
   about it, then the same output (timing only).
+- wg128, wg256, wg512, wg1024: the kernel in workgroups of that many threads (more rows a
+  workgroup).
+- turns2, turns4: each workgroup takes 2 or 4 blocks of rows, one after the other, the
+  grid's blocks apart (a grid 2 or 4 times smaller), weight and bias loaded once before
+  them; turns2_wg256 in workgroups of 256 threads.
+- least_wg256, least_wg512: least in workgroups of 256 or 512 threads.
 - copy: bench_copy.wgsl over the same bytes, 16-byte loads, 256 threads a workgroup.
 The variants time in rounds, the order reversed every other round, so drift falls on all.
 Only the kernel is a LayerNorm; the rest are for timing.
@@ -292,6 +298,39 @@ class LeastTwoPass(Least):
     TWO_PASS: ClassVar[bool] = True
 
 
+@dataclass(frozen=True)
+class Turns(AffineEarly):
+    """Each workgroup takes TURNS blocks of rows, one after the other, the grid's blocks
+    apart (a grid TURNS times smaller), its threads' weight and bias loaded once before them."""
+
+    TURNS: ClassVar[int] = 2
+    EDITS = ((r"normalize_held\(tid, row, lanes\);",
+              "normalize_held(tid, row, groups.x * groups.y * ROWS_PER_WORKGROUP, lanes);", 1),)
+
+    @property
+    def rows_per_workgroup(self) -> int:
+        return self.TURNS * super().rows_per_workgroup
+
+    def source(self, files: ShaderFiles) -> str:
+        text = super().source(files)
+        start, end = text.index("fn normalize_held("), text.index("fn normalize_streamed(")
+        lines = text[start:end].rstrip().splitlines()[1:-1]  # the body, without its braces
+        once = [line for line in lines if line.startswith(("    let lane ", "    let i_", "    let in_",
+                                                            "    let w_", "    let b_"))]
+        each = "\n".join("    " + line for line in lines if line not in once)
+        each = edited(each, r"        if \(row >= params\.rows\) \{\n            return;\n        \}\n(.*)",
+                      r"        if (row < params.rows) {\n\1\n        }", 1)
+        body = ("fn normalize_held(tid: u32, first_row: u32, stride: u32, lanes: u32) {\n" + "\n".join(once)
+                + f"\n    for (var turn = 0u; turn < {self.TURNS}u; turn++) {{\n"
+                + "        let row = first_row + turn * stride;\n" + each + "\n    }\n}\n\n")
+        return text[:start] + body + text[end:]
+
+
+@dataclass(frozen=True)
+class Turns4(Turns):
+    TURNS: ClassVar[int] = 4
+
+
 def half_threads(config: KernelConfig) -> KernelConfig | None:
     """`config` with half the threads per row, twice the values each (None where it has none)."""
     if not config.hold or config.threads_per_row < 2 or 2 * config.hold > 12:
@@ -324,7 +363,7 @@ EDITED = (
 )
 # Variants whose values are the kernel's to within rounding (checked by --check).
 EXACT = ("merged_squares", "squares_after_mean", "near_store", "lean", "half_threads", "lean_half_threads",
-         "shifted")
+         "shifted", "wg128", "wg256", "wg512", "wg1024", "turns2", "turns4", "turns2_wg256")
 
 
 def variants(rows: int, width: int, dtype: str) -> dict[str, KernelConfig]:
@@ -344,6 +383,17 @@ def variants(rows: int, width: int, dtype: str) -> dict[str, KernelConfig]:
         if ("half" in rows_taken and dtype == "float32") or ("held" in rows_taken and not kernel.hold):
             continue
         found[name] = as_variant(cls, configs[base])
+    if kernel.hold:
+        for size in (128, 256, 512, 1024):
+            if size > kernel.workgroup:
+                found[f"wg{size}"] = replace(kernel, workgroup=size)
+        found["turns2"] = as_variant(Turns, kernel)
+        found["turns4"] = as_variant(Turns4, kernel)
+        if kernel.workgroup < 256:
+            found["turns2_wg256"] = as_variant(Turns, kernel, workgroup=256)
+            found["least_wg256"] = as_variant(Least, kernel, workgroup=256)
+        if kernel.workgroup < 512:
+            found["least_wg512"] = as_variant(Least, kernel, workgroup=512)
     halved = half_threads(kernel)
     if halved is not None:
         found["half_threads"] = halved
