@@ -53,6 +53,10 @@ Per shape and dtype, every variant is a module the kernel's own config writes, e
   grid's blocks apart (a grid 2 or 4 times smaller), weight and bias loaded once before
   them; turns2_wg256 in workgroups of 256 threads.
 - least_wg256, least_wg512: least in workgroups of 256 or 512 threads.
+- framed: float16 rows in their frame, with a corrected two-pass a thread, as the kernel
+  computed them before plain_two_pass (the other edited variants edit that path too).
+- plain_late, plain_early: float16 rows' plain two-pass with weight and bias loaded at the
+  store or with x, whatever the config's late_affine rule chooses.
 - copy: bench_copy.wgsl over the same bytes, 16-byte loads, 256 threads a workgroup.
 The variants time in rounds, the order reversed every other round, so drift falls on all.
 Only the kernel is a LayerNorm; the rest are for timing.
@@ -94,14 +98,25 @@ def edited(source: str, pattern: str, replacement: str, count: int | None = None
     return text
 
 
+def held_start(text: str) -> int:
+    return text.index("fn normalize_held(")
+
+
+def held_span(text: str) -> tuple[int, int]:
+    """Where normalize_held's text begins and ends (after its closing brace's line)."""
+    start = held_start(text)
+    return start, text.index("\n}\n", start) + 3
+
+
 @dataclass(frozen=True)
 class Variant(KernelConfig):
     """The kernel's module with the EDITS of the class and of its bases applied, bases first:
     each (pattern, replacement, count), count None for any number but at least one; and with
-    the config's rules named in FORCED (late_affine, squares_with_correction) set."""
+    the config's rules named in FORCED (late_affine, squares_with_correction, plain_two_pass)
+    set. Rows in their frame unless a class says otherwise: the edits are of normalize_held."""
 
     EDITS: ClassVar[tuple[tuple[str, str, int | None], ...]] = ()
-    FORCED: ClassVar[dict[str, bool]] = {}
+    FORCED: ClassVar[dict[str, bool]] = {"plain_two_pass": False}
 
     def source(self, files: ShaderFiles) -> str:
         text = super().source(files)
@@ -124,6 +139,10 @@ class Variant(KernelConfig):
     def squares_with_correction(self) -> bool:
         return self._rule("squares_with_correction")
 
+    @property
+    def plain_two_pass(self) -> bool:
+        return self._rule("plain_two_pass")
+
 
 def forcing(name: str, **rules: bool) -> type:
     """A Variant class that sets the config's rules `rules` and edits nothing."""
@@ -134,6 +153,9 @@ AffineLate = forcing("AffineLate", late_affine=True)
 AffineEarly = forcing("AffineEarly", late_affine=False)
 MergedSquares = forcing("MergedSquares", squares_with_correction=True)
 SquaresAfterMean = forcing("SquaresAfterMean", squares_with_correction=False)
+Framed = forcing("Framed")
+PlainLate = forcing("PlainLate", plain_two_pass=True, late_affine=True)
+PlainEarly = forcing("PlainEarly", plain_two_pass=True, late_affine=False)
 
 
 @dataclass(frozen=True)
@@ -234,7 +256,7 @@ class HeldCopyWords(HeldCopy):
 class NearStore(Variant):
     def source(self, files: ShaderFiles) -> str:
         text = super().source(files)
-        found = re.search(r"((?:    store_out\(base, i_\d+[^\n]*\n)+)}\n\nfn normalize_streamed", text)
+        found = re.search(r"((?:    store_out\(base, i_\d+[^\n]*\n)+)}\n", text[held_start(text):])
         if found is None:
             raise RuntimeError("probe edit: the held stores not found")
         stores = found.group(1)
@@ -242,7 +264,8 @@ class NearStore(Variant):
         far = stores.replace("    store_out", "        store_out")
         branch = ("    let near = vec4<f32>(1.0, c.y, 0.0, c.w);\n    if (c.x == 1.0 && c.z == 0.0) {\n"
                   + near + "    } else {\n" + far + "    }\n")
-        return text[:found.start(1)] + branch + text[found.end(1):]
+        at = held_start(text)
+        return text[:at + found.start(1)] + branch + text[at + found.end(1):]
 
 
 @dataclass(frozen=True)
@@ -267,7 +290,7 @@ class Least(Variant):
 
     def source(self, files: ShaderFiles) -> str:
         text = super().source(files)
-        start, end = text.index("fn normalize_held("), text.index("fn normalize_streamed(")
+        start, end = held_span(text)
         each = range(self.hold)
         lines = ["fn normalize_held(tid: u32, row: u32, lanes: u32) {",
                  "    let lane = tid % THREADS_PER_ROW;", "    let base = row_base(row);"]
@@ -313,7 +336,7 @@ class Turns(AffineEarly):
 
     def source(self, files: ShaderFiles) -> str:
         text = super().source(files)
-        start, end = text.index("fn normalize_held("), text.index("fn normalize_streamed(")
+        start, end = held_span(text)
         lines = text[start:end].rstrip().splitlines()[1:-1]  # the body, without its braces
         once = [line for line in lines if line.startswith(("    let lane ", "    let i_", "    let in_",
                                                             "    let w_", "    let b_"))]
@@ -359,11 +382,14 @@ EDITED = (
     ("lean", Lean, "held", "kernel"), ("one_sum", OneSum, "held", "kernel"),
     ("lean_one_sum", LeanOneSum, "held", "kernel"),
     ("least", Least, "held", "kernel"), ("least_two_pass", LeastTwoPass, "held", "kernel"),
-    ("shifted", Shifted, "held", "kernel"),
+    ("shifted", Shifted, "held", "kernel"), ("framed", Framed, "held half", "kernel"),
+    ("plain_late", PlainLate, "held half", "kernel"), ("plain_early", PlainEarly, "held half", "kernel"),
 )
-# Variants whose values are the kernel's to within rounding (checked by --check).
+# Variants whose values are the kernel's to within rounding (checked by --check), and those
+# whose errors --check reports beside them: what the least LayerNorms give up.
 EXACT = ("merged_squares", "squares_after_mean", "near_store", "lean", "half_threads", "lean_half_threads",
-         "shifted", "wg128", "wg256", "wg512", "wg1024", "turns2", "turns4", "turns2_wg256")
+         "shifted", "framed", "plain_late", "plain_early", "wg128", "wg256", "wg512", "wg1024", "turns2", "turns4", "turns2_wg256")
+INEXACT = ("least", "least_two_pass")
 
 
 def variants(rows: int, width: int, dtype: str) -> dict[str, KernelConfig]:
@@ -456,8 +482,8 @@ def check_rows(rows: int, width: int, seed: int = 0):
 
 
 def check(shapes: list[tuple[int, int]], dtypes: list[str], rows_each: int = 256) -> list[dict]:
-    """Max |out - float64| of the kernel and of each EXACT variant, per row kind: a variant
-    that moves the kernel's values shows here before its times mean anything."""
+    """Max |out - float64| of the kernel and of each EXACT and INEXACT variant, per row kind: a
+    variant that moves the kernel's values shows here before its times mean anything."""
     found = []
     for dtype in dtypes:
         for _rows, width in shapes:
@@ -469,7 +495,7 @@ def check(shapes: list[tuple[int, int]], dtypes: list[str], rows_each: int = 256
             for kind, rows in check_rows(rows_each, width).items():
                 x = rows.to(getattr(torch, dtype))
                 want = F.layer_norm(x.double(), (width,), w.double(), b.double(), 1e-5)
-                for name in ("kernel",) + EXACT:
+                for name in ("kernel",) + EXACT + INEXACT:
                     if name not in configs:
                         continue
                     with launching(lambda _, chosen=configs[name]: chosen):
@@ -479,6 +505,8 @@ def check(shapes: list[tuple[int, int]], dtypes: list[str], rows_each: int = 256
             row = {"dtype": dtype, "width": width, "errors": errors}
             worst = {n: max(e[k] / max(errors["kernel"][k], 1e-30) for k in e) for n, e in errors.items()}
             print(f"check {dtype} width {width}: " + " ".join(f"{n} x{v:.2f}" for n, v in worst.items()), flush=True)
+            for name in ("kernel",) + INEXACT:
+                print(f"  {name}: " + " ".join(f"{k} {e:.2g}" for k, e in errors[name].items()), flush=True)
             found.append(row | {"worst_over_kernel": worst})
     return found
 

@@ -28,22 +28,33 @@ void bool_constant(std::string* text, const char* name, bool value) {
   *text += std::string("const ") + name + ": bool = " + (value ? "true" : "false") + ";\n";
 }
 
-// The kernel file with each marked line written out `held` or `step` times, of the held
-// lines that load or use weight and bias those of `late_affine`'s form only, and of those
-// that take the squares those of `merged`'s (squares_with_correction) only.
-std::string written_out_kernel(uint32_t held, uint32_t step, bool late_affine, bool merged) {
+// The kernel file with each marked line written out as often as config.marker_counts says:
+// `held` or `step` times, held rows' lines of one path (in their frame, or plain:
+// plain_two_pass), and of the held lines that load or use weight and bias those of
+// late_affine's form only, of those that take the squares those of squares_with_correction's.
+std::string written_out_kernel(const KernelConfig& config) {
+  const uint32_t held = std::max<uint32_t>(config.hold, 1);
+  const bool late = config.late_affine();
+  const bool merged = config.squares_with_correction();
+  const bool plain = config.plain_two_pass();
+  const uint32_t framed = plain ? 0 : held;
   std::string kernel;
   for (const KernelPart& part : kKernelParts) {
     uint32_t values = 1;
     switch (part.marker) {
       case Marker::kNone: break;
-      case Marker::kEachHeldValue: values = held; break;
-      case Marker::kEachHeldValueWeightAndBiasWithX: values = late_affine ? 0 : held; break;
-      case Marker::kEachHeldValueWeightAndBiasAtTheStore: values = late_affine ? held : 0; break;
-      case Marker::kEachHeldValueSquaresAfterTheMean: values = merged ? 0 : held; break;
-      case Marker::kEachHeldValueSquaresWithTheCorrection: values = merged ? held : 0; break;
-      case Marker::kSquaresWithTheCorrection: values = merged ? 1 : 0; break;
-      case Marker::kEachStepValue: values = step; break;
+      case Marker::kEachHeldValue: values = framed; break;
+      case Marker::kEachHeldValueWeightAndBiasWithX: values = late ? 0 : framed; break;
+      case Marker::kEachHeldValueWeightAndBiasAtTheStore: values = late ? framed : 0; break;
+      case Marker::kEachHeldValueSquaresAfterTheMean: values = merged ? 0 : framed; break;
+      case Marker::kEachHeldValueSquaresWithTheCorrection: values = merged ? framed : 0; break;
+      case Marker::kSquaresWithTheCorrection: values = merged && !plain ? 1 : 0; break;
+      case Marker::kEachStepValue: values = config.unroll; break;
+      case Marker::kRowsInTheirFrame: values = plain ? 0 : 1; break;
+      case Marker::kPlainRows: values = plain ? 1 : 0; break;
+      case Marker::kEachPlainValue: values = plain ? held : 0; break;
+      case Marker::kEachPlainValueWeightAndBiasWithX: values = plain && !late ? held : 0; break;
+      case Marker::kEachPlainValueWeightAndBiasAtTheStore: values = plain && late ? held : 0; break;
     }
     if (part.value < values) {
       kernel += part.text;
@@ -56,6 +67,10 @@ std::string written_out_kernel(uint32_t held, uint32_t step, bool late_affine, b
 
 bool KernelConfig::squares_with_correction() const {
   return dtype != kFloat32 && !(write_stats && affine_dtype == kFloat32);
+}
+
+bool KernelConfig::plain_two_pass() const {
+  return dtype == kFloat16 && hold > 0 && !(write_stats && affine_dtype == kFloat32);
 }
 
 KernelConfig choose_config(uint64_t width, bool has_weight, bool has_bias, uint32_t subgroup_size,
@@ -118,8 +133,7 @@ std::string kernel_source(const KernelConfig& config, ShaderCompiler compiler) {
     bool_constant(&text, "PACK2X16FLOAT", config.pack2x16float);
     text += half_declarations(vec, config.affine_dtype != kFloat32);
   }
-  return text + written_out_kernel(std::max<uint32_t>(config.hold, 1), config.unroll, config.late_affine(),
-                                   config.squares_with_correction());
+  return text + written_out_kernel(config);
 }
 
 const std::string* wgsl_file(const std::string& name) {

@@ -75,9 +75,15 @@ EACH_HELD_SQUARES_AFTER_MEAN = "each held value, squares after the mean"
 EACH_HELD_SQUARES_WITH_CORRECTION = "each held value, squares with the correction"
 SQUARES_WITH_CORRECTION = "squares with the correction"
 EACH_STEP_VALUE = "each step value"
+ROWS_IN_THEIR_FRAME = "rows in their frame"
+PLAIN_ROWS = "plain rows"
+EACH_PLAIN_VALUE = "each plain value"
+EACH_PLAIN_AFFINE_WITH_X = "each plain value, weight and bias with x"
+EACH_PLAIN_AFFINE_AT_STORE = "each plain value, weight and bias at the store"
 MOST_VALUES = {EACH_HELD_VALUE: MAX_HOLD, EACH_HELD_AFFINE_WITH_X: MAX_HOLD, EACH_HELD_AFFINE_AT_STORE: MAX_HOLD,
                EACH_HELD_SQUARES_AFTER_MEAN: MAX_HOLD, EACH_HELD_SQUARES_WITH_CORRECTION: MAX_HOLD,
-               SQUARES_WITH_CORRECTION: 1, EACH_STEP_VALUE: STREAM_UNROLL}
+               SQUARES_WITH_CORRECTION: 1, EACH_STEP_VALUE: STREAM_UNROLL, ROWS_IN_THEIR_FRAME: 1, PLAIN_ROWS: 1,
+               EACH_PLAIN_VALUE: MAX_HOLD, EACH_PLAIN_AFFINE_WITH_X: MAX_HOLD, EACH_PLAIN_AFFINE_AT_STORE: MAX_HOLD}
 
 # Per components in one load: the WGSL type of V, the sum of its components and its first.
 _V_TYPES = {4: ("vec4<f32>", "v.x + v.y + v.z + v.w", "v.x"), 2: ("vec2<f32>", "v.x + v.y", "v.x"),
@@ -134,6 +140,13 @@ class KernelConfig:
         return self.dtype != "float32" and not (self.write_stats and self.affine_dtype == "float32")
 
     @property
+    def plain_two_pass(self) -> bool:
+        """Held float16 rows whose mean leaves the kernel in a half dtype or not at all:
+        statistics by the textbook two-pass in d = x - first (normalize_plain), instead of in
+        the row's frame with a corrected two-pass a thread."""
+        return self.dtype == "float16" and self.hold > 0 and not (self.write_stats and self.affine_dtype == "float32")
+
+    @property
     def row_in_subgroup(self) -> bool:
         """All threads of a row share one subgroup: the row merges without barriers."""
         return 0 < self.threads_per_row <= self.subgroup_size
@@ -181,17 +194,26 @@ class KernelConfig:
         reduction file (it holds the entry point), constants, kernel with its per-value
         lines written out."""
         reduce = "reduce_subgroup.wgsl" if self.subgroup_size else "reduce_workgroup.wgsl"
-        held = max(self.hold, 1)
-        late, merged = self.late_affine, self.squares_with_correction
-        kernel = written_out(files.shader_source(SHADER), {
-            EACH_HELD_VALUE: held, EACH_HELD_AFFINE_WITH_X: 0 if late else held,
-            EACH_HELD_AFFINE_AT_STORE: held if late else 0,
-            EACH_HELD_SQUARES_AFTER_MEAN: 0 if merged else held,
-            EACH_HELD_SQUARES_WITH_CORRECTION: held if merged else 0,
-            SQUARES_WITH_CORRECTION: int(merged), EACH_STEP_VALUE: self.unroll})
+        kernel = written_out(files.shader_source(SHADER), self.marker_counts())
         storage = "".join(files.shader_source(name) for name in self.storage)
         body = files.shader_source(reduce) + storage + self.prelude() + kernel
         return files.module(body, subgroups=self.subgroup_size > 0)
+
+
+    def marker_counts(self) -> dict[str, int]:
+        """How often the kernel file's lines of each marker are written out: held rows' lines
+        of one path (in their frame, or plain), of one form each."""
+        held = max(self.hold, 1)
+        late, merged, plain = self.late_affine, self.squares_with_correction, self.plain_two_pass
+        framed = 0 if plain else held
+        return {EACH_HELD_VALUE: framed, EACH_HELD_AFFINE_WITH_X: 0 if late else framed,
+                EACH_HELD_AFFINE_AT_STORE: framed if late else 0,
+                EACH_HELD_SQUARES_AFTER_MEAN: 0 if merged else framed,
+                EACH_HELD_SQUARES_WITH_CORRECTION: framed if merged else 0,
+                SQUARES_WITH_CORRECTION: int(merged and not plain), EACH_STEP_VALUE: self.unroll,
+                ROWS_IN_THEIR_FRAME: int(not plain), PLAIN_ROWS: int(plain),
+                EACH_PLAIN_VALUE: held if plain else 0, EACH_PLAIN_AFFINE_WITH_X: 0 if late or not plain else held,
+                EACH_PLAIN_AFFINE_AT_STORE: held if late and plain else 0}
 
 
 def constant(name: str, value: int | bool) -> str:

@@ -125,7 +125,8 @@ fn normalize_rows(tid: u32, group: vec3<u32>, groups: vec3<u32>, lanes: u32) {
     // Rows past 65,535 workgroups come through the y dimension of the grid.
     let row = (group.x + group.y * groups.x) * ROWS_PER_WORKGROUP + tid / THREADS_PER_ROW;
     if (HOLD > 0u) {
-        normalize_held(tid, row, lanes);
+        normalize_held(tid, row, lanes);  // rows in their frame
+        normalize_plain(tid, row, lanes);  // plain rows
     } else {
         normalize_streamed(tid, row, lanes);
     }
@@ -260,8 +261,13 @@ fn bias_at(i: u32, in_row: bool) -> V {
 
 // c: the row's centring (a, b, c, r), the output (x * a - b - c) * r (`centring`).
 fn store_out(base: u32, i: u32, in_row: bool, v: V, c: vec4<f32>, w: V, b: V) {
+    store_normalized(base, i, in_row, ((v * c.x - V(c.y)) - V(c.z)) * c.w, w, b);
+}
+
+// y: the normalized values, NaN throughout for a non-finite row.
+fn store_normalized(base: u32, i: u32, in_row: bool, normalized: V, w: V, b: V) {
     if (in_row) {
-        var y = ((v * c.x - V(c.y)) - V(c.z)) * c.w;  // NaN throughout for a non-finite row
+        var y = normalized;
         if (HAS_WEIGHT) { y = y * w; }
         if (HAS_BIAS) { y = y + b; }
         write_out(base + i, y);
@@ -312,6 +318,40 @@ fn normalize_held(tid: u32, row: u32, lanes: u32) {
     let c = centring(frame, mean_d + sums.x, stats, finish_row(row, lane, stats).y);
     store_out(base, i_K, in_K, v_K, c, w_K, b_K);  // each held value, weight and bias with x
     store_out(base, i_K, in_K, v_K, c, weight_at(i_K, in_K), bias_at(i_K, in_K));  // each held value, weight and bias at the store
+}
+
+// Held float16 rows (plain_two_pass in config.py), the textbook two-pass in d = x - first:
+// the mean of d, then the sum of (d - mean_d)^2, and the output (d - mean_d) * rstd. It
+// needs none of the frame's other parts, since a float16 row has none of the cases they
+// are for: the difference of two float16 values within 2^13 of each other is exact in f32
+// (each holds 11 bits), so d is exact wherever the row's spread is small beside its mean,
+// and the output is centred in d, never at a mean rounded at the row's scale; no square of
+// a difference of float16 values (at most 2^17) and no sum of 2^13 of them reaches float32's
+// limit, so neither the scale nor a row sum of means is needed; a constant row has every d
+// exactly 0 (mean its value, M2 0, out 0 + bias). M2's error from mean_d's rounding is of
+// second order (Chan et al.), so the second pass needs no correction.
+fn normalize_plain(tid: u32, row: u32, lanes: u32) {
+    let lane = tid % THREADS_PER_ROW;
+    let base = row_base(row);
+    let first = first_value(read_x(base));
+    let i_K = lane + K * THREADS_PER_ROW;  // each plain value
+    let in_K = held_in_row(i_K, K);  // each plain value
+    let d_K = select(V(0.0), load_x(base, i_K, in_K) - V(first), in_K);  // each plain value
+    let w_K = weight_at(i_K, in_K);  // each plain value, weight and bias with x
+    let b_K = bias_at(i_K, in_K);  // each plain value, weight and bias with x
+    var sum = 0.0;
+    sum += hsum(d_K);  // each plain value
+    let mean_d = row_sum(vec2<f32>(sum, 0.0), tid, lane, 0u, lanes).x * INV_WIDTH;
+    let e_K = select(V(0.0), d_K - V(mean_d), in_K);  // each plain value
+    var squares = 0.0;
+    squares += hsum(e_K * e_K);  // each plain value
+    let m2 = clamp_m2(row_sum(vec2<f32>(squares, 0.0), tid, lane, 1u, lanes).x);
+    if (row >= params.rows) {
+        return;
+    }
+    let r = finish_row(row, lane, vec2<f32>(first + mean_d, m2)).y;
+    store_normalized(base, i_K, in_K, e_K * r, w_K, b_K);  // each plain value, weight and bias with x
+    store_normalized(base, i_K, in_K, e_K * r, weight_at(i_K, in_K), bias_at(i_K, in_K));  // each plain value, weight and bias at the store
 }
 
 fn normalize_streamed(tid: u32, row: u32, lanes: u32) {
