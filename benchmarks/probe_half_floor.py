@@ -47,6 +47,8 @@ Per shape and dtype, every variant is a module the kernel's own config writes, e
   weight + bias; no frame, no correction, no NaN handling (timing only).
 - least_two_pass: the textbook two-pass (Triton's tutorial): the mean's sum, then the squares
   about it, then the same output (timing only).
+- least_early, least_two_pass_early: the same with weight and bias loaded with x (least and
+  least_two_pass load them at the store).
 - wg128, wg256, wg512, wg1024: the kernel in workgroups of that many threads (more rows a
   workgroup).
 - turns2, turns4: each workgroup takes 2 or 4 blocks of rows, one after the other, the
@@ -55,8 +57,8 @@ Per shape and dtype, every variant is a module the kernel's own config writes, e
 - least_wg256, least_wg512: least in workgroups of 256 or 512 threads.
 - framed: float16 rows in their frame, with a corrected two-pass a thread, as the kernel
   computed them before plain_two_pass (the other edited variants edit that path too).
-- plain_late, plain_early: float16 rows' plain two-pass with weight and bias loaded at the
-  store or with x, whatever the config's late_affine rule chooses.
+  Run 9 also timed plain rows with weight and bias loaded at the store (plain_late) and
+  with x (plain_early): with x won or tied at every shape, and is now the rule.
 - copy: bench_copy.wgsl over the same bytes, 16-byte loads, 256 threads a workgroup.
 The variants time in rounds, the order reversed every other round, so drift falls on all.
 Only the kernel is a LayerNorm; the rest are for timing.
@@ -154,8 +156,6 @@ AffineEarly = forcing("AffineEarly", late_affine=False)
 MergedSquares = forcing("MergedSquares", squares_with_correction=True)
 SquaresAfterMean = forcing("SquaresAfterMean", squares_with_correction=False)
 Framed = forcing("Framed")
-PlainLate = forcing("PlainLate", plain_two_pass=True, late_affine=True)
-PlainEarly = forcing("PlainEarly", plain_two_pass=True, late_affine=False)
 
 
 @dataclass(frozen=True)
@@ -287,6 +287,7 @@ class LeanOneSum(Lean, OneSum):
 @dataclass(frozen=True)
 class Least(Variant):
     TWO_PASS: ClassVar[bool] = False
+    EARLY: ClassVar[bool] = False  # weight and bias loaded with x (else at the store)
 
     def source(self, files: ShaderFiles) -> str:
         text = super().source(files)
@@ -296,6 +297,10 @@ class Least(Variant):
                  "    let lane = tid % THREADS_PER_ROW;", "    let base = row_base(row);"]
         lines += [f"    let i_{k} = lane + {k}u * THREADS_PER_ROW;\n    let in_{k} = held_in_row(i_{k}, {k}u);\n"
                   f"    let v_{k} = load_x(base, i_{k}, in_{k});" for k in each]
+        affine = [(f"w_{k}", f"b_{k}") if self.EARLY else (f"weight_at(i_{k}, in_{k})", f"bias_at(i_{k}, in_{k})")
+                  for k in each]
+        if self.EARLY:
+            lines += [f"    let w_{k} = weight_at(i_{k}, in_{k});\n    let b_{k} = bias_at(i_{k}, in_{k});" for k in each]
         if self.TWO_PASS:
             lines += ["    var s = 0.0;"] + [f"    s += hsum(v_{k});" for k in each]
             lines += ["    let mean = row_sum(vec2<f32>(s, 0.0), tid, lane, 0u, lanes).x * INV_WIDTH;",
@@ -311,14 +316,23 @@ class Least(Variant):
                       "    let r = inverseSqrt(max(sums.y * INV_WIDTH - mean * mean, 0.0) + params.eps);"]
         lines += ["    if (row >= params.rows) {", "        return;", "    }",
                   "    let c = vec4<f32>(1.0, mean, 0.0, r);"]
-        lines += [f"    store_out(base, i_{k}, in_{k}, v_{k}, c, weight_at(i_{k}, in_{k}), bias_at(i_{k}, in_{k}));"
-                  for k in each]
+        lines += [f"    store_out(base, i_{k}, in_{k}, v_{k}, c, {affine[k][0]}, {affine[k][1]});" for k in each]
         return text[:start] + "\n".join(lines) + "\n}\n\n" + text[end:]
 
 
 @dataclass(frozen=True)
 class LeastTwoPass(Least):
     TWO_PASS: ClassVar[bool] = True
+
+
+@dataclass(frozen=True)
+class LeastEarly(Least):
+    EARLY: ClassVar[bool] = True
+
+
+@dataclass(frozen=True)
+class LeastTwoPassEarly(LeastTwoPass):
+    EARLY: ClassVar[bool] = True
 
 
 @dataclass(frozen=True)
@@ -382,14 +396,14 @@ EDITED = (
     ("lean", Lean, "held", "kernel"), ("one_sum", OneSum, "held", "kernel"),
     ("lean_one_sum", LeanOneSum, "held", "kernel"),
     ("least", Least, "held", "kernel"), ("least_two_pass", LeastTwoPass, "held", "kernel"),
+    ("least_early", LeastEarly, "held", "kernel"), ("least_two_pass_early", LeastTwoPassEarly, "held", "kernel"),
     ("shifted", Shifted, "held", "kernel"), ("framed", Framed, "held half", "kernel"),
-    ("plain_late", PlainLate, "held half", "kernel"), ("plain_early", PlainEarly, "held half", "kernel"),
 )
 # Variants whose values are the kernel's to within rounding (checked by --check), and those
 # whose errors --check reports beside them: what the least LayerNorms give up.
 EXACT = ("merged_squares", "squares_after_mean", "near_store", "lean", "half_threads", "lean_half_threads",
-         "shifted", "framed", "plain_late", "plain_early", "wg128", "wg256", "wg512", "wg1024", "turns2", "turns4", "turns2_wg256")
-INEXACT = ("least", "least_two_pass")
+         "shifted", "framed", "wg128", "wg256", "wg512", "wg1024", "turns2", "turns4", "turns2_wg256")
+INEXACT = ("least", "least_two_pass", "least_early", "least_two_pass_early")
 
 
 def variants(rows: int, width: int, dtype: str) -> dict[str, KernelConfig]:

@@ -534,8 +534,10 @@ def test_loads_are_as_wide_as_the_width_keeps_rows_aligned():
 
 
 def test_held_rows_take_one_form_of_their_weight_and_bias_lines():
-    late, early = kernel.choose_config(3072, True, True, 32, "float16"), kernel.choose_config(768, True, True, 32)
+    late, early = kernel.choose_config(3072, True, True, 32, "bfloat16"), kernel.choose_config(768, True, True, 32)
     assert late.late_affine and not early.late_affine
+    # Plain rows load weight and bias with x however many values a thread holds.
+    assert not kernel.choose_config(3072, True, True, 32, "float16").late_affine
     files = wgsl.ShaderFiles("naga")
     for config, absent in ((late, "store_out(base, i_0, in_0, v_0, c, w_0, b_0);"),
                            (early, "store_out(base, i_0, in_0, v_0, c, weight_at(i_0, in_0), bias_at(i_0, in_0));")):
@@ -547,8 +549,8 @@ def test_held_rows_take_one_form_of_their_squares():
     # Half rows: the squares come from the correction pass; float32 rows, and half rows whose
     # mean is stored in float32: a pass after the mean.
     files = wgsl.ShaderFiles("naga")
-    for dtype, affine, stats, merged in (("float16", None, True, True), ("bfloat16", None, False, True),
-                                         ("float16", "float32", False, True), ("float16", "float32", True, False),
+    for dtype, affine, stats, merged in (("bfloat16", None, True, True), ("bfloat16", None, False, True),
+                                         ("bfloat16", "float32", False, True), ("float16", "float32", True, False),
                                          ("bfloat16", "float32", True, False), ("float32", None, False, False)):
         config = kernel.choose_config(1024, True, True, 32, dtype, affine, write_stats=stats)
         assert config.hold and config.squares_with_correction == merged
@@ -556,6 +558,29 @@ def test_held_rows_take_one_form_of_their_squares():
         assert len(re.findall(r"^    own \+= e_\d+\.y;$", held, re.M)) == (config.hold if merged else 0)
         assert len(re.findall(r"^    squares \+= deviation_at\(", held, re.M)) == (0 if merged else config.hold)
         assert held.count("squares = (own - count * rest * rest) + count * gap * gap;") == int(merged)
+
+
+def test_held_rows_take_one_path():
+    # Held float16 rows whose mean leaves in a half dtype or not at all: the plain two-pass
+    # (normalize_plain); every other row in its frame (normalize_held, or streamed).
+    files = wgsl.ShaderFiles("naga")
+    for width, dtype, affine, stats, plain in ((1024, "float16", None, True, True), (768, "float16", None, False, True),
+                                               (1023, "float16", "float32", False, True),
+                                               (1024, "float16", "float32", True, False),
+                                               (1024, "bfloat16", None, False, False), (1024, "float32", None, False, False),
+                                               (16384, "float16", None, False, False)):
+        config = kernel.choose_config(width, True, True, 32, dtype, affine, write_stats=stats)
+        assert config.plain_two_pass == plain
+        source = config.source(files)
+        rows = source.split("fn normalize_rows")[1].split("\nfn ")[0]
+        assert rows.count("normalize_plain(") == int(plain) and rows.count("normalize_held(") == int(not plain)
+        held = source.split("fn normalize_held(")[1].split("\nfn ")[0]
+        plain_rows = source.split("fn normalize_plain(")[1].split("\nfn ")[0]
+        values = config.hold if plain else 0
+        assert len(re.findall(r"^    store_normalized\(", plain_rows, re.M)) == values
+        assert len(re.findall(r"^    let d_\d+ = ", plain_rows, re.M)) == values
+        if plain:
+            assert not re.search(r"^    (let v_\d+|store_out)", held, re.M)
 
 
 def test_marked_lines_are_written_out_once_per_value():
@@ -652,6 +677,32 @@ def test_half_rows_whose_shares_differ(dtype, width, rows, reduction):
     assert_half_close_to_reference(x.to(dtype), (width,), weight, bias)
 
 
+@ON_BOTH_PATHS
+@pytest.mark.parametrize("width", [6, 768, 1023, 3072])
+@pytest.mark.parametrize("rows", ["at_the_limit", "first_tiny", "first_at_the_limit", "binades_apart"])
+def test_plain_rows_where_differences_are_not_exact(width, rows, reduction):
+    # Plain rows (float16) take d = x - first, exact only where x and first lie within 2^12
+    # of each other, and squares of d unscaled: rows at float16's limit, and rows whose
+    # values lie many binades from their first value or from each other.
+    gen = torch.Generator().manual_seed(width)
+    x = torch.randn(24, width, generator=gen)
+    if rows == "at_the_limit":
+        x = torch.where(x > 0, 65504.0, -65504.0)
+        x[::3] = 60000.0 + 100 * x[::3].sign()
+    elif rows == "first_tiny":
+        x = 30000.0 + 16 * x
+        x[:, 0] = 1e-3
+    elif rows == "first_at_the_limit":
+        x = 1e-3 * x
+        x[:, 0] = -65504.0
+    else:
+        x = x * torch.pow(2.0, torch.randint(-14, 15, (24, width), generator=gen).float())
+    weight, bias = (t.to(torch.float16) for t in make_affine((width,), True, True, gen))
+    half = x.to(torch.float16)
+    assert wgsl.config.choose_config(width, True, True, dtype="float16").plain_two_pass
+    assert_half_close_to_reference(half, (width,), weight, bias)
+
+
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
 @pytest.mark.parametrize("width", [1, 2, 3, 5, 7, 132, 766, 4097, 4098])
 @pytest.mark.parametrize("has_weight,has_bias", AFFINE)
@@ -674,10 +725,12 @@ def test_half_large_mean_small_variance(dtype, width, reduction):
 
 @ON_BOTH_PATHS
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
-@pytest.mark.parametrize("width", [1, 3, 768, 4097])
+@pytest.mark.parametrize("width", [1, 3, 768, 1000, 4097])
 def test_half_constant_rows(dtype, width, reduction):
+    # 7.25 x 1000 x fl(1/1000) is not 7.25 in float32: a mean of x itself taken so is off.
     x = torch.full((5, width), 3.25, dtype=dtype)
     x[1] = -1e4
+    x[2] = 7.25
     bias = torch.linspace(-1, 1, width).to(dtype)
     out, mean, rstd = pipeline.layer_norm(x, [width], None, bias, eps=1e-5)
     assert torch.equal(out, bias.expand(5, width))

@@ -53,8 +53,6 @@ std::string written_out_kernel(const KernelConfig& config) {
       case Marker::kRowsInTheirFrame: values = plain ? 0 : 1; break;
       case Marker::kPlainRows: values = plain ? 1 : 0; break;
       case Marker::kEachPlainValue: values = plain ? held : 0; break;
-      case Marker::kEachPlainValueWeightAndBiasWithX: values = plain && !late ? held : 0; break;
-      case Marker::kEachPlainValueWeightAndBiasAtTheStore: values = plain && late ? held : 0; break;
     }
     if (part.value < values) {
       kernel += part.text;

@@ -38,8 +38,9 @@ struct KernelConfig {
     return subgroup_size > 0 && uint64_t{threads_per_row} > uint64_t{subgroup_size} * subgroup_size;
   }
   uint32_t rows_per_workgroup() const { return workgroup / threads_per_row; }
-  // Held rows of kLateAffineValues values a thread or more load weight and bias at the store.
-  bool late_affine() const { return uint64_t{hold} * vec() >= kLateAffineValues; }
+  // Held rows in their frame of kLateAffineValues values a thread or more load weight and
+  // bias at the store (plain rows load them with x).
+  bool late_affine() const { return uint64_t{hold} * vec() >= kLateAffineValues && !plain_two_pass(); }
   // Half rows whose mean leaves in a half dtype or not at all take each held thread's squares
   // in its correction pass (squares_with_correction).
   bool squares_with_correction() const;

@@ -44,7 +44,7 @@ MAX_GRID_X = 65535
 # The kernel's Params struct (rows, eps, nan), padded to 16 bytes.
 PARAMS_BYTES = 16
 
-# Held rows whose threads hold this many values or more load weight and bias at the store,
+# Held rows in their frame whose threads hold this many values or more load weight and bias at the store,
 # after the row sums, instead of with x, which would keep them in registers through the
 # sums (KernelConfig.late_affine). On the H200, 12-14% faster at float32 1500x1280 and
 # 10-11% at float16 4096x3072, from 2% faster to 3% slower at the other model shapes it
@@ -63,6 +63,14 @@ LATE_AFFINE_VALUES = 20
 # while out and rstd, and the mean rounded to a half dtype, did not move (docs/measurements.md,
 # "Where float16 stands against the copy").
 
+# Held float16 rows whose mean leaves the kernel in a half dtype or not at all take the
+# textbook two-pass in d = x - first (KernelConfig.plain_two_pass, normalize_plain): float16
+# values make d exact where the spread is small beside the mean, and no square overflows.
+# On the H200 the frame's path took 0.4-16% more time at the 9 float16 model shapes of 4 MB
+# or more (wgpu and Dawn; most at width 1024), within 1.3% less at a few small ones; plain rows
+# load weight and bias with x, which won or tied at every model shape (docs/measurements.md,
+# "float16 rows without the frame").
+
 # The markers of the kernel file's lines written out once per value (`written_out`), and
 # the most values `choose_config` writes each out for. Held lines that load or use weight
 # and bias come in two forms: with x, or at the store (`late_affine`); held lines that take
@@ -78,12 +86,10 @@ EACH_STEP_VALUE = "each step value"
 ROWS_IN_THEIR_FRAME = "rows in their frame"
 PLAIN_ROWS = "plain rows"
 EACH_PLAIN_VALUE = "each plain value"
-EACH_PLAIN_AFFINE_WITH_X = "each plain value, weight and bias with x"
-EACH_PLAIN_AFFINE_AT_STORE = "each plain value, weight and bias at the store"
 MOST_VALUES = {EACH_HELD_VALUE: MAX_HOLD, EACH_HELD_AFFINE_WITH_X: MAX_HOLD, EACH_HELD_AFFINE_AT_STORE: MAX_HOLD,
                EACH_HELD_SQUARES_AFTER_MEAN: MAX_HOLD, EACH_HELD_SQUARES_WITH_CORRECTION: MAX_HOLD,
                SQUARES_WITH_CORRECTION: 1, EACH_STEP_VALUE: STREAM_UNROLL, ROWS_IN_THEIR_FRAME: 1, PLAIN_ROWS: 1,
-               EACH_PLAIN_VALUE: MAX_HOLD, EACH_PLAIN_AFFINE_WITH_X: MAX_HOLD, EACH_PLAIN_AFFINE_AT_STORE: MAX_HOLD}
+               EACH_PLAIN_VALUE: MAX_HOLD}
 
 # Per components in one load: the WGSL type of V, the sum of its components and its first.
 _V_TYPES = {4: ("vec4<f32>", "v.x + v.y + v.z + v.w", "v.x"), 2: ("vec2<f32>", "v.x + v.y", "v.x"),
@@ -128,9 +134,9 @@ class KernelConfig:
 
     @property
     def late_affine(self) -> bool:
-        """Held rows of at least LATE_AFFINE_VALUES values a thread: weight and bias load at
-        the store, after the row sums."""
-        return self.hold * self.vec >= LATE_AFFINE_VALUES
+        """Held rows in their frame of at least LATE_AFFINE_VALUES values a thread: weight and
+        bias load at the store, after the row sums (plain rows load them with x)."""
+        return self.hold * self.vec >= LATE_AFFINE_VALUES and not self.plain_two_pass
 
     @property
     def squares_with_correction(self) -> bool:
@@ -211,9 +217,7 @@ class KernelConfig:
                 EACH_HELD_SQUARES_AFTER_MEAN: 0 if merged else framed,
                 EACH_HELD_SQUARES_WITH_CORRECTION: framed if merged else 0,
                 SQUARES_WITH_CORRECTION: int(merged and not plain), EACH_STEP_VALUE: self.unroll,
-                ROWS_IN_THEIR_FRAME: int(not plain), PLAIN_ROWS: int(plain),
-                EACH_PLAIN_VALUE: held if plain else 0, EACH_PLAIN_AFFINE_WITH_X: 0 if late or not plain else held,
-                EACH_PLAIN_AFFINE_AT_STORE: held if late and plain else 0}
+                ROWS_IN_THEIR_FRAME: int(not plain), PLAIN_ROWS: int(plain), EACH_PLAIN_VALUE: held if plain else 0}
 
 
 def constant(name: str, value: int | bool) -> str:

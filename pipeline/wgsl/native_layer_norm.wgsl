@@ -23,8 +23,11 @@
 // those marked `... at the store` where it is true (config.py), those marked `// each held
 // value, squares after the mean` HOLD times where its squares_with_correction is false and
 // those marked `... squares with the correction` where it is true (and the lines marked
-// `// squares with the correction` then once), and those marked `// each step value` STEP
-// times, K (and the suffix _K of names) becoming 0, 1, ...: loops over a
+// `// squares with the correction` then once), those marked `// each plain value` HOLD
+// times where its plain_two_pass is true (and then the frame's held lines none: the call
+// marked `// plain rows` is written instead of the one marked `// rows in their frame`), and
+// those marked `// each step value` STEP times, K (and the suffix _K of names) becoming
+// 0, 1, ...: loops over a
 // private array, which Naga bounds with a counter of its own, were measured much slower
 // than the same statements written out (docs/measurements.md, v4).
 //
@@ -55,7 +58,8 @@
 //   share once into registers, weight and bias with it (or, where it holds 20 values or
 //   more, at the store: late_affine in config.py), and takes its mean in a corrected
 //   two-pass; its squares (in that second pass for half rows) and the output come from the
-//   registers.
+//   registers. Held float16 rows whose mean leaves in a half dtype or not at all take a
+//   plain two-pass instead (normalize_plain).
 // - streamed rows: the thread walks its strided share, merging every V's exact (count,
 //   mean, M2) into its own (Welford, by pairwise merges, the mean compensated); its squares
 //   are M2 + count x (mean - mean_d)^2; then the thread walks its share again, re-reading
@@ -320,16 +324,22 @@ fn normalize_held(tid: u32, row: u32, lanes: u32) {
     store_out(base, i_K, in_K, v_K, c, weight_at(i_K, in_K), bias_at(i_K, in_K));  // each held value, weight and bias at the store
 }
 
-// Held float16 rows (plain_two_pass in config.py), the textbook two-pass in d = x - first:
-// the mean of d, then the sum of (d - mean_d)^2, and the output (d - mean_d) * rstd. It
-// needs none of the frame's other parts, since a float16 row has none of the cases they
-// are for: the difference of two float16 values within 2^13 of each other is exact in f32
-// (each holds 11 bits), so d is exact wherever the row's spread is small beside its mean,
-// and the output is centred in d, never at a mean rounded at the row's scale; no square of
-// a difference of float16 values (at most 2^17) and no sum of 2^13 of them reaches float32's
-// limit, so neither the scale nor a row sum of means is needed; a constant row has every d
-// exactly 0 (mean its value, M2 0, out 0 + bias). M2's error from mean_d's rounding is of
-// second order (Chan et al.), so the second pass needs no correction.
+// Held float16 rows whose mean leaves in a half dtype or not at all (plain_two_pass in
+// config.py): the textbook two-pass in d = x - first, the row sum of d giving mean_d, the
+// sum of (d - mean_d)^2 giving M2, and the output (d - mean_d) * rstd. float16 values need
+// nothing more of the frame:
+// - x - first is exact in f32 wherever x and first lie within 2^12 of each other (11 bits
+//   each), so a row far from zero is centred in exact differences, as the frame's far rows
+//   are; where they lie further apart, the row's spread is as large as its values.
+// - a constant row has every d exactly 0: mean its value, M2 0, out 0 + bias (a mean taken
+//   as sum(x) * (1 / width) is not: 7.25 at width 1000).
+// - no difference of float16 values (at most 2^17) squared, nor a sum of 2^13 such squares,
+//   reaches float32's limit: no scale.
+// mean_d's rounding moves M2 only in the second order, so M2 needs no correction; the mean
+// itself, first + mean_d, rounds at first's scale (a stored float32 mean of a row near zero
+// came out 6.7x eager's error), which is why rows whose mean leaves in float32 stay in their
+// frame. On the H200, the frame's path took 0.4-16% more time at the float16 model shapes of
+// 4 MB or more (docs/measurements.md, "float16 rows without the frame").
 fn normalize_plain(tid: u32, row: u32, lanes: u32) {
     let lane = tid % THREADS_PER_ROW;
     let base = row_base(row);
@@ -337,8 +347,8 @@ fn normalize_plain(tid: u32, row: u32, lanes: u32) {
     let i_K = lane + K * THREADS_PER_ROW;  // each plain value
     let in_K = held_in_row(i_K, K);  // each plain value
     let d_K = select(V(0.0), load_x(base, i_K, in_K) - V(first), in_K);  // each plain value
-    let w_K = weight_at(i_K, in_K);  // each plain value, weight and bias with x
-    let b_K = bias_at(i_K, in_K);  // each plain value, weight and bias with x
+    let w_K = weight_at(i_K, in_K);  // each plain value
+    let b_K = bias_at(i_K, in_K);  // each plain value
     var sum = 0.0;
     sum += hsum(d_K);  // each plain value
     let mean_d = row_sum(vec2<f32>(sum, 0.0), tid, lane, 0u, lanes).x * INV_WIDTH;
@@ -350,8 +360,7 @@ fn normalize_plain(tid: u32, row: u32, lanes: u32) {
         return;
     }
     let r = finish_row(row, lane, vec2<f32>(first + mean_d, m2)).y;
-    store_normalized(base, i_K, in_K, e_K * r, w_K, b_K);  // each plain value, weight and bias with x
-    store_normalized(base, i_K, in_K, e_K * r, weight_at(i_K, in_K), bias_at(i_K, in_K));  // each plain value, weight and bias at the store
+    store_normalized(base, i_K, in_K, e_K * r, w_K, b_K);  // each plain value
 }
 
 fn normalize_streamed(tid: u32, row: u32, lanes: u32) {
