@@ -564,11 +564,11 @@ def test_held_rows_take_one_path():
     # Held float16 rows whose mean leaves in a half dtype or not at all: the plain two-pass
     # (normalize_plain); every other row in its frame (normalize_held, or streamed).
     files = wgsl.ShaderFiles("naga")
-    for width, dtype, affine, stats, plain in ((1024, "float16", None, True, True), (768, "float16", None, False, True),
-                                               (1023, "float16", "float32", False, True),
-                                               (1024, "float16", "float32", True, False),
-                                               (1024, "bfloat16", None, False, False), (1024, "float32", None, False, False),
-                                               (16384, "float16", None, False, False)):
+    cases = [(1024, "float16", None, True, True), (768, "float16", None, False, True),
+             (1023, "float16", "float32", False, True), (1024, "float16", "float32", True, False),
+             (1024, "bfloat16", None, False, False), (1024, "float32", None, False, False),
+             (16384, "float16", None, False, False)]  # width, dtype, affine dtype, stats, plain
+    for width, dtype, affine, stats, plain in cases:
         config = kernel.choose_config(width, True, True, 32, dtype, affine, write_stats=stats)
         assert config.plain_two_pass == plain
         source = config.source(files)

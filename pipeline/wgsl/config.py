@@ -44,9 +44,9 @@ MAX_GRID_X = 65535
 # The kernel's Params struct (rows, eps, nan), padded to 16 bytes.
 PARAMS_BYTES = 16
 
-# Held rows in their frame whose threads hold this many values or more load weight and bias at the store,
-# after the row sums, instead of with x, which would keep them in registers through the
-# sums (KernelConfig.late_affine). On the H200, 12-14% faster at float32 1500x1280 and
+# Held rows in their frame whose threads hold this many values or more load weight and bias
+# at the store, after the row sums, instead of with x, which would keep them in registers
+# through the sums (KernelConfig.late_affine). On the H200, 12-14% faster at float32 1500x1280 and
 # 10-11% at float16 4096x3072, from 2% faster to 3% slower at the other model shapes it
 # covers; at the model shapes of fewer values a thread, late was up to 8% slower
 # (docs/measurements.md, "Where float16 stands against the copy").
