@@ -481,7 +481,8 @@ def launching(choose: Callable[[KernelConfig], KernelConfig]) -> Iterator[None]:
 
 def check_rows(rows: int, width: int, seed: int = 0):
     """float64 rows of the kinds the kernel's exactness rests on: random, far from zero
-    (1e4 + 1e-2 randn, 300 + randn), constant, a first value far out, halves apart."""
+    (1e4 + 1e-2 randn, 300 + randn), constant, a first value far out, halves apart, one value
+    a float16 ulp from the rest at 1000."""
     gen = torch.Generator().manual_seed(seed)
     n = torch.randn(rows, width, generator=gen, dtype=torch.float64)
     kinds = {"random": n, "1e4+1e-2": 1e4 + 1e-2 * n, "300+randn": 300 + n,
@@ -492,6 +493,10 @@ def check_rows(rows: int, width: int, seed: int = 0):
     halves = n.clone()
     halves[:, width // 2:] += 50.0
     kinds["halves_apart"] = halves
+    # One value a float16 ulp above the rest, far from zero: the spread is 1/2000 of the mean.
+    near = torch.full((rows, width), 1000.0, dtype=torch.float64)
+    near[:, 1] = 1000.5
+    kinds["one_ulp_apart"] = near
     return kinds
 
 

@@ -679,7 +679,7 @@ def test_half_rows_whose_shares_differ(dtype, width, rows, reduction):
 
 @ON_BOTH_PATHS
 @pytest.mark.parametrize("width", [6, 768, 1023, 3072])
-@pytest.mark.parametrize("rows", ["at_the_limit", "first_tiny", "first_at_the_limit", "binades_apart"])
+@pytest.mark.parametrize("rows", ["at_the_limit", "first_tiny", "first_at_the_limit", "binades_apart", "one_ulp_apart"])
 def test_plain_rows_where_differences_are_not_exact(width, rows, reduction):
     # Plain rows (float16) take d = x - first, exact only where x and first lie within 2^12
     # of each other, and squares of d unscaled: rows at float16's limit, and rows whose
@@ -695,8 +695,11 @@ def test_plain_rows_where_differences_are_not_exact(width, rows, reduction):
     elif rows == "first_at_the_limit":
         x = 1e-3 * x
         x[:, 0] = -65504.0
-    else:
+    elif rows == "binades_apart":
         x = x * torch.pow(2.0, torch.randint(-14, 15, (24, width), generator=gen).float())
+    else:  # one value a float16 ulp above the rest, far from zero: a mean of x rounds off it
+        x = torch.full((24, width), 1000.0)
+        x[:, 1] = 1000.5
     weight, bias = (t.to(torch.float16) for t in make_affine((width,), True, True, gen))
     half = x.to(torch.float16)
     assert wgsl.config.choose_config(width, True, True, dtype="float16").plain_two_pass
