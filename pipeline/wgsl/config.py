@@ -46,10 +46,10 @@ PARAMS_BYTES = 16
 
 # Held rows in their frame whose threads hold this many values or more load weight and bias
 # at the store, after the row sums, instead of with x, which would keep them in registers
-# through the sums (KernelConfig.late_affine). On the H200, 12-14% faster at float32 1500x1280 and
-# 10-11% at float16 4096x3072, from 2% faster to 3% slower at the other model shapes it
-# covers; at the model shapes of fewer values a thread, late was up to 8% slower
-# (docs/measurements.md, "Where float16 stands against the copy").
+# through the sums (KernelConfig.late_affine). On the H200, 12-14% faster at float32
+# 1500x1280 and 10-11% at float16 4096x3072 (in the frame), from 2% faster to 3% slower at
+# the other model shapes it covers; at the model shapes of fewer values a thread, late was up
+# to 8% slower (docs/measurements.md, "Where float16 stands against the copy").
 LATE_AFFINE_VALUES = 20
 
 # Half rows take each thread's squares in its correction pass, about its share's first mean,
@@ -204,7 +204,6 @@ class KernelConfig:
         storage = "".join(files.shader_source(name) for name in self.storage)
         body = files.shader_source(reduce) + storage + self.prelude() + kernel
         return files.module(body, subgroups=self.subgroup_size > 0)
-
 
     def marker_counts(self) -> dict[str, int]:
         """How often the kernel file's lines of each marker are written out: held rows' lines

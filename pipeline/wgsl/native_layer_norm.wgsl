@@ -26,10 +26,9 @@
 // `// squares with the correction` then once), those marked `// each plain value` HOLD
 // times where its plain_two_pass is true (and then the frame's held lines none: the call
 // marked `// plain rows` is written instead of the one marked `// rows in their frame`), and
-// those marked `// each step value` STEP times, K (and the suffix _K of names) becoming
-// 0, 1, ...: loops over a
-// private array, which Naga bounds with a counter of its own, were measured much slower
-// than the same statements written out (docs/measurements.md, v4).
+// those marked `// each step value` STEP times, K (and the suffix _K of names) becoming 0,
+// 1, ...: loops over a private array, which Naga bounds with a counter of its own, were
+// measured much slower than the same statements written out (docs/measurements.md, v4).
 //
 // Statistics in the row's frame: each value x enters them as d = x * scale - first * scale,
 // `first` the row's first value and `scale` 1, or 2^-8 where |first| >= 1 (row_frame); the
