@@ -63,9 +63,12 @@ LATE_AFFINE_VALUES = 20
 # while out and rstd, and the mean rounded to a half dtype, did not move (docs/measurements.md,
 # "Where float16 stands against the copy").
 
-# Held float16 rows whose mean leaves the kernel in a half dtype or not at all take the
+# Held float16 rows of a launch that stores no mean and rstd (the models' delegates) take the
 # textbook two-pass in d = x - first (KernelConfig.plain_two_pass, normalize_plain): float16
 # values make d exact where the spread is small beside the mean, and no square overflows.
+# Its mean, first + mean_d, rounds at first's scale: stored, it came out up to 25x aten's
+# error on rows of mean 0 (a float16 mean, rows of +-100 at width 1000) and 6.7x eager's in
+# float32, so launches that store the mean keep rows in their frame.
 # On the H200 the frame's path took 0.4-16% more time at the 9 float16 model shapes of 4 MB
 # or more (wgpu and Dawn; most at width 1024), within 1.3% less at a few small ones; plain rows
 # load weight and bias with x, which won or tied at every model shape (docs/measurements.md,
@@ -147,10 +150,10 @@ class KernelConfig:
 
     @property
     def plain_two_pass(self) -> bool:
-        """Held float16 rows whose mean leaves the kernel in a half dtype or not at all:
-        statistics by the textbook two-pass in d = x - first (normalize_plain), instead of in
-        the row's frame with a corrected two-pass a thread."""
-        return self.dtype == "float16" and self.hold > 0 and not (self.write_stats and self.affine_dtype == "float32")
+        """Held float16 rows of a launch that stores no mean and rstd: statistics by the
+        textbook two-pass in d = x - first (normalize_plain), instead of in the row's frame
+        with a corrected two-pass a thread."""
+        return self.dtype == "float16" and self.hold > 0 and not self.write_stats
 
     @property
     def row_in_subgroup(self) -> bool:

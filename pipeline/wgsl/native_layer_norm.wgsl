@@ -57,8 +57,8 @@
 //   share once into registers, weight and bias with it (or, where it holds 20 values or
 //   more, at the store: late_affine in config.py), and takes its mean in a corrected
 //   two-pass; its squares (in that second pass for half rows) and the output come from the
-//   registers. Held float16 rows whose mean leaves in a half dtype or not at all take a
-//   plain two-pass instead (normalize_plain).
+//   registers. Held float16 rows of a launch that stores no mean and rstd take a plain
+//   two-pass instead (normalize_plain).
 // - streamed rows: the thread walks its strided share, merging every V's exact (count,
 //   mean, M2) into its own (Welford, by pairwise merges, the mean compensated); its squares
 //   are M2 + count x (mean - mean_d)^2; then the thread walks its share again, re-reading
@@ -323,8 +323,8 @@ fn normalize_held(tid: u32, row: u32, lanes: u32) {
     store_out(base, i_K, in_K, v_K, c, weight_at(i_K, in_K), bias_at(i_K, in_K));  // each held value, weight and bias at the store
 }
 
-// Held float16 rows whose mean leaves in a half dtype or not at all (plain_two_pass in
-// config.py): the textbook two-pass in d = x - first, the row sum of d giving mean_d, the
+// Held float16 rows of a launch that stores no mean and rstd (plain_two_pass in config.py):
+// the textbook two-pass in d = x - first, the row sum of d giving mean_d, the
 // sum of (d - mean_d)^2 giving M2, and the output (d - mean_d) * rstd. float16 values need
 // nothing more of the frame:
 // - x - first is exact in f32 wherever x and first lie within 2^12 of each other (11 bits
@@ -335,10 +335,10 @@ fn normalize_held(tid: u32, row: u32, lanes: u32) {
 // - no difference of float16 values (at most 2^17) squared, nor a sum of 2^13 such squares,
 //   reaches float32's limit: no scale.
 // mean_d's rounding moves M2 only in the second order, so M2 needs no correction; the mean
-// itself, first + mean_d, rounds at first's scale (a stored float32 mean of a row near zero
-// came out 6.7x eager's error), which is why rows whose mean leaves in float32 stay in their
-// frame. On the H200, the frame's path took 0.4-16% more time at the float16 model shapes of
-// 4 MB or more (docs/measurements.md, "float16 rows without the frame").
+// itself, first + mean_d, rounds at first's scale (stored, up to 25x aten's error on rows of
+// mean 0), which is why launches that store the mean keep rows in their frame. On the H200,
+// the frame's path took 0.4-16% more time at the float16 model shapes of 4 MB or more
+// (docs/measurements.md, "float16 rows without the frame").
 fn normalize_plain(tid: u32, row: u32, lanes: u32) {
     let lane = tid % THREADS_PER_ROW;
     let base = row_base(row);
