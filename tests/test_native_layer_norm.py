@@ -712,6 +712,17 @@ def test_plain_rows_where_differences_are_not_exact(width, rows, reduction):
 
 
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("width", [768, 1000])
+def test_half_means_of_rows_far_from_their_first_value(dtype, width, reduction):
+    # Rows of mean 0 whose values lie far from it: a mean taken as first + mean(x - first)
+    # rounds at first's scale, 25x aten's error at width 1000 (why plain rows store none).
+    x = torch.tensor([100.0, -100.0]).repeat(6, width // 2)
+    x[1], x[2] = x[1] * 0.03, x[2] * 10
+    weight, bias = (t.to(dtype) for t in make_affine((width,), True, True, torch.Generator().manual_seed(width)))
+    assert_half_close_to_reference(x.to(dtype), (width,), weight, bias)
+
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
 @pytest.mark.parametrize("width", [1, 2, 3, 5, 7, 132, 766, 4097, 4098])
 @pytest.mark.parametrize("has_weight,has_bias", AFFINE)
 def test_half_widths_and_affine(dtype, width, has_weight, has_bias, reduction, f16_store):
