@@ -256,7 +256,8 @@ class HeldCopyWords(HeldCopy):
 class NearStore(Variant):
     def source(self, files: ShaderFiles) -> str:
         text = super().source(files)
-        found = re.search(r"((?:    store_out\(base, i_\d+[^\n]*\n)+)}\n", text[held_start(text):])
+        at = held_start(text)
+        found = re.search(r"((?:    store_out\(base, i_\d+[^\n]*\n)+)}\n", text[at:])
         if found is None:
             raise RuntimeError("probe edit: the held stores not found")
         stores = found.group(1)
@@ -264,7 +265,6 @@ class NearStore(Variant):
         far = stores.replace("    store_out", "        store_out")
         branch = ("    let near = vec4<f32>(1.0, c.y, 0.0, c.w);\n    if (c.x == 1.0 && c.z == 0.0) {\n"
                   + near + "    } else {\n" + far + "    }\n")
-        at = held_start(text)
         return text[:at + found.start(1)] + branch + text[at + found.end(1):]
 
 

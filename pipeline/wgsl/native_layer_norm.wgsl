@@ -335,10 +335,8 @@ fn normalize_held(tid: u32, row: u32, lanes: u32) {
 // - no difference of float16 values (at most 2^17) squared, nor a sum of 2^13 such squares,
 //   reaches float32's limit: no scale.
 // mean_d's rounding moves M2 only in the second order, so M2 needs no correction; the mean
-// itself, first + mean_d, rounds at first's scale (stored, up to 25x aten's error on rows of
-// mean 0), which is why launches that store the mean keep rows in their frame. On the H200,
-// the frame's path took 0.4-16% more time at the float16 model shapes of 4 MB or more
-// (docs/measurements.md, "float16 rows without the frame").
+// itself, first + mean_d, rounds at first's scale, which is why launches that store the mean
+// keep rows in their frame (the rule and its measurements: config.py).
 fn normalize_plain(tid: u32, row: u32, lanes: u32) {
     let lane = tid % THREADS_PER_ROW;
     let base = row_base(row);
