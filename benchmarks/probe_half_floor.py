@@ -66,6 +66,7 @@ Per shape and dtype, every variant is a module the kernel's own config writes, e
   with the kernel's NaN handling (misses the constant and ulp rows, as least_two_pass does).
 - least_two_pass_shifted: least_two_pass_early in d = x - first: the least LayerNorm as exact
   as the kernel's plain rows (`--check`: their errors on every row kind), no NaN handling.
+- foldable: the kernel with its compensated sums not passed through opaque (timing only).
 - copy: bench_copy.wgsl over the same bytes, 16-byte loads, 256 threads a workgroup.
 The variants time in rounds, the order reversed every other round, so drift falls on all.
 Only the kernel is a LayerNorm; the rest are for timing.
@@ -391,6 +392,17 @@ class PlainNoShift(Variant):
 
 
 @dataclass(frozen=True)
+class Foldable(Variant):
+    # The compensated sums without opaque: the H200's compiler may fold what they keep.
+    # Every rule the kernel's own (plain rows too).
+    EDITS = ((r"return bitcast<f32>\(bitcast<u32>\(v\) \^ params\.zero\);", "return v;", 1),)
+
+    @property
+    def plain_two_pass(self) -> bool:
+        return KernelConfig.plain_two_pass.fget(self)
+
+
+@dataclass(frozen=True)
 class Turns(AffineEarly):
     """Each workgroup takes TURNS blocks of rows, one after the other, the grid's blocks
     apart (a grid TURNS times smaller), its threads' weight and bias loaded once before them."""
@@ -455,7 +467,7 @@ EDITED = (
     ("shifted", Shifted, "held", "kernel"), ("framed", Framed, "held half", "kernel"),
     ("plain_sum_x", PlainSumX, "held half", "kernel"), ("plain_rsqrt", PlainRsqrt, "held half", "kernel"),
     ("plain_lean", PlainLean, "held half", "kernel"), ("plain_no_shift", PlainNoShift, "held half", "kernel"),
-    ("least_two_pass_shifted", LeastTwoPassShifted, "held", "kernel"),
+    ("least_two_pass_shifted", LeastTwoPassShifted, "held", "kernel"), ("foldable", Foldable, "", "kernel"),
 )
 # Variants whose values are the kernel's to within rounding (checked by --check), and those
 # whose errors --check reports beside them: what the least LayerNorms give up.

@@ -3,6 +3,7 @@
 import dataclasses
 import importlib
 import os
+import pathlib
 import re
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from pipeline import runtime, wgsl
 from pipeline.wgsl.config import (EACH_HELD_VALUE, MAX_HOLD, MAX_THREADS_PER_ROW, STREAM_UNROLL, WIDE_LAUNCH_THREADS,
                                   written_out)
 from pipeline.runtime import device as runtime_device
+from pipeline.runtime.launch import pack_params
 from support.gpu import missing_subgroups, use_merge_path
 from support.grids import AFFINE, WIDTHS
 from support.reference import ATEN, assert_close_to_reference, reference
@@ -860,3 +862,12 @@ def test_half_pipelines_use_no_shader_f16():
         for width in (4, 6, 7):
             source = kernel.choose_config(width, True, True, 0, dtype, affine).source(runtime_device.gpu().files)
             assert "enable f16" not in source and "f16>" not in source and " f16" not in source
+
+
+def test_compensated_sums_pass_through_opaque():
+    # The H200's compiler folds (a - (a + b)) + b to 0: the streamed merge's mean and the
+    # row's unframed two-sum go through opaque, which xors in the host's 0 (Params.zero).
+    text = (pathlib.Path(wgsl.__file__).parent / "native_layer_norm.wgsl").read_text()
+    assert "let mean = opaque(a.y + step);" in text and "let sum = opaque(frame.x + mean_d);" in text
+    assert "bitcast<f32>(bitcast<u32>(v) ^ params.zero)" in text
+    assert pack_params(7, 1e-5)[3] == 0

@@ -19,12 +19,13 @@ constexpr WGPUBufferUsage kUniform = WGPUBufferUsage_Uniform | WGPUBufferUsage_C
 constexpr WGPUBufferUsage kReadBack = WGPUBufferUsage_MapRead | WGPUBufferUsage_CopyDst;
 constexpr WGPUBufferUsage kUpload = WGPUBufferUsage_MapWrite | WGPUBufferUsage_CopySrc;
 
-// The kernel's Params struct: rows (u32), eps, a quiet NaN (f32), padded to 16 bytes.
+// The kernel's Params struct: rows (u32), eps, a quiet NaN (f32), and 0 (u32), which the
+// kernel xors into sums whose rounding it keeps (opaque in native_layer_norm.wgsl).
 struct Params {
   uint32_t rows;
   float eps;
   float nan;
-  uint32_t pad;
+  uint32_t zero;
 };
 static_assert(sizeof(Params) == kParamsBytes, "Params must match the WGSL struct");
 

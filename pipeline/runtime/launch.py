@@ -297,7 +297,8 @@ def _align16(n: int) -> int:
 
 
 def pack_params(rows: int, eps: float) -> np.ndarray:
-    """The kernel's Params struct: rows (u32), eps, nan (f32), padded to 16 bytes."""
+    """The kernel's Params struct: rows (u32), eps, nan (f32), and zero (u32): 0, which the
+    kernel xors into sums whose rounding it keeps (opaque in native_layer_norm.wgsl)."""
     packed = np.zeros(PARAMS_BYTES // 4, dtype=np.uint32)
     packed[0] = rows
     # An eps past float32's range becomes +-inf, as aten's float32 eps does (rstd 0 or NaN),

@@ -79,6 +79,8 @@ struct Params {
     eps: f32,
     // A quiet NaN from the host: drivers may fold NaN-producing arithmetic in the shader.
     nan: f32,
+    // 0 from the host, a value no compiler can see (opaque).
+    zero: u32,
 }
 
 // Bindings 0-3 (x, weight, bias, out) and their accessors read_x, read_weight, read_bias
@@ -99,6 +101,15 @@ fn is_finite(value: f32) -> bool {
     return (bitcast<u32>(value) & 0x7f800000u) != 0x7f800000u;
 }
 
+// v, as no compiler can prove it to be: its bits xor the host's 0. The H200's compiler
+// folds (a - (a + b)) + b to 0, and with it what the sum a + b dropped in rounding (Fast2Sum,
+// Knuth's two-sum); a sum passed through here keeps that. Without it the merges' low part
+// was lost on the H200: forced-streamed half rows of mean 0 came out 2.3-5.7x eager's error
+// in their float32 mean (docs/measurements.md, "The exact floor", its last points).
+fn opaque(v: f32) -> f32 {
+    return bitcast<f32>(bitcast<u32>(v) ^ params.zero);
+}
+
 // A corrected M2 that rounding took below zero becomes 0; NaN and inf (squares past
 // float32's range) stay, so the row gives NaN like aten rather than a finite wrong rstd.
 // Tested on bits: `max(0.0, NaN)` is 0 on GPUs, and compilers may assume finite floats.
@@ -114,7 +125,7 @@ fn merge(a: vec4<f32>, b: vec3<f32>) -> vec4<f32> {
     let share = select(0.0, b.x / n, n > 0.0);
     let delta = (b.y - a.y) - a.w;
     let step = delta * share;
-    let mean = a.y + step;
+    let mean = opaque(a.y + step);
     return vec4<f32>(n, mean, a.z + b.z + delta * delta * a.x * share, a.w + ((a.y - mean) + step));
 }
 
@@ -155,7 +166,7 @@ fn framed(v: V, in_row: bool, frame: vec2<f32>) -> V {
 // correction added to that, so the mean rounds once at its own scale: where the mean is
 // near 0 and first is not, mean_d (~ -first) alone would hold it only to first's ulp.
 fn unframed(frame: vec2<f32>, mean_d: f32, correction: f32, m2_d: f32) -> vec2<f32> {
-    let sum = frame.x + mean_d;
+    let sum = opaque(frame.x + mean_d);
     let back = sum - frame.x;
     let dropped = (frame.x - (sum - back)) + (mean_d - back);
     let unscale = 1.0 / frame.y;
