@@ -123,10 +123,11 @@ class Variant(KernelConfig):
     """The kernel's module with the EDITS of the class and of its bases applied, bases first:
     each (pattern, replacement, count), count None for any number but at least one; and with
     the config's rules named in FORCED (late_affine, squares_with_correction, plain_two_pass)
-    set. Rows in their frame unless a class says otherwise: the edits are of normalize_held."""
+    set (None: the config's own). Rows in their frame unless a class says otherwise: the edits
+    are of normalize_held."""
 
     EDITS: ClassVar[tuple[tuple[str, str, int | None], ...]] = ()
-    FORCED: ClassVar[dict[str, bool]] = {"plain_two_pass": False}
+    FORCED: ClassVar[dict[str, bool | None]] = {"plain_two_pass": False}
 
     def source(self, files: ShaderFiles) -> str:
         text = super().source(files)
@@ -139,7 +140,7 @@ class Variant(KernelConfig):
         forced = {}
         for cls in reversed(type(self).__mro__):
             forced |= vars(cls).get("FORCED", {})
-        return forced[name] if name in forced else getattr(KernelConfig, name).fget(self)
+        return forced[name] if forced.get(name) is not None else getattr(KernelConfig, name).fget(self)
 
     @property
     def late_affine(self) -> bool:
@@ -307,7 +308,6 @@ class Least(Variant):
         value = "load_x(base, i_{k}, in_{k})"
         if self.SHIFT:
             value = f"select(V(0.0), {value} - V(first), in_{{k}})"
-        if self.SHIFT:
             lines.append("    let first = first_value(read_x(base));")
         lines += [f"    let i_{k} = lane + {k}u * THREADS_PER_ROW;\n    let in_{k} = held_in_row(i_{k}, {k}u);\n"
                   f"    let v_{k} = " + value.format(k=k) + ";" for k in each]
@@ -395,11 +395,8 @@ class PlainNoShift(Variant):
 class Foldable(Variant):
     # The compensated sums without opaque: the H200's compiler may fold what they keep.
     # Every rule the kernel's own (plain rows too).
+    FORCED = {"plain_two_pass": None}
     EDITS = ((r"return bitcast<f32>\(bitcast<u32>\(v\) \^ params\.zero\);", "return v;", 1),)
-
-    @property
-    def plain_two_pass(self) -> bool:
-        return KernelConfig.plain_two_pass.fget(self)
 
 
 @dataclass(frozen=True)

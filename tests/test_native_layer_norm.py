@@ -3,7 +3,6 @@
 import dataclasses
 import importlib
 import os
-import pathlib
 import re
 import subprocess
 import sys
@@ -867,7 +866,7 @@ def test_half_pipelines_use_no_shader_f16():
 def test_compensated_sums_pass_through_opaque():
     # The H200's compiler folds (a - (a + b)) + b to 0: the streamed merge's mean and the
     # row's unframed two-sum go through opaque, which xors in the host's 0 (Params.zero).
-    text = (pathlib.Path(wgsl.__file__).parent / "native_layer_norm.wgsl").read_text()
+    text = wgsl.source("native_layer_norm.wgsl")
     assert "let mean = opaque(a.y + step);" in text and "let sum = opaque(frame.x + mean_d);" in text
     assert "bitcast<f32>(bitcast<u32>(v) ^ params.zero)" in text
     assert pack_params(7, 1e-5)[3] == 0
