@@ -67,6 +67,10 @@ Per shape and dtype, every variant is a module the kernel's own config writes, e
 - least_two_pass_shifted: least_two_pass_early in d = x - first: the least LayerNorm as exact
   as the kernel's plain rows (`--check`: their errors on every row kind), no NaN handling.
 - foldable: the kernel with its compensated sums not passed through opaque (timing only).
+- pinned_squares: merged_squares with the share's first mean passed through opaque (one
+  rounded value in every use); pinned_both: its correction `rest` too.
+- even_split: the kernel with the last held value's bounds test folded away where every
+  thread's values all lie in the row (EVEN_SPLIT).
 - copy: bench_copy.wgsl over the same bytes, 16-byte loads, 256 threads a workgroup.
 The variants time in rounds, the order reversed every other round, so drift falls on all.
 Only the kernel is a LayerNorm; the rest are for timing.
@@ -400,6 +404,30 @@ class Foldable(Variant):
 
 
 @dataclass(frozen=True)
+class PinnedSquares(Variant):
+    # squares_with_correction with the share's first mean passed through opaque: one rounded
+    # value in every use, whatever a compiler contracts (sum / count into a later subtraction).
+    FORCED = {"squares_with_correction": True}
+    EDITS = ((r"let first_mean = select\(0\.0, sum / count, count > 0\.0\);",
+              "let first_mean = opaque(select(0.0, sum / count, count > 0.0));", 1),)
+
+
+@dataclass(frozen=True)
+class PinnedBoth(PinnedSquares):
+    # ... and the correction `rest` too.
+    EDITS = ((r"let rest = select\(0\.0, shift / count, count > 0\.0\);",
+              "let rest = opaque(select(0.0, shift / count, count > 0.0));", 1),)
+
+
+@dataclass(frozen=True)
+class EvenSplit(Variant):
+    # Held rows whose threads all hold HOLD values in the row (EVEN_SPLIT): the last value's
+    # bounds test folds away at compile time. Every rule the kernel's own.
+    FORCED = {"plain_two_pass": None}
+    EDITS = ((r"return k \+ 1u < HOLD \|\| i < ROW_VECS;", "return k + 1u < HOLD || EVEN_SPLIT || i < ROW_VECS;", 1),)
+
+
+@dataclass(frozen=True)
 class Turns(AffineEarly):
     """Each workgroup takes TURNS blocks of rows, one after the other, the grid's blocks
     apart (a grid TURNS times smaller), its threads' weight and bias loaded once before them."""
@@ -465,12 +493,14 @@ EDITED = (
     ("plain_sum_x", PlainSumX, "held half", "kernel"), ("plain_rsqrt", PlainRsqrt, "held half", "kernel"),
     ("plain_lean", PlainLean, "held half", "kernel"), ("plain_no_shift", PlainNoShift, "held half", "kernel"),
     ("least_two_pass_shifted", LeastTwoPassShifted, "held", "kernel"), ("foldable", Foldable, "", "kernel"),
+    ("pinned_squares", PinnedSquares, "held", "kernel"), ("pinned_both", PinnedBoth, "held", "kernel"),
+    ("even_split", EvenSplit, "held", "kernel"),
 )
 # Variants whose values are the kernel's to within rounding (checked by --check), and those
 # whose errors --check reports beside them: what the least LayerNorms give up.
 EXACT = ("merged_squares", "squares_after_mean", "near_store", "lean", "half_threads", "lean_half_threads",
          "shifted", "framed", "plain_sum_x", "plain_rsqrt", "plain_lean", "wg128", "wg256", "wg512", "wg1024",
-         "turns2", "turns4", "turns2_wg256")
+         "turns2", "turns4", "turns2_wg256", "pinned_squares", "pinned_both", "even_split")
 INEXACT = ("least", "least_two_pass", "least_early", "least_two_pass_early", "least_two_pass_shifted",
            "plain_no_shift")
 

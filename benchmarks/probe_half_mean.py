@@ -23,10 +23,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import pipeline.runtime.launch as launch  # noqa: E402
 from pipeline.ioutil import write_json_atomic  # noqa: E402
 from pipeline.runtime.device import device_info, gpu  # noqa: E402
-from probe_half_floor import MergedSquares, SquaresAfterMean, as_variant, launching  # noqa: E402
+from probe_half_floor import (MergedSquares, PinnedBoth, PinnedSquares, SquaresAfterMean, as_variant,  # noqa: E402
+                              launching)
 
 ATEN = torch.ops.aten.native_layer_norm.default
-FORMS = {"with_correction": MergedSquares, "after_mean": SquaresAfterMean}
+FORMS = {"with_correction": MergedSquares, "after_mean": SquaresAfterMean, "pinned": PinnedSquares,
+         "pinned_both": PinnedBoth}
 
 
 def errors(x, w, b, form, eps=1e-5):
