@@ -71,6 +71,9 @@ Per shape and dtype, every variant is a module the kernel's own config writes, e
   rounded value in every use); pinned_both: its correction `rest` too.
 - even_split: the kernel with the last held value's bounds test folded away where every
   thread's values all lie in the row (EVEN_SPLIT).
+- t{threads}_wg{size} (`--variants grid`, with the others named): the kernel with its
+  threads per row or half as many (at most MAX_HOLD loads a thread), in workgroups of 64,
+  128 or 256 threads.
 - copy: bench_copy.wgsl over the same bytes, 16-byte loads, 256 threads a workgroup.
 The variants time in rounds, the order reversed every other round, so drift falls on all.
 Only the kernel is a LayerNorm; the rest are for timing.
@@ -460,6 +463,21 @@ class Turns4(Turns):
     TURNS: ClassVar[int] = 4
 
 
+def layouts(config: KernelConfig) -> dict[str, KernelConfig]:
+    """The layout grid (`--variants grid`): `config` with its threads per row or half as many
+    (where each then holds at most MAX_HOLD loads), in workgroups of 64, 128 or 256 threads;
+    named t{threads}_wg{workgroup}, the config's own left out."""
+    found = {}
+    for threads in (config.threads_per_row, config.threads_per_row // 2):
+        hold = math.ceil(config.row_vecs / max(threads, 1))
+        if threads < 1 or hold > MAX_HOLD:
+            continue
+        for size in (64, 128, 256):
+            if size >= threads and (threads, size) != (config.threads_per_row, config.workgroup):
+                found[f"t{threads}_wg{size}"] = replace(config, threads_per_row=threads, workgroup=size, hold=hold)
+    return found
+
+
 def half_threads(config: KernelConfig) -> KernelConfig | None:
     """`config` with half the threads per row, twice the values each (None where it has none)."""
     if not config.hold or config.threads_per_row < 2 or 2 * config.hold > 12:
@@ -533,6 +551,8 @@ def variants(rows: int, width: int, dtype: str) -> dict[str, KernelConfig]:
             found["least_wg256"] = as_variant(Least, kernel, workgroup=256)
         if kernel.workgroup < 512:
             found["least_wg512"] = as_variant(Least, kernel, workgroup=512)
+    if kernel.hold:
+        found |= layouts(kernel)
     halved = half_threads(kernel)
     if halved is not None:
         found["half_threads"] = halved
@@ -545,7 +565,8 @@ def probe(shapes: list[tuple[int, int]], dtypes: list[str], rounds: int, repeats
     results = []
     for dtype in dtypes:
         for rows, width in shapes:
-            configs = {n: c for n, c in variants(rows, width, dtype).items() if only is None or n in only}
+            configs = {n: c for n, c in variants(rows, width, dtype).items()
+                       if only is None or n in only or ("grid" in only and re.fullmatch(r"t\d+_wg\d+", n))}
             names = list(configs) + ["copy"]
             times: dict[str, list[float]] = {name: [] for name in names}
             for r in range(rounds):

@@ -2,6 +2,9 @@
 thread's squares taken in the correction pass (squares_with_correction: half rows' rule) and
 in a pass after the mean (float32 rows' rule), on both row-merge paths and many seeds: whether
 taking the squares with the correction moves any of them, or only perturbs single rows.
+`pinned` and `pinned_both` take them with the correction with the share's first mean (and
+its correction) passed through opaque: one rounded value in every use, whatever the compiler
+folds.
 
 The test it answers: test_half_rows_against_float64 (33 rows of randn, shift 0 or 30), whose
 bound is 1.25 x eager's error plus, for mean and rstd, one ulp of their largest value.
