@@ -3,6 +3,8 @@ each take one part of its work away, and the WGSL copy of the same bytes, in one
 
 Per shape and dtype, every variant is a module the kernel's own config writes, edited:
 - kernel: the runtime's choice for the launch (weight and bias, no mean and rstd stored).
+- by_width: the config the width alone chooses, where the launch's size changes it
+  (WIDE_LAUNCH_THREADS, HALVED_LAUNCH_THREADS).
 - packed_affine: weight and bias loaded with x and held as their stored words until the
   store (half rows): fewer registers a thread while the row sums run.
 - packed_all: x too held as its words, unpacked where each use needs it.
@@ -74,6 +76,8 @@ Per shape and dtype, every variant is a module the kernel's own config writes, e
 - t{threads}_wg{size} (`--variants grid`, with the others named): the kernel with its
   threads per row or half as many (at most MAX_HOLD loads a thread), in workgroups of 64,
   128 or 256 threads.
+- floor_t{threads}_wg{size} (`--variants floor_grid`): least_two_pass_shifted in each of
+  those layouts, and in the kernel's own (floor_kernel): the exact floor in every layout.
 - copy: bench_copy.wgsl over the same bytes, 16-byte loads, 256 threads a workgroup.
 The variants time in rounds, the order reversed every other round, so drift falls on all.
 Only the kernel is a LayerNorm; the rest are for timing.
@@ -516,7 +520,7 @@ EDITED = (
 )
 # Variants whose values are the kernel's to within rounding (checked by --check), and those
 # whose errors --check reports beside them: what the least LayerNorms give up.
-EXACT = ("merged_squares", "squares_after_mean", "near_store", "lean", "half_threads", "lean_half_threads",
+EXACT = ("by_width", "merged_squares", "squares_after_mean", "near_store", "lean", "half_threads", "lean_half_threads",
          "shifted", "framed", "plain_sum_x", "plain_rsqrt", "plain_lean", "wg128", "wg256", "wg512", "wg1024",
          "turns2", "turns4", "turns2_wg256", "pinned_squares", "pinned_both", "even_split")
 INEXACT = ("least", "least_two_pass", "least_early", "least_two_pass_early", "least_two_pass_shifted",
@@ -529,6 +533,9 @@ def variants(rows: int, width: int, dtype: str) -> dict[str, KernelConfig]:
                "plain": launch.device_config(g, width, False, False, dtype, rows=rows, write_stats=False)}
     kernel = configs["kernel"]
     found = {"kernel": kernel}
+    by_width = launch.device_config(g, width, True, True, dtype, rows=0, write_stats=False)
+    if by_width != kernel:
+        found["by_width"] = by_width
     if dtype != "float32":
         found["float32_affine"] = replace(kernel, affine_dtype="float32")
     found["no_affine"] = configs["plain"]
@@ -553,6 +560,8 @@ def variants(rows: int, width: int, dtype: str) -> dict[str, KernelConfig]:
             found["least_wg512"] = as_variant(Least, kernel, workgroup=512)
     if kernel.hold:
         found |= layouts(kernel)
+        found["floor_kernel"] = as_variant(LeastTwoPassShifted, kernel)
+        found |= {f"floor_{n}": as_variant(LeastTwoPassShifted, c) for n, c in layouts(kernel).items()}
     halved = half_threads(kernel)
     if halved is not None:
         found["half_threads"] = halved
@@ -560,13 +569,18 @@ def variants(rows: int, width: int, dtype: str) -> dict[str, KernelConfig]:
     return found
 
 
+# `--variants` names that take a whole grid: (name, pattern of its variants' names).
+GRIDS = (("grid", r"t\d+_wg\d+"), ("floor_grid", r"floor_(kernel|t\d+_wg\d+)"))
+
+
 def probe(shapes: list[tuple[int, int]], dtypes: list[str], rounds: int, repeats: int,
-          only: set[str] | None = None) -> list[dict]:
+          only: set[str] | None = None, done: Callable[[list[dict]], None] = lambda results: None) -> list[dict]:
+    """Times the variants shape by shape; `done(results so far)` after each shape."""
     results = []
     for dtype in dtypes:
         for rows, width in shapes:
             configs = {n: c for n, c in variants(rows, width, dtype).items()
-                       if only is None or n in only or ("grid" in only and re.fullmatch(r"t\d+_wg\d+", n))}
+                       if only is None or n in only or any(g in only and re.fullmatch(p, n) for g, p in GRIDS)}
             names = list(configs) + ["copy"]
             times: dict[str, list[float]] = {name: [] for name in names}
             for r in range(rounds):
@@ -585,6 +599,7 @@ def probe(shapes: list[tuple[int, int]], dtypes: list[str], rounds: int, repeats
             print(f"{dtype} {rows}x{width}: " + " ".join(f"{n} {v:.2f} ({row['copy_over'][n]:.3f})"
                                                          for n, v in us.items()), flush=True)
             results.append(row)
+            done(results)
     return results
 
 
@@ -672,10 +687,13 @@ def main() -> None:
     shapes = ([s for s in MODEL_SHAPES if s[0] * s[1] * 2 >= 4 << 20] if args.shapes == "model4mb"
               else parse_shapes(args.shapes))
     checked = check(shapes, args.dtypes.split(",")) if args.check else None
-    results = probe(shapes, args.dtypes.split(","), args.rounds, args.repeats,
-                    set(args.variants.split(",")) if args.variants else None)
-    write_json_atomic(args.json, {"device": device_info(), "rounds": args.rounds, "repeats": args.repeats,
-                                  "results": results, "check": checked})
+
+    def save(results: list[dict]) -> None:  # after every shape: a run cut short keeps what it timed
+        write_json_atomic(args.json, {"device": device_info(), "rounds": args.rounds, "repeats": args.repeats,
+                                      "results": results, "check": checked})
+
+    probe(shapes, args.dtypes.split(","), args.rounds, args.repeats,
+          set(args.variants.split(",")) if args.variants else None, save)
 
 
 if __name__ == "__main__":
