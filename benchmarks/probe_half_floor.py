@@ -518,7 +518,8 @@ EDITED = (
     ("pinned_squares", PinnedSquares, "held", "kernel"), ("pinned_both", PinnedBoth, "held", "kernel"),
     ("even_split", EvenSplit, "held", "kernel"),
 )
-# Variants whose values are the kernel's to within rounding (checked by --check), and those
+# Variants whose values are the kernel's to within rounding in float16 (checked by --check;
+# in float32 `shifted` and `lean_half_threads` are not, the layouts are), and those
 # whose errors --check reports beside them: what the least LayerNorms give up.
 EXACT = ("by_width", "merged_squares", "squares_after_mean", "near_store", "lean", "half_threads", "lean_half_threads",
          "shifted", "framed", "plain_sum_x", "plain_rsqrt", "plain_lean", "wg128", "wg256", "wg512", "wg1024",
@@ -635,6 +636,19 @@ def check_rows(rows: int, width: int, seed: int = 0):
     return kinds
 
 
+def exact(name: str) -> bool:
+    """Whether variant `name` gives the kernel's values to within rounding: EXACT's, and the
+    kernel in another layout (`grid`); the exact floor's layouts (`floor_grid`) are INEXACT's."""
+    return name in EXACT or re.fullmatch(dict(GRIDS)["grid"], name) is not None
+
+
+def checked_names(configs: dict[str, KernelConfig]) -> list[str]:
+    """The variants of `configs` that --check compares: the kernel, the exact ones and the
+    least LayerNorms (INEXACT, and the exact floor in every layout)."""
+    return [n for n in configs if n == "kernel" or exact(n) or n in INEXACT
+            or re.fullmatch(dict(GRIDS)["floor_grid"], n)]
+
+
 def check(shapes: list[tuple[int, int]], dtypes: list[str], rows_each: int = 256) -> list[dict]:
     """Max |out - float64| of the kernel and of each EXACT and INEXACT variant, per row kind: a
     variant that moves the kernel's values shows here before its times mean anything."""
@@ -649,9 +663,7 @@ def check(shapes: list[tuple[int, int]], dtypes: list[str], rows_each: int = 256
             for kind, rows in check_rows(rows_each, width).items():
                 x = rows.to(getattr(torch, dtype))
                 want = F.layer_norm(x.double(), (width,), w.double(), b.double(), 1e-5)
-                for name in ("kernel",) + EXACT + INEXACT:
-                    if name not in configs:
-                        continue
+                for name in checked_names(configs):
                     with launching(lambda _, chosen=configs[name]: chosen):
                         out, _, _ = launch.native_layer_norm(x, (width,), w, b, 1e-5, stats=False)
                     err = (out.double() - want).abs().max().item()
@@ -666,7 +678,7 @@ def check(shapes: list[tuple[int, int]], dtypes: list[str], rows_each: int = 256
             print(f"check {dtype} width {width}: " + " ".join(
                 f"{n} x{v:.2f}" + (f" (not exact: {', '.join(inexact[n])})" if inexact[n] else "")
                 for n, v in worst.items()), flush=True)
-            for name in ("kernel",) + INEXACT:
+            for name in [n for n in errors if n == "kernel" or not exact(n)]:
                 print(f"  {name}: " + " ".join(f"{k} {e:.2g}" for k, e in errors[name].items()), flush=True)
             found.append(row | {"worst_over_kernel": worst, "not_exact_where_kernel_is": inexact})
     return found
