@@ -84,6 +84,8 @@ Only the kernel is a LayerNorm; the rest are for timing.
 
     python benchmarks/probe_half_floor.py --json OUT.json [--rounds 2] [--shapes model4mb]
     PIPELINE_WEBGPU=dawn python benchmarks/probe_half_floor.py --json OUT.json
+    python benchmarks/probe_half_floor.py --tables WGPU.json,DAWN.json  (the layout tables of
+        docs/measurements.md from two runs' results: best layouts, half the threads)
 """
 
 from __future__ import annotations
@@ -96,6 +98,7 @@ import statistics
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, fields, replace
+from pathlib import Path
 from typing import ClassVar
 
 import torch
@@ -684,9 +687,65 @@ def check(shapes: list[tuple[int, int]], dtypes: list[str], rows_each: int = 256
     return found
 
 
+def layout_name(name: str, config: list[int]) -> str:
+    """A layout's name, the kernel's own (`config`: its threads per row) written out."""
+    name = name.removeprefix("floor_")
+    return f"t{config[0]}_wg{max(64, config[0])}" if name == "kernel" else name
+
+
+def best_layouts_table(wgpu: list[dict], dawn: list[dict]) -> str:
+    """Copy over the kernel, the kernel in its best layout and the exact floor in its best
+    (wgpu / Dawn), from two `--variants kernel,grid,floor_grid` runs of the same shapes."""
+    def best(row: dict, floor: bool) -> str:
+        names = [n for n in row["copy_over"] if (n.startswith("floor_") if floor
+                                                 else n == "kernel" or re.fullmatch(dict(GRIDS)["grid"], n))]
+        name = max(names, key=row["copy_over"].get)
+        return f"{row['copy_over'][name]:.3f} {layout_name(name, row['config']['kernel'])}"
+
+    lines = ["| shape (kernel's threads x loads) | kernel | kernel, best layout | exact floor, kernel's layout "
+             "| exact floor, best layout |", "|---|---|---|---|---|"]
+    for a, b in zip(wgpu, dawn, strict=True):
+        threads, hold = a["config"]["kernel"]
+        lines.append(f"| {a['rows']}x{a['width']} ({threads}x{hold}) | {a['copy_over']['kernel']:.3f} / "
+                     f"{b['copy_over']['kernel']:.3f} | {best(a, False)} / {best(b, False)} | "
+                     f"{a['copy_over']['floor_kernel']:.3f} / {b['copy_over']['floor_kernel']:.3f} | "
+                     f"{best(a, True)} / {best(b, True)} |")
+    return "\n".join(lines)
+
+
+def half_threads_table(wgpu: list[dict], dawn: list[dict]) -> str:
+    """Half the threads' speed over the width's layout (wgpu / Dawn), from two `--variants
+    kernel,by_width,half_threads` runs: by_width over kernel where the launch's rule halved
+    the kernel's threads, kernel over half_threads elsewhere."""
+    def speed(row: dict) -> tuple[float, list[int]]:
+        us = row["us"]
+        if "by_width" in us:
+            return us["by_width"] / us["kernel"], row["config"]["by_width"]
+        return us["kernel"] / us["half_threads"], row["config"]["kernel"]
+
+    lines = ["| shape | threads x loads (width's rule) | launch threads | half the threads |", "|---|---|---|---|"]
+    for a, b in zip(wgpu, dawn, strict=True):
+        (s_wgpu, (threads, hold)), (s_dawn, _) = speed(a), speed(b)
+        lines.append(f"| {a['rows']}x{a['width']} | {threads}x{hold} | {a['rows'] * threads:,} | "
+                     f"{s_wgpu:.3f} / {s_dawn:.3f} |")
+    return "\n".join(lines)
+
+
+def print_tables(files: str) -> None:
+    """The tables whose variants both runs (wgpu, Dawn) timed."""
+    wgpu, dawn = (json.loads(Path(f).read_text())["results"] for f in files.split(","))
+    timed = set(wgpu[0]["us"])
+    if "floor_kernel" in timed:
+        print(best_layouts_table(wgpu, dawn))
+    if "half_threads" in timed or "by_width" in timed:
+        print(half_threads_table(wgpu, dawn))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--json", required=True)
+    parser.add_argument("--json", help="write the results here (atomically, after every shape)")
+    parser.add_argument("--tables", metavar="WGPU.json,DAWN.json",
+                        help="print the layout tables of two runs' results instead of timing")
     parser.add_argument("--shapes", default="model4mb",
                         help="model4mb (model shapes of 4 MB or more in float16, default) or bench_layer_norm's --shapes")
     parser.add_argument("--dtypes", default="float16,float32")
@@ -696,6 +755,11 @@ def main() -> None:
     parser.add_argument("--check", action="store_true",
                         help="first compare the EXACT variants' values with the kernel's against float64")
     args = parser.parse_args()
+    if args.tables:
+        print_tables(args.tables)
+        return
+    if not args.json:
+        parser.error("--json is required to time")
     shapes = ([s for s in MODEL_SHAPES if s[0] * s[1] * 2 >= 4 << 20] if args.shapes == "model4mb"
               else parse_shapes(args.shapes))
     checked = check(shapes, args.dtypes.split(",")) if args.check else None

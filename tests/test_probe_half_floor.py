@@ -42,3 +42,23 @@ def test_results_are_saved_after_every_shape(tmp_path, monkeypatch):
     results = json.loads(out.read_text())["results"]
     assert [(r["rows"], r["width"]) for r in results] == [(8, 256), (4, 1024)]
     assert all("copy" in r["us"] and any(n.startswith("t") and "_wg" in n for n in r["us"]) for r in results)
+
+
+def test_tables_name_each_shape_and_its_best_layouts(tmp_path, monkeypatch, capsys):
+    # Two runs of the same shapes stand in for wgpu's and Dawn's.
+    runs = []
+    for impl in ("wgpu", "dawn"):
+        out = tmp_path / f"probe-{impl}.json"
+        monkeypatch.setattr(sys, "argv", ["probe_half_floor.py", "--json", str(out), "--shapes", "8x256",
+                                          "--dtypes", "float16", "--rounds", "1", "--repeats", "2",
+                                          "--variants", "kernel,grid,floor_grid,half_threads"])
+        probe.main()
+        runs.append(str(out))
+    capsys.readouterr()
+    monkeypatch.setattr(sys, "argv", ["probe_half_floor.py", "--tables", ",".join(runs)])
+    probe.main()
+    lines = capsys.readouterr().out.splitlines()
+    best = [line for line in lines if line.startswith("| 8x256 (16x4) |")]
+    halved = [line for line in lines if line.startswith("| 8x256 | 16x4 | 128 |")]
+    assert len(best) == 1 and len(halved) == 1, lines
+    assert best[0].count("_wg") == 4  # the best layouts of the kernel and the floor, both runs
