@@ -71,6 +71,8 @@ Per shape and dtype, every variant is a module the kernel's own config writes, e
 - foldable: the kernel with its compensated sums not passed through opaque (timing only).
 - pinned_squares: merged_squares with the share's first mean passed through opaque (one
   rounded value in every use); pinned_both: its correction `rest` too.
+- plain: held half rows on the plain two-pass whatever the launch stores (bfloat16's rows,
+  and float16's that store mean and rstd, keep their frame in the kernel).
 - even_split: the kernel with the last held value's bounds test folded away where every
   thread's values all lie in the row (EVEN_SPLIT).
 - t{threads}_wg{size} (`--variants grid`, with the others named): the kernel with its
@@ -111,7 +113,7 @@ from pipeline.runtime.device import device_info, gpu
 from pipeline.wgsl import ShaderFiles
 from pipeline.wgsl.config import MAX_HOLD, MAX_THREADS_PER_ROW, KernelConfig
 
-ITEMSIZE = {"float32": 4, "float16": 2}
+ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
 def edited(source: str, pattern: str, replacement: str, count: int | None = None) -> str:
@@ -179,6 +181,7 @@ AffineEarly = forcing("AffineEarly", late_affine=False)
 MergedSquares = forcing("MergedSquares", squares_with_correction=True)
 SquaresAfterMean = forcing("SquaresAfterMean", squares_with_correction=False)
 Framed = forcing("Framed")
+PlainRows = forcing("PlainRows", plain_two_pass=True)
 
 
 @dataclass(frozen=True)
@@ -519,7 +522,7 @@ EDITED = (
     ("plain_lean", PlainLean, "held half", "kernel"), ("plain_no_shift", PlainNoShift, "held half", "kernel"),
     ("least_two_pass_shifted", LeastTwoPassShifted, "held", "kernel"), ("foldable", Foldable, "", "kernel"),
     ("pinned_squares", PinnedSquares, "held", "kernel"), ("pinned_both", PinnedBoth, "held", "kernel"),
-    ("even_split", EvenSplit, "held", "kernel"),
+    ("even_split", EvenSplit, "held", "kernel"), ("plain", PlainRows, "held half", "kernel"),
 )
 # Variants whose values are the kernel's to within rounding in float16 (checked by --check;
 # in float32 `shifted` and `lean_half_threads` are not, the layouts are), and those
@@ -528,7 +531,7 @@ EXACT = ("by_width", "merged_squares", "squares_after_mean", "near_store", "lean
          "shifted", "framed", "plain_sum_x", "plain_rsqrt", "plain_lean", "wg128", "wg256", "wg512", "wg1024",
          "turns2", "turns4", "turns2_wg256", "pinned_squares", "pinned_both", "even_split")
 INEXACT = ("least", "least_two_pass", "least_early", "least_two_pass_early", "least_two_pass_shifted",
-           "plain_no_shift")
+           "plain_no_shift", "plain")
 
 
 def variants(rows: int, width: int, dtype: str) -> dict[str, KernelConfig]:

@@ -96,7 +96,8 @@ def test_wgsl_module_is_pythons(native, width, dtype, affine_dtype):
                                      f"{subgroup_size} {dtype}/{affine_dtype} pack2x16float {pack} {compiler}")
 
 
-@pytest.mark.parametrize("dtype, affine_dtype", [("float32", None), ("float16", None), ("float16", "float32")])
+@pytest.mark.parametrize("dtype, affine_dtype", [("float32", None), ("float16", None), ("float16", "float32"),
+                                                 ("bfloat16", None)])
 @pytest.mark.parametrize("width", [128, 512, 1024, 1026, 1536, 4096])
 def test_wgsl_module_by_launch_rows_and_stats_is_pythons(native, width, dtype, affine_dtype):
     # Rows on both sides of WIDE_LAUNCH_THREADS at any threads per row, with and without stats

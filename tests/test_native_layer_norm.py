@@ -712,6 +712,26 @@ def test_plain_rows_where_differences_are_not_exact(width, rows, reduction):
     assert_half_close_to_reference(half, (width,), weight, bias)
 
 
+@ON_BOTH_PATHS
+@pytest.mark.parametrize("width", [7, 64, 768, 1023, 3072])
+def test_plain_bfloat16_rows_past_float32s_range_give_nan_or_the_true_value(width, reduction):
+    # bfloat16 values reach float32's range: a plain row's squares (of d = x - first) can
+    # overflow. Each row is then NaN in every output, never a finite wrong value.
+    assert wgsl.config.choose_config(width, True, True, dtype="bfloat16", write_stats=False).plain_two_pass
+    gen = torch.Generator().manual_seed(width)
+    x = near_float32_limit(width, gen).to(torch.bfloat16)
+    x = torch.where(torch.isfinite(x), x, torch.zeros_like(x))  # float32's largest rounds to inf
+    # Beside them, rows whose squares stay in range: near zero, and of 1e15 or 1e17.
+    x = torch.cat([x] + [(torch.randn(8, width, generator=gen) * s).to(torch.bfloat16) for s in (1.0, 1e15)]
+                  + [(1e17 * (1 + 0.01 * torch.randn(8, width, generator=gen))).to(torch.bfloat16)])
+    out = kernel.native_layer_norm(x, (width,), stats=False)[0].double()
+    want = reference(x, (width,), None, None, 1e-5)[0]
+    nan_rows = torch.isnan(out).all(dim=1)
+    assert nan_rows.any() and not nan_rows[-24:].any()
+    assert not torch.isnan(out[~nan_rows]).any()
+    assert torch.allclose(out[~nan_rows], want[~nan_rows], rtol=0, atol=2 ** -7 * want[~nan_rows].abs().max())
+
+
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
 @pytest.mark.parametrize("width", [768, 1000])
 def test_half_means_of_rows_far_from_their_first_value(dtype, width, reduction):

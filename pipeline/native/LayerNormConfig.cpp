@@ -68,7 +68,7 @@ bool KernelConfig::squares_with_correction() const {
 }
 
 bool KernelConfig::plain_two_pass() const {
-  return dtype == kFloat16 && hold > 0 && !write_stats;
+  return dtype != kFloat32 && hold > 0 && !write_stats;
 }
 
 KernelConfig choose_config(uint64_t width, bool has_weight, bool has_bias, uint32_t subgroup_size,

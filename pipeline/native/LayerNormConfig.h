@@ -44,7 +44,7 @@ struct KernelConfig {
   // Half rows whose mean leaves in a half dtype or not at all take each held thread's squares
   // in its correction pass (squares_with_correction).
   bool squares_with_correction() const;
-  // Held float16 rows of a launch that stores no mean and rstd take the textbook two-pass
+  // Held half rows of a launch that stores no mean and rstd take the textbook two-pass
   // in d = x - first (plain_two_pass).
   bool plain_two_pass() const;
 };

@@ -63,16 +63,19 @@ LATE_AFFINE_VALUES = 20
 # while out and rstd, and the mean rounded to a half dtype, did not move (docs/measurements.md,
 # "Where float16 stands against the copy").
 
-# Held float16 rows of a launch that stores no mean and rstd (the models' delegates) take the
-# textbook two-pass in d = x - first (KernelConfig.plain_two_pass, normalize_plain): float16
-# values make d exact where the spread is small beside the mean, and no square overflows.
+# Held half rows of a launch that stores no mean and rstd (the models' delegates) take the
+# textbook two-pass in d = x - first (KernelConfig.plain_two_pass, normalize_plain): half
+# values make d exact where the spread is small beside the mean (within 2^12 of each other
+# for float16, 2^16 for bfloat16). No float16 square overflows; bfloat16 rows whose squares
+# pass float32's range give NaN, as they do in the frame (neither scales them).
 # Its mean, first + mean_d, rounds at first's scale: stored, it came out up to 25x aten's
 # error on rows of mean 0 (a float16 mean, rows of +-100 at width 1000) and 6.7x eager's in
 # float32, so launches that store the mean keep rows in their frame.
 # On the H200 the frame's path took 0.4-16% more time at the 9 float16 model shapes of 4 MB
 # or more (wgpu and Dawn; most at width 1024), within 1.3% less at a few small ones; plain rows
 # load weight and bias with x, which won or tied at every model shape (docs/measurements.md,
-# "float16 rows without the frame").
+# "float16 rows without the frame"). For bfloat16 rows the frame's path took 0.8-20% more
+# time at all 19 model shapes (docs/measurements.md, "bfloat16 against the copy").
 
 # The markers of the kernel file's lines written out once per value (`written_out`), and
 # the most values `choose_config` writes each out for. Held lines that load or use weight
@@ -150,10 +153,10 @@ class KernelConfig:
 
     @property
     def plain_two_pass(self) -> bool:
-        """Held float16 rows of a launch that stores no mean and rstd: statistics by the
+        """Held half rows of a launch that stores no mean and rstd: statistics by the
         textbook two-pass in d = x - first (normalize_plain), instead of in the row's frame
         with a corrected two-pass a thread."""
-        return self.dtype == "float16" and self.hold > 0 and not self.write_stats
+        return self.dtype != "float32" and self.hold > 0 and not self.write_stats
 
     @property
     def row_in_subgroup(self) -> bool:

@@ -57,7 +57,7 @@
 //   share once into registers, weight and bias with it (or, where it holds 20 values or
 //   more, at the store: late_affine in config.py), and takes its mean in a corrected
 //   two-pass; its squares (in that second pass for half rows) and the output come from the
-//   registers. Held float16 rows of a launch that stores no mean and rstd take a plain
+//   registers. Held half rows of a launch that stores no mean and rstd take a plain
 //   two-pass instead (normalize_plain).
 // - streamed rows: the thread walks its strided share, merging every V's exact (count,
 //   mean, M2) into its own (Welford, by pairwise merges, the mean compensated); its squares
@@ -334,17 +334,19 @@ fn normalize_held(tid: u32, row: u32, lanes: u32) {
     store_out(base, i_K, in_K, v_K, c, weight_at(i_K, in_K), bias_at(i_K, in_K));  // each held value, weight and bias at the store
 }
 
-// Held float16 rows of a launch that stores no mean and rstd (plain_two_pass in config.py):
+// Held half rows of a launch that stores no mean and rstd (plain_two_pass in config.py):
 // the textbook two-pass in d = x - first, the row sum of d giving mean_d, the
-// sum of (d - mean_d)^2 giving M2, and the output (d - mean_d) * rstd. float16 values need
+// sum of (d - mean_d)^2 giving M2, and the output (d - mean_d) * rstd. Half values need
 // nothing more of the frame:
-// - x - first is exact in f32 wherever x and first lie within 2^12 of each other (11 bits
-//   each), so a row far from zero is centred in exact differences, as the frame's far rows
-//   are; where they lie further apart, the row's spread is as large as its values.
+// - x - first is exact in f32 wherever x and first lie within 2^12 of each other (float16:
+//   11 bits each; bfloat16: 2^16, 8 bits), so a row far from zero is centred in exact
+//   differences, as the frame's far rows are; where they lie further apart, the row's
+//   spread is as large as its values.
 // - a constant row has every d exactly 0: mean its value, M2 0, out 0 + bias (a mean taken
 //   as sum(x) * (1 / width) is not: 7.25 at width 1000).
 // - no difference of float16 values (at most 2^17) squared, nor a sum of 2^13 such squares,
-//   reaches float32's limit: no scale.
+//   reaches float32's limit: no scale. bfloat16 rows whose squares pass it give NaN, as in
+//   the frame, which does not scale them either.
 // mean_d's rounding moves M2 only in the second order, so M2 needs no correction; the mean
 // itself, first + mean_d, rounds at first's scale, which is why launches that store the mean
 // keep rows in their frame (the rule and its measurements: config.py).
