@@ -57,7 +57,7 @@ Per shape and dtype, every variant is a module the kernel's own config writes, e
   grid's blocks apart (a grid 2 or 4 times smaller), weight and bias loaded once before
   them; turns2_wg256 in workgroups of 256 threads.
 - least_wg256, least_wg512: least in workgroups of 256 or 512 threads.
-- framed: float16 rows in their frame, with a corrected two-pass a thread, as the kernel
+- framed: half rows in their frame, with a corrected two-pass a thread, as the kernel
   computed them before plain_two_pass (the other edited variants edit that path too).
   Run 9 also timed plain rows with weight and bias loaded at the store (plain_late) and
   with x (plain_early): with x won or tied at every shape, and is now the rule.
@@ -71,8 +71,8 @@ Per shape and dtype, every variant is a module the kernel's own config writes, e
 - foldable: the kernel with its compensated sums not passed through opaque (timing only).
 - pinned_squares: merged_squares with the share's first mean passed through opaque (one
   rounded value in every use); pinned_both: its correction `rest` too.
-- plain: held half rows on the plain two-pass whatever the launch stores (bfloat16's rows,
-  and float16's that store mean and rstd, keep their frame in the kernel).
+- plain: held half rows on the plain two-pass whatever the launch stores (run 18 timed it
+  on bfloat16 rows beside `framed` before the kernel's rule took it for them).
 - even_split: the kernel with the last held value's bounds test folded away where every
   thread's values all lie in the row (EVEN_SPLIT).
 - t{threads}_wg{size} (`--variants grid`, with the others named): the kernel with its
