@@ -547,12 +547,13 @@ def test_held_rows_take_one_form_of_their_weight_and_bias_lines():
 
 
 def test_held_rows_take_one_form_of_their_squares():
-    # Half rows: the squares come from the correction pass; float32 rows, and half rows whose
-    # mean is stored in float32: a pass after the mean.
+    # Half rows in their frame (those that store mean and rstd): the squares come from the
+    # correction pass; float32 rows, and half rows whose mean is stored in float32: a pass
+    # after the mean.
     files = wgsl.ShaderFiles("naga")
-    for dtype, affine, stats, merged in (("bfloat16", None, True, True), ("bfloat16", None, False, True),
-                                         ("bfloat16", "float32", False, True), ("float16", "float32", True, False),
-                                         ("bfloat16", "float32", True, False), ("float32", None, False, False)):
+    for dtype, affine, stats, merged in (("bfloat16", None, True, True), ("float16", None, True, True),
+                                         ("float16", "float32", True, False), ("bfloat16", "float32", True, False),
+                                         ("float32", None, False, False), ("float32", None, True, False)):
         config = kernel.choose_config(1024, True, True, 32, dtype, affine, write_stats=stats)
         assert config.hold and config.squares_with_correction == merged
         held = config.source(files).split("fn normalize_held")[1].split("\nfn ")[0]
@@ -562,12 +563,13 @@ def test_held_rows_take_one_form_of_their_squares():
 
 
 def test_held_rows_take_one_path():
-    # Held float16 rows of a launch that stores no mean and rstd: the plain two-pass
+    # Held half rows of a launch that stores no mean and rstd: the plain two-pass
     # (normalize_plain); every other row in its frame (normalize_held, or streamed).
     files = wgsl.ShaderFiles("naga")
     cases = [(1024, "float16", None, True, False), (768, "float16", None, False, True),
              (1023, "float16", "float32", False, True), (1024, "float16", "float32", True, False),
-             (1024, "bfloat16", None, False, False), (1024, "float32", None, False, False),
+             (1024, "bfloat16", None, False, True), (1023, "bfloat16", "float32", False, True),
+             (1024, "bfloat16", None, True, False), (1024, "float32", None, False, False),
              (16384, "float16", None, False, False)]  # width, dtype, affine dtype, stats, plain
     for width, dtype, affine, stats, plain in cases:
         config = kernel.choose_config(width, True, True, 32, dtype, affine, write_stats=stats)
