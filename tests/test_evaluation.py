@@ -250,6 +250,9 @@ def test_layer_norm_input_statistics_in_all_three_report_formats(gpu_info, tmp_p
     data = accuracy_for(spec, program, seed=0)
     paths = write_report(tmp_path, "spiky.accuracy", data, accuracy_markdown(data), accuracy_html(data))
     saved = json.loads(paths[0].read_text())
+    # The machine's CPU and torch's kernels on it: eager's errors move with them.
+    assert "torch's kernels " in saved["environment"]["cpu"]
+    assert f"cpu: {saved['environment']['cpu']}" in paths[1].read_text()
     given = saved["layer_norms"][0]["input"]
     stats = given["stats"]
     assert set(stats) == {"rows", "width", "max_abs", "max_dev_over_std", "max_mean_over_std", "min_row_std",

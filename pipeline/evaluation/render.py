@@ -19,6 +19,7 @@ def _env_lines(env: dict) -> list[str]:
     versions = ", ".join(f"{k} {v}" for k, v in env.get("versions", {}).items())
     return [
         f"adapter: {env.get('adapter', '?')} ({env.get('backend', '?')})",
+        f"cpu: {env.get('cpu', '?')}",
         f"seed: {env.get('seed')}",
         f"versions: {versions}",
     ]

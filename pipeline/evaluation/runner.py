@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import platform
 import sys
 from collections.abc import Callable
 from importlib import metadata
@@ -26,8 +27,24 @@ from pipeline.ioutil import check_output_dir
 DEFAULT_OUTPUT_DIR = Path("out/reports")
 
 
+def cpu_name() -> str:
+    """The CPU and the instruction set torch's kernels dispatch to on it: eager's errors
+    against float64 move with them (the same tree gave eager float16 0.518 and 0.0772 on two
+    machines, docs/measurements.md, "The trained Whisper in `make reports`")."""
+    name = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{name}, torch's kernels {torch.backends.cpu.get_cpu_capability()}"
+
+
 def environment(seed: int) -> dict:
-    """Adapter, backend, WebGPU implementation, seed and the versions of what the result depends on."""
+    """Adapter, backend, WebGPU implementation, CPU, seed and the versions of what the result
+    depends on."""
     from pipeline import runtime
 
     info = runtime.device_info()
@@ -38,7 +55,7 @@ def environment(seed: int) -> dict:
         except metadata.PackageNotFoundError:
             versions[package] = "not installed"
     return {"adapter": info["adapter"], "backend": info["backend"], "implementation": info["implementation"],
-            "shader_compiler": info["shader_compiler"], "seed": seed, "versions": versions}
+            "shader_compiler": info["shader_compiler"], "cpu": cpu_name(), "seed": seed, "versions": versions}
 
 
 def resolve_models(name: str) -> list[str]:
