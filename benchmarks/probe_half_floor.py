@@ -4,7 +4,7 @@ each take one part of its work away, and the WGSL copy of the same bytes, in one
 Per shape and dtype, every variant is a module the kernel's own config writes, edited:
 - kernel: the runtime's choice for the launch (weight and bias, no mean and rstd stored).
 - by_width: the config the width alone chooses, where the launch's size changes it
-  (WIDE_LAUNCH_THREADS, HALVED_LAUNCH_THREADS).
+  (WIDE_LAUNCH_THREADS, and run 16's trial rule of half the threads, since reverted).
 - packed_affine: weight and bias loaded with x and held as their stored words until the
   store (half rows): fewer registers a thread while the row sums run.
 - packed_all: x too held as its words, unpacked where each use needs it.
@@ -111,7 +111,7 @@ from pipeline.benchmark import MODEL_SHAPES, parse_shapes, time_copy, time_kerne
 from pipeline.ioutil import write_json_atomic
 from pipeline.runtime.device import device_info, gpu
 from pipeline.wgsl import ShaderFiles
-from pipeline.wgsl.config import MAX_HOLD, MAX_THREADS_PER_ROW, KernelConfig
+from pipeline.wgsl.config import MAX_HOLD, MAX_THREADS_PER_ROW, MIN_WORKGROUP, KernelConfig
 
 ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 
@@ -473,18 +473,23 @@ class Turns4(Turns):
     TURNS: ClassVar[int] = 4
 
 
+def relaid(config: KernelConfig, threads: int, workgroup: int) -> KernelConfig:
+    """`config` with `threads` threads per row in workgroups of `workgroup`, each holding its
+    share of the row."""
+    return replace(config, threads_per_row=threads, workgroup=workgroup, hold=math.ceil(config.row_vecs / threads))
+
+
 def layouts(config: KernelConfig) -> dict[str, KernelConfig]:
     """The layout grid (`--variants grid`): `config` with its threads per row or half as many
     (where each then holds at most MAX_HOLD loads), in workgroups of 64, 128 or 256 threads;
     named t{threads}_wg{workgroup}, the config's own left out."""
     found = {}
     for threads in (config.threads_per_row, config.threads_per_row // 2):
-        hold = math.ceil(config.row_vecs / max(threads, 1))
-        if threads < 1 or hold > MAX_HOLD:
+        if threads < 1 or math.ceil(config.row_vecs / threads) > MAX_HOLD:
             continue
         for size in (64, 128, 256):
             if size >= threads and (threads, size) != (config.threads_per_row, config.workgroup):
-                found[f"t{threads}_wg{size}"] = replace(config, threads_per_row=threads, workgroup=size, hold=hold)
+                found[f"t{threads}_wg{size}"] = relaid(config, threads, size)
     return found
 
 
@@ -493,8 +498,7 @@ def half_threads(config: KernelConfig) -> KernelConfig | None:
     if not config.hold or config.threads_per_row < 2 or 2 * config.hold > 12:
         return None
     threads = config.threads_per_row // 2
-    return replace(config, threads_per_row=threads, workgroup=max(64, threads),
-                   hold=math.ceil(config.row_vecs / threads))
+    return relaid(config, threads, max(MIN_WORKGROUP, threads))
 
 
 def as_variant(cls: type, config: KernelConfig, **changes) -> KernelConfig:
@@ -548,8 +552,7 @@ def variants(rows: int, width: int, dtype: str) -> dict[str, KernelConfig]:
     found["no_affine"] = configs["plain"]
     threads = 2 * kernel.threads_per_row
     if kernel.hold and threads <= MAX_THREADS_PER_ROW and math.ceil(kernel.row_vecs / threads) <= MAX_HOLD:
-        found["twice_threads"] = replace(kernel, threads_per_row=threads, workgroup=max(kernel.workgroup, threads),
-                                         hold=math.ceil(kernel.row_vecs / threads))
+        found["twice_threads"] = relaid(kernel, threads, max(kernel.workgroup, threads))
     for name, cls, rows_taken, base in EDITED:
         if ("half" in rows_taken and dtype == "float32") or ("held" in rows_taken and not kernel.hold):
             continue
@@ -566,9 +569,9 @@ def variants(rows: int, width: int, dtype: str) -> dict[str, KernelConfig]:
         if kernel.workgroup < 512:
             found["least_wg512"] = as_variant(Least, kernel, workgroup=512)
     if kernel.hold:
-        found |= layouts(kernel)
-        found["floor_kernel"] = as_variant(LeastTwoPassShifted, kernel)
-        found |= {f"floor_{n}": as_variant(LeastTwoPassShifted, c) for n, c in layouts(kernel).items()}
+        grid = layouts(kernel)
+        found |= grid | {"floor_kernel": as_variant(LeastTwoPassShifted, kernel)}
+        found |= {f"floor_{n}": as_variant(LeastTwoPassShifted, c) for n, c in grid.items()}
     halved = half_threads(kernel)
     if halved is not None:
         found["half_threads"] = halved
@@ -576,8 +579,8 @@ def variants(rows: int, width: int, dtype: str) -> dict[str, KernelConfig]:
     return found
 
 
-# `--variants` names that take a whole grid: (name, pattern of its variants' names).
-GRIDS = (("grid", r"t\d+_wg\d+"), ("floor_grid", r"floor_(kernel|t\d+_wg\d+)"))
+# `--variants` names that take a whole grid, and the pattern of its variants' names.
+GRIDS = {"grid": r"t\d+_wg\d+", "floor_grid": r"floor_(kernel|t\d+_wg\d+)"}
 
 
 def probe(shapes: list[tuple[int, int]], dtypes: list[str], rounds: int, repeats: int,
@@ -587,7 +590,7 @@ def probe(shapes: list[tuple[int, int]], dtypes: list[str], rounds: int, repeats
     for dtype in dtypes:
         for rows, width in shapes:
             configs = {n: c for n, c in variants(rows, width, dtype).items()
-                       if only is None or n in only or any(g in only and re.fullmatch(p, n) for g, p in GRIDS)}
+                       if only is None or n in only or any(g in only and re.fullmatch(p, n) for g, p in GRIDS.items())}
             names = list(configs) + ["copy"]
             times: dict[str, list[float]] = {name: [] for name in names}
             for r in range(rounds):
@@ -645,14 +648,14 @@ def check_rows(rows: int, width: int, seed: int = 0):
 def exact(name: str) -> bool:
     """Whether variant `name` gives the kernel's values to within rounding: EXACT's, and the
     kernel in another layout (`grid`); the exact floor's layouts (`floor_grid`) are INEXACT's."""
-    return name in EXACT or re.fullmatch(dict(GRIDS)["grid"], name) is not None
+    return name in EXACT or re.fullmatch(GRIDS["grid"], name) is not None
 
 
 def checked_names(configs: dict[str, KernelConfig]) -> list[str]:
     """The variants of `configs` that --check compares: the kernel, the exact ones and the
     least LayerNorms (INEXACT, and the exact floor in every layout)."""
     return [n for n in configs if n == "kernel" or exact(n) or n in INEXACT
-            or re.fullmatch(dict(GRIDS)["floor_grid"], n)]
+            or re.fullmatch(GRIDS["floor_grid"], n)]
 
 
 def check(shapes: list[tuple[int, int]], dtypes: list[str], rows_each: int = 256) -> list[dict]:
@@ -693,7 +696,7 @@ def check(shapes: list[tuple[int, int]], dtypes: list[str], rows_each: int = 256
 def layout_name(name: str, config: list[int]) -> str:
     """A layout's name, the kernel's own (`config`: its threads per row) written out."""
     name = name.removeprefix("floor_")
-    return f"t{config[0]}_wg{max(64, config[0])}" if name == "kernel" else name
+    return f"t{config[0]}_wg{max(MIN_WORKGROUP, config[0])}" if name == "kernel" else name
 
 
 def best_layouts_table(wgpu: list[dict], dawn: list[dict]) -> str:
@@ -701,7 +704,7 @@ def best_layouts_table(wgpu: list[dict], dawn: list[dict]) -> str:
     (wgpu / Dawn), from two `--variants kernel,grid,floor_grid` runs of the same shapes."""
     def best(row: dict, floor: bool) -> str:
         names = [n for n in row["copy_over"] if (n.startswith("floor_") if floor
-                                                 else n == "kernel" or re.fullmatch(dict(GRIDS)["grid"], n))]
+                                                 else n == "kernel" or re.fullmatch(GRIDS["grid"], n))]
         name = max(names, key=row["copy_over"].get)
         return f"{row['copy_over'][name]:.3f} {layout_name(name, row['config']['kernel'])}"
 
@@ -719,7 +722,7 @@ def best_layouts_table(wgpu: list[dict], dawn: list[dict]) -> str:
 def half_threads_table(wgpu: list[dict], dawn: list[dict]) -> str:
     """Half the threads' speed over the width's layout (wgpu / Dawn), from two `--variants
     kernel,by_width,half_threads` runs: by_width over kernel where the launch's rule halved
-    the kernel's threads, kernel over half_threads elsewhere."""
+    the kernel's threads (run 16's trial rule), kernel over half_threads elsewhere."""
     def speed(row: dict) -> tuple[float, list[int]]:
         us = row["us"]
         if "by_width" in us:
@@ -766,9 +769,10 @@ def main() -> None:
     shapes = ([s for s in MODEL_SHAPES if s[0] * s[1] * 2 >= 4 << 20] if args.shapes == "model4mb"
               else parse_shapes(args.shapes))
     checked = check(shapes, args.dtypes.split(",")) if args.check else None
+    device = device_info()
 
     def save(results: list[dict]) -> None:  # after every shape: a run cut short keeps what it timed
-        write_json_atomic(args.json, {"device": device_info(), "rounds": args.rounds, "repeats": args.repeats,
+        write_json_atomic(args.json, {"device": device, "rounds": args.rounds, "repeats": args.repeats,
                                       "results": results, "check": checked})
 
     probe(shapes, args.dtypes.split(","), args.rounds, args.repeats,
