@@ -473,12 +473,6 @@ class Turns4(Turns):
     TURNS: ClassVar[int] = 4
 
 
-def relaid(config: KernelConfig, threads: int, workgroup: int) -> KernelConfig:
-    """`config` with `threads` threads per row in workgroups of `workgroup`, each holding its
-    share of the row."""
-    return replace(config, threads_per_row=threads, workgroup=workgroup, hold=math.ceil(config.row_vecs / threads))
-
-
 def layouts(config: KernelConfig) -> dict[str, KernelConfig]:
     """The layout grid (`--variants grid`): `config` with its threads per row or half as many
     (where each then holds at most MAX_HOLD loads), in workgroups of 64, 128 or 256 threads;
@@ -489,7 +483,7 @@ def layouts(config: KernelConfig) -> dict[str, KernelConfig]:
             continue
         for size in (64, 128, 256):
             if size >= threads and (threads, size) != (config.threads_per_row, config.workgroup):
-                found[f"t{threads}_wg{size}"] = relaid(config, threads, size)
+                found[f"t{threads}_wg{size}"] = config.relaid(threads, size)
     return found
 
 
@@ -498,7 +492,7 @@ def half_threads(config: KernelConfig) -> KernelConfig | None:
     if not config.hold or config.threads_per_row < 2 or 2 * config.hold > 12:
         return None
     threads = config.threads_per_row // 2
-    return relaid(config, threads, max(MIN_WORKGROUP, threads))
+    return config.relaid(threads, max(MIN_WORKGROUP, threads))
 
 
 def as_variant(cls: type, config: KernelConfig, **changes) -> KernelConfig:
@@ -552,7 +546,7 @@ def variants(rows: int, width: int, dtype: str) -> dict[str, KernelConfig]:
     found["no_affine"] = configs["plain"]
     threads = 2 * kernel.threads_per_row
     if kernel.hold and threads <= MAX_THREADS_PER_ROW and math.ceil(kernel.row_vecs / threads) <= MAX_HOLD:
-        found["twice_threads"] = relaid(kernel, threads, max(kernel.workgroup, threads))
+        found["twice_threads"] = kernel.relaid(threads, max(kernel.workgroup, threads))
     for name, cls, rows_taken, base in EDITED:
         if ("half" in rows_taken and dtype == "float32") or ("held" in rows_taken and not kernel.hold):
             continue

@@ -8,4 +8,8 @@ SUBGROUPS_ENV = "PIPELINE_WGPU_SUBGROUPS"
 # "0" keeps float16 stores on the kernel's integer rounding even where pack2x16float passed its probe.
 F16_PACK_ENV = "PIPELINE_WGPU_PACK2X16FLOAT"
 
-SHARED = ("ADAPTER_ENV", "SUBGROUPS_ENV", "F16_PACK_ENV")
+# A layouts file tuned on this device (pipeline.wgsl.layouts, scripts/tune_layouts.py): launches
+# it names take its threads per row and workgroup size instead of the rule's.
+LAYOUTS_ENV = "PIPELINE_LAYOUTS"
+
+SHARED = ("ADAPTER_ENV", "SUBGROUPS_ENV", "F16_PACK_ENV", "LAYOUTS_ENV")

@@ -20,8 +20,9 @@ import numpy as np
 import torch
 
 from pipeline import wgsl
-from pipeline.environment import F16_PACK_ENV, SUBGROUPS_ENV
+from pipeline.environment import F16_PACK_ENV, LAYOUTS_ENV, SUBGROUPS_ENV
 from pipeline.runtime.webgpu import Pipeline
+from pipeline.wgsl import layouts as layouts_file
 from pipeline.wgsl.config import THREADED_COPY_BYTES
 
 IMPLEMENTATION_ENV = "PIPELINE_WEBGPU"
@@ -95,6 +96,8 @@ class Gpu:
     params_written: tuple = ()
     subgroup_size: int = 0  # smallest subgroup size seen; 0 when subgroups are not used
     pack2x16float: bool = False  # pack2x16float rounds as aten does (f16_pack_probe.wgsl)
+    # The layouts tuned on this device that PIPELINE_LAYOUTS names (None: the rule's everywhere).
+    layouts: layouts_file.Layouts | None = None
     # Held for a whole launch (uploads, dispatch, read-back): the buffer pool and the
     # staging buffer's mapping are shared, so launches from several threads take turns.
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -253,8 +256,20 @@ def gpu() -> Gpu:
                 g.subgroup_size = _probe_subgroup_size(g)
             if os.environ.get(F16_PACK_ENV, "1") != "0":
                 g.pack2x16float = _probe_f16_pack(g)
+            g.layouts = _tuned_layouts(g)
             _gpus[name] = g
         return _gpus[name]
+
+
+def _tuned_layouts(g: Gpu) -> layouts_file.Layouts | None:
+    """The table PIPELINE_LAYOUTS names, checked against this adapter and implementation
+    (LayoutsError for a file that cannot be read or was tuned elsewhere), or None."""
+    path = os.environ.get(LAYOUTS_ENV, "")
+    if not path:
+        return None
+    table = layouts_file.read(path)
+    table.check_device(g.impl.info["adapter"], g.impl.name)
+    return table
 
 
 def _run_probe(g: Gpu, shader: str, contents: list[np.ndarray], groups: int, read: int,
@@ -305,5 +320,6 @@ def device_info() -> dict[str, object]:
         "features": sorted(g.features),
         "subgroup_size": g.subgroup_size,
         "pack2x16float": g.pack2x16float,
+        "layouts": None if g.layouts is None else {"file": g.layouts.source, "entries": len(g.layouts.entries)},
         "limits": dict(g.limits),
     }

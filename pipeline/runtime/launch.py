@@ -36,10 +36,12 @@ BINDINGS = ["read-only-storage"] * 3 + ["storage"] * 3 + ["uniform"]
 
 def device_config(g: Gpu, width: int, has_weight: bool, has_bias: bool, dtype: str = "float32",
                   affine_dtype: str | None = None, *, rows: int = 0, write_stats: bool = True) -> KernelConfig:
-    """`choose_config` with what the device's probes found (subgroup size, float16 packing):
-    the configuration a launch of `rows` rows on `g` uses."""
-    return choose_config(width, has_weight, has_bias, g.subgroup_size, dtype, affine_dtype, g.pack2x16float,
-                         rows=rows, write_stats=write_stats)
+    """`choose_config` with what the device's probes found (subgroup size, float16 packing),
+    in the layout tuned for this launch where `g`'s table has one: the configuration a
+    launch of `rows` rows on `g` uses."""
+    config = choose_config(width, has_weight, has_bias, g.subgroup_size, dtype, affine_dtype, g.pack2x16float,
+                           rows=rows, write_stats=write_stats)
+    return config if g.layouts is None else g.layouts.config(config, rows)
 
 
 def compile_pipeline(g: Gpu, config: KernelConfig) -> Pipeline:

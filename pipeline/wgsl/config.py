@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pipeline.pte.blob import DTYPE_CODES
 from pipeline.wgsl import ShaderFiles
@@ -172,6 +172,11 @@ class KernelConfig:
     @property
     def rows_per_workgroup(self) -> int:
         return self.workgroup // self.threads_per_row
+
+    def relaid(self, threads: int, workgroup: int) -> KernelConfig:
+        """This config with `threads` threads per row in workgroups of `workgroup`, each
+        holding its share of the row (a tuned layout: pipeline.wgsl.layouts)."""
+        return replace(self, threads_per_row=threads, workgroup=workgroup, hold=math.ceil(self.row_vecs / threads))
 
     def constants(self) -> list[tuple[str, int | bool]]:
         """The pipeline's WGSL constants in the prelude's order: u32 for ints, bool for bools

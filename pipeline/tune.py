@@ -1,0 +1,75 @@
+"""Tuning the kernel's layouts on this device: each launch's rule config against the same
+rows at half and twice its threads per row and in workgroups of 64, 128 and 256, timed in
+interleaved rounds on the GPU's clock; the layouts that beat the rule by at least
+`min_gain` make the table (pipeline.wgsl.layouts) that PIPELINE_LAYOUTS points both
+runtimes at. scripts/tune_layouts.py is the command line.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Sequence
+
+from pipeline.benchmark import time_kernel
+from pipeline.runtime.device import gpu
+from pipeline.wgsl.config import MIN_WORKGROUP, KernelConfig
+from pipeline.wgsl.layouts import Launch, Layout, Layouts, unusable
+
+# A layout enters the table only where the rule's time over its time is at least this: the
+# H200's round-to-round spread of one launch is about 1% (docs/measurements.md), and a
+# layout the rule already ties is not worth a line.
+MIN_GAIN = 1.02
+WORKGROUPS = (MIN_WORKGROUP, 128, 256)
+
+
+def candidates(rule: KernelConfig) -> list[KernelConfig]:
+    """`rule` first, then its rows at half, the same and twice its threads per row in each
+    of WORKGROUPS that can hold them (`layouts.unusable` says which)."""
+    found = [rule]
+    for threads in (rule.threads_per_row // 2, rule.threads_per_row, rule.threads_per_row * 2):
+        for workgroup in WORKGROUPS:
+            if unusable(rule, threads, workgroup) is None:
+                config = rule.relaid(threads, workgroup)
+                if config not in found:
+                    found.append(config)
+    return found
+
+
+def tune(launches: Sequence[Launch], rounds: int = 3, repeats: int = 100, min_gain: float = MIN_GAIN,
+         progress: Callable[[str], None] = print) -> Layouts:
+    """The table of `launches` on this process's device: for each held launch, the
+    candidate with the least mean time over `rounds` interleaved rounds of `repeats`
+    launches each, where it beats the rule's by `min_gain` or more."""
+    if rounds < 1 or repeats < 1:
+        raise ValueError(f"rounds and repeats must be at least 1, got {rounds} and {repeats}")
+    g = gpu()
+    if "timestamp-query" not in g.features:
+        raise RuntimeError(f"{g.impl.info['adapter']} ({g.impl.name}) has no timestamp queries: layouts are "
+                           "tuned on the GPU's clock, and wall-clock times of one launch cannot tell them apart")
+    table = Layouts(g.impl.info["adapter"], g.impl.name)
+    for n, launch in enumerate(launches, 1):
+        label = f"[{n}/{len(launches)}] {launch.dtype} {launch.rows}x{launch.width}"
+        rule = launch.rule(g.subgroup_size, g.pack2x16float)
+        configs = candidates(rule)
+        if len(configs) == 1:
+            progress(f"{label}: rows streamed, the rule's layout kept")
+            continue
+        times: list[list[float]] = [[] for _ in configs]
+        for r in range(rounds):
+            order = list(range(len(configs)))[:: 1 if r % 2 == 0 else -1]
+            timed, _ = time_kernel(launch.rows, launch.width, [configs[i] for i in order], repeats=repeats,
+                                   dtype=launch.dtype, stats=launch.write_stats)
+            for i, (batched, _isolated) in zip(order, timed):
+                times[i].append(batched)
+        means = [statistics.mean(t) for t in times]
+        best = min(range(1, len(configs)), key=means.__getitem__)  # the best layout other than the rule's
+        gain = means[0] / means[best]
+        chosen = configs[best]
+        if gain >= min_gain:
+            table.entries[launch] = Layout(chosen.threads_per_row, chosen.workgroup, round(gain, 3))
+            progress(f"{label}: {chosen.threads_per_row} threads a row in workgroups of {chosen.workgroup}, "
+                     f"{gain:.3f}x the rule's speed ({means[0]:.2f} -> {means[best]:.2f} us)")
+        else:
+            progress(f"{label}: the rule's {rule.threads_per_row} threads a row in workgroups of "
+                     f"{rule.workgroup} kept (the best other layout {gain:.3f}x)")
+    return table

@@ -1,0 +1,197 @@
+"""Layouts tuned on one device: for a launch that `choose_config` holds in registers, the
+threads per row and workgroup size that timed fastest on one adapter through one WebGPU
+implementation (`pipeline.tune`, scripts/tune_layouts.py). The Python runtime and the C++
+backend read the file that PIPELINE_LAYOUTS names when they open their device, and refuse
+one tuned on another adapter or implementation. A launch without an entry keeps the rule.
+
+Why a table and not a rule: on the H200 the fastest layout of a float16 launch follows how
+full the GPU's last wave of workgroups is, and wgpu and Dawn disagree on it with the same
+WGSL; a rule fitted to the launch's size lost up to 12% on shapes it was not fitted to
+(docs/measurements.md, runs 15-16). Layouts change only the order of a row's sums, so the
+values stay within the kernel's error bounds, and a given table gives the same bits every run.
+
+The file is lines of text, blank lines and lines from `#` skipped:
+
+    pipeline-layouts 1
+    adapter NVIDIA H200
+    implementation wgpu
+    layout float16 float16 1 1 0 1024 4096 64 128 1.041
+
+`layout` lines name a launch (dtype, weight and bias dtype, weight, bias, stats stored,
+width, rows; flags 0 or 1), then its threads per row, its workgroup size, and the gain
+measured when it was tuned (the rule's time over this layout's), which readers check but
+do not use.
+
+Imports no torch and no WebGPU implementation: the C++ build reads it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+
+from pipeline.wgsl import DTYPES
+from pipeline.wgsl.config import MAX_HOLD, MAX_THREADS_PER_ROW, MIN_WORKGROUP, KernelConfig, choose_config
+
+MAGIC = "pipeline-layouts 1"
+# Fields of a `layout` line after the word: the launch's 7, then threads, workgroup, gain.
+LAYOUT_FIELDS = 10
+
+
+class LayoutsError(ValueError):
+    """A layouts file that cannot be read or used here: the message names the file, and the
+    line where there is one."""
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What picks a layout: the launch's dtypes, affine parts, stats, width and rows."""
+
+    dtype: str
+    affine_dtype: str
+    has_weight: bool
+    has_bias: bool
+    write_stats: bool
+    width: int
+    rows: int
+
+    def rule(self, subgroup_size: int = 0, pack2x16float: bool = False) -> KernelConfig:
+        """The config `choose_config` gives this launch on a device with these probes."""
+        return choose_config(self.width, self.has_weight, self.has_bias, subgroup_size, self.dtype,
+                             self.affine_dtype, pack2x16float, rows=self.rows, write_stats=self.write_stats)
+
+    @classmethod
+    def of(cls, config: KernelConfig, rows: int) -> Launch:
+        return cls(config.dtype, config.affine_dtype, config.has_weight, config.has_bias, config.write_stats,
+                   config.width, rows)
+
+
+@dataclass(frozen=True)
+class Layout:
+    threads_per_row: int
+    workgroup: int
+    gain: float  # the rule's time over this layout's when tuned
+
+
+@dataclass
+class Layouts:
+    """One device's table; `source` names where it came from, for messages."""
+
+    adapter: str
+    implementation: str
+    entries: dict[Launch, Layout] = field(default_factory=dict)
+    source: str = "<layouts>"
+
+    def config(self, config: KernelConfig, rows: int) -> KernelConfig:
+        """`config` (the rule's, for a launch of `rows` rows) in its tuned layout, if any."""
+        layout = self.entries.get(Launch.of(config, rows))
+        return config if layout is None else config.relaid(layout.threads_per_row, layout.workgroup)
+
+    def check_device(self, adapter: str, implementation: str) -> None:
+        """LayoutsError unless this table was tuned on `adapter` through `implementation`."""
+        if (adapter, implementation) != (self.adapter, self.implementation):
+            raise LayoutsError(f"{self.source}: tuned on {self.adapter!r} through {self.implementation}; this "
+                               f"device is {adapter!r} through {implementation}. Tune this device "
+                               "(scripts/tune_layouts.py) or unset PIPELINE_LAYOUTS")
+
+    def text(self) -> str:
+        lines = [MAGIC, f"adapter {self.adapter}", f"implementation {self.implementation}",
+                 "# layout dtype affine_dtype weight bias stats width rows threads_per_row workgroup gain"]
+        for launch, layout in sorted(self.entries.items(), key=lambda e: (e[0].dtype, e[0].width, e[0].rows)):
+            flags = " ".join(str(int(f)) for f in (launch.has_weight, launch.has_bias, launch.write_stats))
+            lines.append(f"layout {launch.dtype} {launch.affine_dtype} {flags} {launch.width} {launch.rows} "
+                         f"{layout.threads_per_row} {layout.workgroup} {layout.gain:.3f}")
+        return "\n".join(lines) + "\n"
+
+
+def unusable(config: KernelConfig, threads: int, workgroup: int) -> str | None:
+    """Why `config` (the rule's) cannot take `threads` threads per row in workgroups of
+    `workgroup`, or None: only held rows are relaid, to a power of two of threads that
+    leaves each at most MAX_HOLD loads, in a power-of-two workgroup of MIN_WORKGROUP to
+    MAX_THREADS_PER_ROW threads that holds whole rows."""
+    if not config.hold:
+        return f"rows of width {config.width} are streamed, not held: they keep the rule's layout"
+    if not (1 <= threads <= MAX_THREADS_PER_ROW and threads & (threads - 1) == 0):
+        return f"threads per row {threads} is not a power of two from 1 to {MAX_THREADS_PER_ROW}"
+    if math.ceil(config.row_vecs / threads) > MAX_HOLD:
+        return f"{threads} threads per row would each hold more than {MAX_HOLD} loads of a {config.width}-wide row"
+    if not (max(MIN_WORKGROUP, threads) <= workgroup <= MAX_THREADS_PER_ROW and workgroup & (workgroup - 1) == 0):
+        return (f"workgroup {workgroup} is not a power of two from {max(MIN_WORKGROUP, threads)} "
+                f"to {MAX_THREADS_PER_ROW}")
+    return None
+
+
+def parse(text: str, source: str = "<layouts>") -> Layouts:
+    """The table in `text`; LayoutsError naming `source` and the line for anything else."""
+    header: dict[str, str] = {}
+    entries: dict[Launch, Layout] = {}
+    first = True
+    for number, line in enumerate(text.splitlines(), 1):
+        where = f"{source}:{number}"
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        if first:
+            if line != MAGIC:
+                raise LayoutsError(f"{where}: not a layouts file (its first line must be {MAGIC!r})")
+            first = False
+            continue
+        word, _, rest = line.partition(" ")
+        if word in ("adapter", "implementation"):
+            if word in header:
+                raise LayoutsError(f"{where}: a second {word} line")
+            header[word] = rest.strip()
+        elif word == "layout":
+            launch, layout = _layout_line(rest.split(), where)
+            if launch in entries:
+                raise LayoutsError(f"{where}: a second layout for the same launch")
+            entries[launch] = layout
+        else:
+            raise LayoutsError(f"{where}: unknown line {word!r} (adapter, implementation or layout)")
+    if first:
+        raise LayoutsError(f"{source}: empty; a layouts file starts with {MAGIC!r}")
+    for word in ("adapter", "implementation"):
+        if not header.get(word):
+            raise LayoutsError(f"{source}: no {word} line")
+    return Layouts(header["adapter"], header["implementation"], entries, source)
+
+
+def _layout_line(values: list[str], where: str) -> tuple[Launch, Layout]:
+    if len(values) != LAYOUT_FIELDS:
+        raise LayoutsError(f"{where}: a layout line has {LAYOUT_FIELDS} fields after the word, this one {len(values)}")
+    dtype, affine_dtype = values[0], values[1]
+    for name in (dtype, affine_dtype):
+        if name not in DTYPES:
+            raise LayoutsError(f"{where}: {name!r} is not one of {', '.join(DTYPES)}")
+    if affine_dtype not in (dtype, "float32"):
+        raise LayoutsError(f"{where}: weight and bias of {affine_dtype} with rows of {dtype}: the kernel "
+                           "takes them in the rows' dtype or float32")
+    try:
+        flags = [int(v) for v in values[2:5]]
+        width, rows, threads, workgroup = (int(v) for v in values[5:9])
+        gain = float(values[9])
+    except ValueError:
+        raise LayoutsError(f"{where}: flags, width, rows, threads and workgroup are integers and gain a "
+                           "number") from None
+    if any(f not in (0, 1) for f in flags):
+        raise LayoutsError(f"{where}: weight, bias and stats are 0 or 1")
+    if width < 1 or rows < 1:
+        raise LayoutsError(f"{where}: width and rows are at least 1")
+    if not math.isfinite(gain) or gain <= 0:
+        raise LayoutsError(f"{where}: gain {values[9]} is not a positive number")
+    launch = Launch(dtype, affine_dtype, *(bool(f) for f in flags), width, rows)
+    why = unusable(launch.rule(), threads, workgroup)
+    if why:
+        raise LayoutsError(f"{where}: {why}")
+    return launch, Layout(threads, workgroup, gain)
+
+
+def read(path: str | os.PathLike) -> Layouts:
+    """The table in the file at `path`; LayoutsError when it cannot be read or parsed."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise LayoutsError(f"{path}: cannot read the layouts file: {exc}") from exc
+    return parse(text, str(path))

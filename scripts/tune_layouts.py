@@ -1,0 +1,81 @@
+"""Tune the native_layer_norm kernel's layouts on this device and write the table that
+PIPELINE_LAYOUTS points the runtimes at (the Python runtime and ExecuTorch's C++ backend).
+
+    python scripts/tune_layouts.py --shapes model --dtype float16 --out layouts/h200-wgpu.txt
+    PIPELINE_LAYOUTS=layouts/h200-wgpu.txt python scripts/run_pte.py ...
+
+Each launch (ROWSxWIDTH at --dtype, weight and bias in that dtype, the output alone stored
+as the models' delegates do; --stats stores mean and rstd too) is timed in its rule's layout
+and at half and twice the threads per row in workgroups of 64, 128 and 256; a layout enters
+the table where it beats the rule by --min-gain. Tune through the implementation you will
+run (PIPELINE_WEBGPU: a table names its adapter and implementation, and a runtime refuses
+one tuned elsewhere). --append adds to (and updates) an existing table of this device.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+if __name__ == "__main__":
+    import _interrupts  # first: from here on a signal ends the script with one line
+
+    _interrupts.while_starting()
+
+from pipeline import cli  # noqa: E402
+from pipeline.ioutil import check_output_file, write_text_atomic  # noqa: E402
+from pipeline.benchmark import MAX_REPEATS, parse_shapes  # noqa: E402
+from pipeline.tune import MIN_GAIN, tune  # noqa: E402
+from pipeline.wgsl import layouts  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", default="model",
+                        help="comma list of 'model' (default: the three models' LayerNorm shapes), 'unaligned' and "
+                        "ROWSxWIDTH")
+    parser.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32",
+                        help="of x, weight, bias and out (default float32); give several runs --append for several")
+    parser.add_argument("--stats", action="store_true", help="launches that store mean and rstd too")
+    parser.add_argument("--out", required=True, metavar="FILE", help="the table to write (atomically)")
+    parser.add_argument("--append", action="store_true",
+                        help="keep the entries of an existing --out (tuned on this device) and add these")
+    parser.add_argument("--rounds", type=cli.positive_int, default=3, help="interleaved rounds per shape (default 3)")
+    parser.add_argument("--repeats", type=cli.positive_int, default=100, help="timed launches a round (default 100)")
+    parser.add_argument("--min-gain", type=float, default=MIN_GAIN,
+                        help=f"the rule's time over a layout's for it to enter the table (default {MIN_GAIN})")
+    cli.add_verbose(parser)
+    args = parser.parse_args(argv)
+    if args.repeats > MAX_REPEATS:
+        parser.error(f"argument --repeats: at most {MAX_REPEATS}, got {args.repeats}")
+    if not args.min_gain >= 1:
+        parser.error(f"argument --min-gain: at least 1, got {args.min_gain}")
+    try:
+        shapes = parse_shapes(args.shapes)
+        cli.check_bench_shapes(shapes)
+        check_output_file(args.out)
+        kept = layouts.read(args.out) if args.append and os.path.exists(args.out) else None
+    except ValueError as exc:
+        parser.error(str(exc))
+    cli.quiet_dependencies(args.verbose)
+    launches = [layouts.Launch(args.dtype, args.dtype, True, True, args.stats, width, rows) for rows, width in shapes]
+    try:
+        table = tune(launches, rounds=args.rounds, repeats=args.repeats, min_gain=args.min_gain,
+                     progress=cli.print_progress)
+        if kept is not None:
+            kept.check_device(table.adapter, table.implementation)
+            for launch in launches:
+                kept.entries.pop(launch, None)
+            table.entries = {**kept.entries, **table.entries}
+        write_text_atomic(args.out, table.text())
+    except Exception as exc:  # one line for the user, status 1
+        print(f"tune_layouts: {exc}", file=sys.stderr)
+        return 1
+    cli.print_progress(f"wrote {args.out}: {len(table.entries)} layouts for {table.adapter} ({table.implementation})")
+    return 0
+
+
+if __name__ == "__main__":
+    _interrupts.run(main)
