@@ -27,6 +27,7 @@ if __name__ == "__main__":
 from pipeline import cli  # noqa: E402
 from pipeline.ioutil import check_output_file, write_text_atomic  # noqa: E402
 from pipeline.benchmark import MAX_REPEATS, parse_shapes  # noqa: E402
+from pipeline.runtime.device import device_info  # noqa: E402
 from pipeline.tune import MIN_GAIN, tune  # noqa: E402
 from pipeline.wgsl import layouts  # noqa: E402
 
@@ -62,10 +63,12 @@ def main(argv: list[str] | None = None) -> int:
     cli.quiet_dependencies(args.verbose)
     launches = [layouts.Launch(args.dtype, args.dtype, True, True, args.stats, width, rows) for rows, width in shapes]
     try:
+        if kept is not None:  # before any timing: a table of another device is not added to
+            info = device_info()
+            kept.check_device(info["adapter"], info["implementation"])
         table = tune(launches, rounds=args.rounds, repeats=args.repeats, min_gain=args.min_gain,
                      progress=cli.print_progress)
         if kept is not None:
-            kept.check_device(table.adapter, table.implementation)
             for launch in launches:
                 kept.entries.pop(launch, None)
             table.entries = {**kept.entries, **table.entries}

@@ -62,25 +62,51 @@ PIPELINE_EXPORT int pipeline_webgpu_pack2x16float() {
   return device ? (device->pack2x16float() ? 1 : 0) : -1;
 }
 
-// The WGSL module for a configuration; returns its length (copy into `out` when it fits
-// `capacity` including the NUL), or -1 on failure.
+// The WGSL module for a configuration, in its layout from the table in `layouts` where that
+// is not null (`layouts_size` bytes, a layouts file's text); returns its length (copy into
+// `out` when it fits `capacity` including the NUL), or -1 on failure.
 PIPELINE_EXPORT long long pipeline_webgpu_wgsl_source(uint64_t width, int has_weight, int has_bias,
                                       uint32_t subgroup_size, uint32_t dtype, uint32_t affine_dtype,
                                       int pack2x16float, uint64_t rows, int write_stats, int tint,
-                                      char* out, size_t capacity) {
+                                      const char* layouts, size_t layouts_size, char* out, size_t capacity) {
   try {
     if (width == 0 || dtype > webgpu::kBfloat16 || affine_dtype > webgpu::kBfloat16) {
       return -1;
     }
-    const std::string source = webgpu::kernel_source(webgpu::choose_config(
-        width, has_weight != 0, has_bias != 0, subgroup_size, dtype, affine_dtype, pack2x16float != 0,
-        rows, write_stats != 0), tint != 0 ? webgpu::ShaderCompiler::kTint : webgpu::ShaderCompiler::kNaga);
+    webgpu::KernelConfig config = webgpu::choose_config(width, has_weight != 0, has_bias != 0, subgroup_size, dtype,
+                                                        affine_dtype, pack2x16float != 0, rows, write_stats != 0);
+    if (layouts != nullptr) {
+      webgpu::LayoutTable table;
+      std::string why;
+      if (!webgpu::parse_layouts(std::string(layouts, layouts_size), "<layouts>", &table, &why)) {
+        return -1;
+      }
+      config = table.config(config, rows);
+    }
+    const std::string source =
+        webgpu::kernel_source(config, tint != 0 ? webgpu::ShaderCompiler::kTint : webgpu::ShaderCompiler::kNaga);
     if (source.size() < capacity) {
       copy_out(source, out, capacity);
     }
     return static_cast<long long>(source.size());
   } catch (...) {
     return -1;
+  }
+}
+
+// 1 when `text` (`size` bytes) is a layouts file the backend reads, else 0 with the reason
+// (naming `source` and the line) in `reason`.
+PIPELINE_EXPORT int pipeline_webgpu_check_layouts(const char* text, size_t size, const char* source, char* reason,
+                                                  size_t capacity) {
+  try {
+    webgpu::LayoutTable table;
+    std::string why;
+    const bool ok = webgpu::parse_layouts(std::string(text, size), source, &table, &why);
+    copy_out(why, reason, capacity);
+    return ok ? 1 : 0;
+  } catch (...) {
+    copy_out("unexpected exception", reason, capacity);
+    return 0;
   }
 }
 

@@ -158,12 +158,13 @@ bool LayerNormLaunch::prepare(const LayerNormBlob& blob, std::string* reason) {
 }
 
 KernelConfig LayerNormLaunch::config_for(uint64_t width, uint64_t rows, bool write_stats) const {
-  return choose_config(width, has_weight_, has_bias_, device_->subgroup_size(), dtype_, affine_dtype_,
-                       device_->pack2x16float(), rows, write_stats);
+  const KernelConfig rule = choose_config(width, has_weight_, has_bias_, device_->subgroup_size(), dtype_,
+                                          affine_dtype_, device_->pack2x16float(), rows, write_stats);
+  return device_->layouts() == nullptr ? rule : device_->layouts()->config(rule, rows);
 }
 
 WGPUComputePipeline LayerNormLaunch::pipeline_for(const KernelConfig& config, std::string* reason) {
-  const auto key = std::make_tuple(config.width, config.threads_per_row, config.write_stats);
+  const auto key = std::make_tuple(config.width, config.threads_per_row, config.workgroup, config.write_stats);
   auto known = pipelines_.find(key);
   if (known != pipelines_.end()) {
     return known->second;

@@ -4,8 +4,11 @@
 #include <cctype>
 #include <chrono>
 #include <cstdlib>
+#include <cerrno>
 #include <cstring>
+#include <fstream>
 #include <new>
+#include <sstream>
 #include <thread>
 #include <vector>
 
@@ -179,6 +182,9 @@ bool WebGPUDevice::open(std::string* reason) {
     return false;
   }
   adapter_name_ = name_of(adapter_);
+  if (!read_layouts(reason)) {
+    return false;
+  }
   WGPUAdapterInfo info = WGPU_ADAPTER_INFO_INIT;
   if (wgpuAdapterGetInfo(adapter_, &info) == WGPUStatus_Success) {
     cpu_adapter_ = info.adapterType == WGPUAdapterType_CPU;
@@ -195,6 +201,36 @@ bool WebGPUDevice::open(std::string* reason) {
   const char* f16_pack = std::getenv(kF16PackEnv);
   if (!(f16_pack != nullptr && std::strcmp(f16_pack, "0") == 0)) {
     probe_f16_pack();
+  }
+  return true;
+}
+
+bool WebGPUDevice::read_layouts(std::string* reason) {
+  const char* path = std::getenv(kLayoutsEnv);
+  if (path == nullptr || *path == '\0') {
+    return true;
+  }
+  std::ifstream file(path, std::ios::binary);
+  std::ostringstream text;
+  if (file) {
+    text << file.rdbuf();
+  }
+  if (!file || file.bad()) {
+    *reason = std::string(path) + ": cannot read the layouts file: " + std::strerror(errno);
+    return false;
+  }
+  if (!parse_layouts(text.str(), path, &layouts_, reason)) {
+    layouts_ = LayoutTable{};
+    return false;
+  }
+  // The backend runs wgpu-native, as the Python runtime's wgpu implementation does: one
+  // compiler (naga), so one table serves both.
+  if (layouts_.adapter != adapter_name_ || layouts_.implementation != "wgpu") {
+    *reason = std::string(path) + ": tuned on '" + layouts_.adapter + "' through " + layouts_.implementation +
+              "; this device is '" + adapter_name_ +
+              "' through wgpu. Tune this device (scripts/tune_layouts.py) or unset " + kLayoutsEnv;
+    layouts_ = LayoutTable{};
+    return false;
   }
   return true;
 }

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from pipeline.pte.blob import BACKEND_ID
 
-__all__ = ["NativeProgram", "check_blob", "load", "register", "wgsl_source"]
+__all__ = ["NativeProgram", "check_blob", "check_layouts", "load", "register", "wgsl_source"]
 
 _REASON_BYTES = 512
 
@@ -74,8 +74,13 @@ def library() -> ctypes.CDLL:
             lib.pipeline_webgpu_wgsl_source.argtypes = [
                 ctypes.c_uint64, ctypes.c_int, ctypes.c_int, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_uint32,
                 ctypes.c_int, ctypes.c_uint64, ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t,
+                ctypes.c_char_p, ctypes.c_size_t,
             ]
             lib.pipeline_webgpu_wgsl_source.restype = ctypes.c_longlong
+            lib.pipeline_webgpu_check_layouts.argtypes = [
+                ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t,
+            ]
+            lib.pipeline_webgpu_check_layouts.restype = ctypes.c_int
             lib.pipeline_webgpu_check_blob.argtypes = [
                 ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t,
             ]
@@ -116,21 +121,31 @@ def pack2x16float() -> int:
 
 def wgsl_source(width: int, has_weight: bool, has_bias: bool, subgroup_size: int, dtype: str = "float32",
                 affine_dtype: str | None = None, pack2x16float: bool = False, rows: int = 0,
-                write_stats: bool = True, compiler: str = "naga") -> str:
+                write_stats: bool = True, compiler: str = "naga", layouts: str | None = None) -> str:
     """The WGSL module the backend compiles for this configuration (no device needed), as
     `compiler` ("naga" or "tint") takes it; `affine_dtype` (of weight and bias) defaults to
-    `dtype`; `rows` is the launch's (0: the rule by width alone)."""
+    `dtype`; `rows` is the launch's (0: the rule by width alone); `layouts`, a layouts
+    file's text whose layout the launch takes where it has one."""
     from pipeline.pte.blob import DTYPE_CODES
 
     lib = library()
+    table = None if layouts is None else layouts.encode()
     args = (width, int(has_weight), int(has_bias), subgroup_size, DTYPE_CODES[dtype], DTYPE_CODES[affine_dtype or dtype],
-            int(pack2x16float), rows, int(write_stats), int(compiler == "tint"))
+            int(pack2x16float), rows, int(write_stats), int(compiler == "tint"), table, len(table or b""))
     size = lib.pipeline_webgpu_wgsl_source(*args, None, 0)
     if size < 0:
         raise ValueError(f"no WGSL for width={width!r}")
     out = ctypes.create_string_buffer(size + 1)
     lib.pipeline_webgpu_wgsl_source(*args, out, size + 1)
     return out.raw[:size].decode()
+
+
+def check_layouts(text: str, source: str = "<layouts>") -> str | None:
+    """None when the backend reads `text` as a layouts file, else its reason for refusing it."""
+    reason = ctypes.create_string_buffer(_REASON_BYTES)
+    data = text.encode()
+    ok = library().pipeline_webgpu_check_layouts(data, len(data), source.encode(), reason, _REASON_BYTES)
+    return None if ok else reason.value.decode(errors="replace")
 
 
 def check_blob(blob: bytes) -> str | None:

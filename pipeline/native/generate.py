@@ -22,7 +22,7 @@ import numpy as np
 
 from pipeline import environment, wgsl
 from pipeline.pte import blob
-from pipeline.wgsl import config
+from pipeline.wgsl import config, layouts
 
 # The kernel files the backend embeds (pipeline/wgsl/ also holds benchmark-only shaders).
 WGSL_FILES = (
@@ -100,6 +100,9 @@ def kernel_header() -> str:
                   for k in range(config.MOST_VALUES[marker])]
     return (_preamble("pipeline/wgsl/config.py") + _NAMESPACE[0]
             + "// The configuration rule's numbers (choose_config's).\n" + numbers
+            + "\n// A layouts file's first line and a layout line's fields (pipeline/wgsl/layouts.py).\n"
+            + f'constexpr const char* kLayoutsMagic = "{layouts.MAGIC}";\n'
+            + f"constexpr size_t kLayoutFields = {layouts.LAYOUT_FIELDS};\n"
             + "\n// The shader compilers a module is written for.\n"
             + f"enum class ShaderCompiler {{ {', '.join(cpp_name(c) for c in compilers)} }};\n\n"
             + "// What a module that uses subgroup operations starts with, for `compiler`.\n" + directive

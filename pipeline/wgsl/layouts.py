@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import dataclass, field
 
 from pipeline.wgsl import DTYPES
@@ -37,6 +38,13 @@ from pipeline.wgsl.config import MAX_HOLD, MAX_THREADS_PER_ROW, MIN_WORKGROUP, K
 MAGIC = "pipeline-layouts 1"
 # Fields of a `layout` line after the word: the launch's 7, then threads, workgroup, gain.
 LAYOUT_FIELDS = 10
+U32_MAX = 2**32 - 1
+# What the C++ reader takes too: lines split at "\n", ASCII blanks, unsigned integers, and a
+# gain of digits with at most one point.
+_BLANKS = " \t\r\v\f"
+_FIELD = re.compile(r"[^ \t\r\v\f]+")
+_INT = re.compile(r"[0-9]{1,18}")
+_NUMBER = re.compile(r"[0-9]{1,18}(\.[0-9]{1,18})?")
 
 
 class LayoutsError(ValueError):
@@ -127,9 +135,9 @@ def parse(text: str, source: str = "<layouts>") -> Layouts:
     header: dict[str, str] = {}
     entries: dict[Launch, Layout] = {}
     first = True
-    for number, line in enumerate(text.splitlines(), 1):
+    for number, line in enumerate(text.split("\n"), 1):
         where = f"{source}:{number}"
-        line = line.strip()
+        line = line.strip(_BLANKS)
         if not line or line.startswith("#"):
             continue
         if first:
@@ -141,9 +149,9 @@ def parse(text: str, source: str = "<layouts>") -> Layouts:
         if word in ("adapter", "implementation"):
             if word in header:
                 raise LayoutsError(f"{where}: a second {word} line")
-            header[word] = rest.strip()
+            header[word] = rest.strip(_BLANKS)
         elif word == "layout":
-            launch, layout = _layout_line(rest.split(), where)
+            launch, layout = _layout_line(_FIELD.findall(rest), where)
             if launch in entries:
                 raise LayoutsError(f"{where}: a second layout for the same launch")
             entries[launch] = layout
@@ -167,19 +175,18 @@ def _layout_line(values: list[str], where: str) -> tuple[Launch, Layout]:
     if affine_dtype not in (dtype, "float32"):
         raise LayoutsError(f"{where}: weight and bias of {affine_dtype} with rows of {dtype}: the kernel "
                            "takes them in the rows' dtype or float32")
-    try:
-        flags = [int(v) for v in values[2:5]]
-        width, rows, threads, workgroup = (int(v) for v in values[5:9])
-        gain = float(values[9])
-    except ValueError:
-        raise LayoutsError(f"{where}: flags, width, rows, threads and workgroup are integers and gain a "
-                           "number") from None
+    if not all(_INT.fullmatch(v) for v in values[2:9]) or not _NUMBER.fullmatch(values[9]):
+        raise LayoutsError(f"{where}: flags, width, rows, threads and workgroup are unsigned integers and gain a "
+                           "decimal number")
+    flags = [int(v) for v in values[2:5]]
+    width, rows, threads, workgroup = (int(v) for v in values[5:9])
+    gain = float(values[9])
     if any(f not in (0, 1) for f in flags):
         raise LayoutsError(f"{where}: weight, bias and stats are 0 or 1")
-    if width < 1 or rows < 1:
-        raise LayoutsError(f"{where}: width and rows are at least 1")
-    if not math.isfinite(gain) or gain <= 0:
-        raise LayoutsError(f"{where}: gain {values[9]} is not a positive number")
+    if not (1 <= width <= U32_MAX and 1 <= rows <= U32_MAX):
+        raise LayoutsError(f"{where}: width and rows are from 1 to {U32_MAX} (the kernel counts in u32)")
+    if gain <= 0:
+        raise LayoutsError(f"{where}: gain {values[9]} is not positive")
     launch = Launch(dtype, affine_dtype, *(bool(f) for f in flags), width, rows)
     why = unusable(launch.rule(), threads, workgroup)
     if why:

@@ -1,0 +1,258 @@
+"""Layouts tuned on a device (pipeline.wgsl.layouts, pipeline.tune, scripts/tune_layouts.py):
+the file both runtimes read, the same lines accepted and refused by Python and C++, the same
+module for a launch, a table from another device refused loudly, and a tuned launch giving
+the same bits from the Python launch and the C++ call (in a child process: both devices read
+PIPELINE_LAYOUTS once)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from pipeline.wgsl import ShaderFiles
+from pipeline.wgsl.config import choose_config
+from pipeline.wgsl.layouts import MAGIC, Launch, Layout, Layouts, LayoutsError, parse, read
+from support.scripts import ROOT, run_script, script_env
+
+HEADER = f"{MAGIC}\nadapter Some GPU (driver 1.2)\nimplementation wgpu\n"
+# (rows, width, dtype) launches the rule holds, each with a layout other than its own.
+# Two keep the rule's threads in a larger workgroup, which must not move a bit.
+TUNED = [(4096, 1024, "float16", 32, 128), (18432, 256, "float16", 16, 128), (4096, 768, "float32", 32, 256),
+         (300, 1000, "bfloat16", 64, 64), (77, 30, "float32", 8, 128), (50, 4096, "float32", 128, 256)]
+
+
+def table_text(adapter="Some GPU (driver 1.2)", implementation="wgpu", stats=0):
+    lines = [MAGIC, f"adapter {adapter}", f"implementation {implementation}"]
+    lines += [f"layout {dtype} {dtype} 1 1 {stats} {width} {rows} {threads} {workgroup} 1.050"
+              for rows, width, dtype, threads, workgroup in TUNED]
+    return "\n".join(lines) + "\n"
+
+
+def test_a_table_reads_back_as_written():
+    table = parse(table_text(), "t.txt")
+    assert (table.adapter, table.implementation) == ("Some GPU (driver 1.2)", "wgpu")
+    assert len(table.entries) == len(TUNED)
+    assert parse(table.text()).entries == table.entries
+    launch = Launch("float16", "float16", True, True, False, 1024, 4096)
+    assert table.entries[launch] == Layout(32, 128, 1.05)
+
+
+def test_a_launch_takes_its_layout_and_no_other():
+    table = parse(table_text())
+    rule = choose_config(1024, True, True, 32, "float16", rows=4096, write_stats=False)
+    tuned = table.config(rule, 4096)
+    assert (tuned.threads_per_row, tuned.workgroup, tuned.hold) == (32, 128, 2 * rule.hold)
+    assert tuned.source(ShaderFiles("naga")) != rule.source(ShaderFiles("naga"))
+    # Other rows, stats stored, another affine form, another dtype: the rule's.
+    assert table.config(choose_config(1024, True, True, 32, "float16", rows=4097, write_stats=False), 4097).threads_per_row == rule.threads_per_row
+    for other in (choose_config(1024, True, True, 32, "float16", rows=4096, write_stats=True),
+                  choose_config(1024, True, False, 32, "float16", rows=4096, write_stats=False),
+                  choose_config(1024, True, True, 32, "float16", "float32", rows=4096, write_stats=False),
+                  choose_config(1024, True, True, 32, "bfloat16", rows=4096, write_stats=False)):
+        assert table.config(other, 4096) == other
+
+
+# Files each reader refuses, with the line it names (0: the file as a whole).
+BAD = [
+    ("", 0, "empty"),
+    ("adapter X\n", 1, "not a layouts file"),
+    (f"{MAGIC}\nadapter X\n", 0, "no implementation line"),
+    (f"{MAGIC}\nimplementation wgpu\n", 0, "no adapter line"),
+    (f"{MAGIC}\nadapter\nimplementation wgpu\n", 0, "no adapter line"),
+    (HEADER + "adapter Y\n", 4, "a second adapter line"),
+    (HEADER + "layouts float16 float16 1 1 0 1024 4096 64 128 1.0\n", 4, "unknown line"),
+    (HEADER + "layout float16 float16 1 1 0 1024 4096 64 128\n", 4, "10 fields"),
+    (HEADER + "layout float64 float64 1 1 0 1024 4096 64 128 1.0\n", 4, "is not one of"),
+    (HEADER + "layout float16 bfloat16 1 1 0 1024 4096 64 128 1.0\n", 4, "the rows' dtype or float32"),
+    (HEADER + "layout float16 float16 1 1 0 1024 -4096 64 128 1.0\n", 4, "unsigned integers"),
+    (HEADER + "layout float16 float16 1 1 0 1_024 4096 64 128 1.0\n", 4, "unsigned integers"),
+    (HEADER + "layout float16 float16 1 1 0 1024 4096 64 128 inf\n", 4, "unsigned integers"),
+    (HEADER + "layout float16 float16 1 1 0 1024 4096 64 128 1e3\n", 4, "unsigned integers"),
+    (HEADER + "layout float16 float16 2 1 0 1024 4096 64 128 1.0\n", 4, "0 or 1"),
+    (HEADER + "layout float16 float16 1 1 0 0 4096 64 128 1.0\n", 4, "from 1 to"),
+    (HEADER + "layout float16 float16 1 1 0 1024 4294967296 64 128 1.0\n", 4, "from 1 to"),
+    (HEADER + "layout float16 float16 1 1 0 1024 4096 64 128 0.0\n", 4, "not positive"),
+    (HEADER + "layout float16 float16 1 1 0 1024 4096 48 128 1.0\n", 4, "not a power of two"),
+    (HEADER + "layout float16 float16 1 1 0 1024 4096 512 512 1.0\n", 4, "not a power of two"),
+    (HEADER + "layout float16 float16 1 1 0 1024 4096 16 128 1.0\n", 4, "more than 8 loads"),
+    (HEADER + "layout float16 float16 1 1 0 1024 4096 128 64 1.0\n", 4, "workgroup 64"),
+    (HEADER + "layout float16 float16 1 1 0 1024 4096 64 96 1.0\n", 4, "workgroup 96"),
+    (HEADER + "layout float16 float16 1 1 0 1024 4096 64 512 1.0\n", 4, "workgroup 512"),
+    (HEADER + "layout float32 float32 1 1 0 9000 64 256 256 1.0\n", 4, "streamed"),
+    (HEADER + "layout float16 float16 1 1 0 1024 4096 64 128 1.0\n\n"
+     "layout float16 float16 1 1 0 1024 4096 32 128 1.0\n", 6, "a second layout"),
+]
+
+
+@pytest.mark.parametrize("text, line, why", BAD)
+def test_a_bad_file_is_refused_naming_its_line(text, line, why):
+    with pytest.raises(LayoutsError, match=f"^bad.txt{f':{line}:' if line else ':'} .*{why}"):
+        parse(text, "bad.txt")
+
+
+def test_blanks_comments_and_crlf_are_read_alike():
+    text = "# tuned by hand\r\n\r\n" + table_text().replace("\n", "\r\n").replace(" 1 1 ", " 1\t1  \v", 1)
+    assert parse(text).entries == parse(table_text()).entries
+
+
+def test_an_unreadable_file_names_itself(tmp_path):
+    with pytest.raises(LayoutsError, match="cannot read the layouts file"):
+        read(tmp_path / "missing.txt")
+    (tmp_path / "binary.txt").write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(LayoutsError, match="binary.txt: cannot read"):
+        read(tmp_path / "binary.txt")
+
+
+def test_a_table_from_another_device_is_refused():
+    table = parse(table_text(), "t.txt")
+    table.check_device("Some GPU (driver 1.2)", "wgpu")
+    for adapter, implementation in (("Other GPU", "wgpu"), ("Some GPU (driver 1.2)", "dawn")):
+        with pytest.raises(LayoutsError, match="t.txt: tuned on 'Some GPU .* unset PIPELINE_LAYOUTS"):
+            table.check_device(adapter, implementation)
+
+
+# The C++ backend (built on demand; tests/test_native.py's fixture).
+@pytest.fixture(scope="module")
+def native():
+    from pipeline import native
+
+    native.library()
+    return native
+
+
+@pytest.mark.parametrize("text, line, why", BAD)
+def test_cpp_refuses_the_same_files_at_the_same_line(native, text, line, why):
+    reason = native.check_layouts(text, "bad.txt")
+    assert reason is not None and reason.startswith(f"bad.txt{f':{line}:' if line else ':'} ") and why in reason
+
+
+def test_cpp_reads_what_python_writes(native):
+    assert native.check_layouts(table_text()) is None
+    assert native.check_layouts("# tuned by hand\r\n\r\n" + table_text().replace("\n", "\r\n")) is None
+
+
+@pytest.mark.parametrize("rows, width, dtype, threads, workgroup", TUNED)
+def test_cpp_module_in_a_tuned_layout_is_pythons(native, rows, width, dtype, threads, workgroup):
+    table = parse(table_text())
+    for launch_rows in (rows, rows + 1):
+        for subgroup_size, compiler in ((0, "naga"), (32, "tint")):
+            rule = choose_config(width, True, True, subgroup_size, dtype, rows=launch_rows, write_stats=False)
+            want = table.config(rule, launch_rows).source(ShaderFiles(compiler))
+            got = native.wgsl_source(width, True, True, subgroup_size, dtype, rows=launch_rows, write_stats=False,
+                                     compiler=compiler, layouts=table_text())
+            assert got == want, (launch_rows, subgroup_size, compiler)
+
+
+def test_tune_writes_a_table_both_runtimes_read(tmp_path, gpu_info, native):
+    out = tmp_path / "tuned" / "layouts.txt"
+    result = run_script("tune_layouts", "--shapes", "64x1024,9x7000", "--dtype", "float16", "--out", str(out),
+                        "--rounds", "1", "--repeats", "3", "--min-gain", "1")
+    assert result.returncode == 0, result.stderr
+    assert "9x7000: rows streamed" in result.stdout and f"wrote {out}" in result.stdout
+    table = read(out)
+    assert (table.adapter, table.implementation) == (gpu_info["adapter"], gpu_info["implementation"])
+    # The only held launch, 64x1024, takes another layout at --min-gain 1 (best of the others).
+    [(launch, layout)] = table.entries.items()
+    assert (launch.rows, launch.width, launch.dtype, launch.write_stats) == (64, 1024, "float16", False)
+    assert native.check_layouts(out.read_text()) is None
+    # --append keeps the entries of other launches.
+    result = run_script("tune_layouts", "--shapes", "32x768", "--dtype", "float32", "--out", str(out),
+                        "--rounds", "1", "--repeats", "3", "--min-gain", "1", "--append")
+    assert result.returncode == 0, result.stderr
+    assert {(e.rows, e.width) for e in read(out).entries} == {(64, 1024), (32, 768)}
+
+
+def test_tune_refuses_bad_arguments_before_timing(tmp_path):
+    (tmp_path / "other.txt").write_text(table_text())
+    for args, why in ((["--min-gain", "0.5"], "at least 1"), (["--shapes", "0x5"], "positive"),
+                      (["--out", str(tmp_path)], "is a directory"),
+                      (["--out", str(tmp_path / "bad.txt"), "--append"], None)):
+        if why is None:
+            (tmp_path / "bad.txt").write_text("nonsense\n")
+            why = "not a layouts file"
+        full = ["--out", str(tmp_path / "t.txt"), *args] if "--out" not in args else args
+        result = run_script("tune_layouts", *full)
+        assert result.returncode == 2 and why in result.stderr, result.stderr
+    result = run_script("tune_layouts", "--shapes", "8x64", "--out", str(tmp_path / "other.txt"), "--append",
+                        "--rounds", "1", "--repeats", "2")
+    assert result.returncode == 1 and "tuned on 'Some GPU" in result.stderr
+    assert (tmp_path / "other.txt").read_text() == table_text()  # nothing lost
+
+
+def _child(table: str) -> subprocess.CompletedProcess:
+    env = {**script_env(), "PIPELINE_LAYOUTS": table}
+    return subprocess.run([sys.executable, __file__], capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_both_runtimes_launch_in_the_tuned_layout(tmp_path, gpu_info, native):
+    path = tmp_path / "here.txt"
+    path.write_text(table_text(adapter=gpu_info["adapter"], implementation=gpu_info["implementation"]))
+    result = _child(str(path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(result.stdout.splitlines()[-1])
+    assert report["layouts"] == {"file": str(path), "entries": len(TUNED)}
+    assert report["launched"] == len(TUNED)
+
+
+def test_both_runtimes_refuse_a_table_from_another_device(tmp_path, gpu_info, native):
+    path = tmp_path / "there.txt"
+    path.write_text(table_text())
+    result = _child(str(path))
+    assert result.returncode == 3, result.stdout + result.stderr
+    report = json.loads(result.stdout.splitlines()[-1])
+    assert "tuned on 'Some GPU (driver 1.2)'" in report["python"] and "tuned on 'Some GPU (driver 1.2)'" in report["cpp"]
+    assert report["cpp"].startswith(f"{path}: ")
+
+
+def child() -> int:
+    """In a process whose PIPELINE_LAYOUTS names a table: each TUNED launch through the C++
+    call and the Python launch, same bits, and not the rule's bits (the layout changed the
+    sums' order). Prints a JSON line; exit 3 when the device refused the table."""
+    from pipeline.pte import blob
+    from pipeline.runtime import delegate as delegate_module
+    from pipeline.runtime import device as runtime_device
+    from pipeline.runtime import native_call
+    from support.delegates import DTYPES, bits, make_delegate
+
+    try:
+        info = runtime_device.device_info()
+    except LayoutsError as exc:
+        ok, reason = __import__("pipeline.native", fromlist=["device"]).device()
+        print(json.dumps({"python": str(exc), "cpp": "" if ok else reason}))
+        return 3
+    g = runtime_device.gpu()
+    launched = 0
+    for rows, width, dtype, threads, workgroup in TUNED:
+        data, _ = make_delegate(width, dtype)
+        native = delegate_module.LayerNormDelegate(data)
+        assert native._native is not None, "the native call library did not open the delegate"
+        os.environ[native_call.NATIVE_CALL_ENV] = "0"
+        python = delegate_module.LayerNormDelegate(data)
+        del os.environ[native_call.NATIVE_CALL_ENV]
+        x = (torch.randn(rows, width, generator=torch.Generator().manual_seed(width)) * 3 + 1).to(DTYPES[dtype])
+        [got], [want] = native(x), python(x)
+        assert torch.equal(bits(got), bits(want)), f"{rows}x{width} {dtype}: the C++ call differs from Python's"
+        table, g.layouts = g.layouts, None
+        [rule] = python(x)
+        g.layouts = table
+        relaid = choose_config(width, True, True, dtype=dtype, rows=rows, write_stats=False).threads_per_row != threads
+        assert torch.equal(bits(rule), bits(want)) != relaid, f"{rows}x{width} {dtype}: threads {threads}"
+        constants = blob.decode(data).constants
+        w, b = (torch.from_numpy(constants[r].astype("float64") if dtype != "bfloat16" else
+                                 (constants[r].astype("int32") << 16).view("float32").astype("float64"))
+                for r in ("weight", "bias"))
+        reference = torch.nn.functional.layer_norm(x.double(), (width,), w, b)
+        eager = torch.nn.functional.layer_norm(x, (width,), w.to(x.dtype), b.to(x.dtype))
+        ours, theirs = ((t.double() - reference).abs().max().item() for t in (want, eager))
+        assert ours <= 2 * theirs, f"{rows}x{width} {dtype}: {ours} against eager's {theirs} from float64"
+        launched += 1
+    print(json.dumps({"layouts": info["layouts"], "launched": launched}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(__file__))
+    sys.exit(child())
