@@ -602,9 +602,8 @@ def run_benchmark(shapes: list[tuple[int, int]], repeats: int = 100, sweep: bool
     results = []
     for rows, width in shapes:
         g = gpu()
-        configs = None
-        if sweep:
-            configs = candidate_configs(device_config(g, width, True, True, dtype, rows=rows, write_stats=stats))
+        config = device_config(g, width, True, True, dtype, rows=rows, write_stats=stats)
+        configs = candidate_configs(config) if sweep else [config]
         times, clock = time_kernel(rows, width, configs, repeats=repeats, dtype=dtype, outputs=outputs, stats=stats)
         wgpu_us, isolated_us = times[0]
         torch_us, torch_clock = time_torch(rows, width, repeats=repeats, dtype=dtype, outputs=outputs)
@@ -618,6 +617,8 @@ def run_benchmark(shapes: list[tuple[int, int]], repeats: int = 100, sweep: bool
             "wgpu_us": round(wgpu_us, 2),
             "wgpu_gbps": round(effective_gbps(rows, width, wgpu_us, itemsize), 1),
             "wgpu_isolated_us": round(isolated_us, 2),
+            # The kernel's layout: threads per row and workgroup (a tuned one where PIPELINE_LAYOUTS has it).
+            "layout": [config.threads_per_row, config.workgroup],
             "torch_us": round(torch_us, 2),
             "torch_gbps": round(effective_gbps(rows, width, torch_us, itemsize), 1),
             "compiled_us": None if compiled_us is None else round(compiled_us, 2),
@@ -666,6 +667,7 @@ def run_benchmark(shapes: list[tuple[int, int]], repeats: int = 100, sweep: bool
         "torch_clock": torch_clock,
         "torch_device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         "subgroup_size": gpu().subgroup_size,
+        "layouts": info["layouts"],
         **({"accuracy_rows": {name: f"{mean:g} + {scale:g} * randn" for name, (mean, scale) in ACCURACY_ROWS.items()}}
            if accuracy else {}),
         **{c.name: c.describe() for c in columns},

@@ -187,7 +187,7 @@ def _child(table: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, __file__], capture_output=True, text=True, env=env, timeout=300)
 
 
-def test_both_runtimes_launch_in_the_tuned_layout(tmp_path, gpu_info, native):
+def test_both_runtimes_launch_in_the_tuned_layout(tmp_path, gpu_info):
     path = tmp_path / "here.txt"
     path.write_text(table_text(adapter=gpu_info["adapter"], implementation=gpu_info["implementation"]))
     result = _child(str(path))
@@ -197,7 +197,7 @@ def test_both_runtimes_launch_in_the_tuned_layout(tmp_path, gpu_info, native):
     assert report["launched"] == len(TUNED)
 
 
-def test_both_runtimes_refuse_a_table_from_another_device(tmp_path, gpu_info, native):
+def test_both_runtimes_refuse_a_table_from_another_device(tmp_path, gpu_info):
     path = tmp_path / "there.txt"
     path.write_text(table_text())
     result = _child(str(path))
@@ -220,8 +220,12 @@ def child() -> int:
     try:
         info = runtime_device.device_info()
     except LayoutsError as exc:
-        ok, reason = __import__("pipeline.native", fromlist=["device"]).device()
-        print(json.dumps({"python": str(exc), "cpp": "" if ok else reason}))
+        try:
+            native_call.device_name()
+            cpp = ""
+        except RuntimeError as refused:
+            cpp = str(refused).removeprefix("the native call library has no device: ")
+        print(json.dumps({"python": str(exc), "cpp": cpp}))
         return 3
     g = runtime_device.gpu()
     launched = 0
