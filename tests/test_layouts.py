@@ -15,7 +15,7 @@ import torch
 from pipeline.wgsl import ShaderFiles
 from pipeline.wgsl.config import choose_config
 from pipeline.wgsl.layouts import MAGIC, Launch, Layout, Layouts, LayoutsError, parse, read
-from support.scripts import ROOT, run_script, script_env
+from support.scripts import ROOT, run_script
 
 HEADER = f"{MAGIC}\nadapter Some GPU (driver 1.2)\nimplementation wgpu\n"
 # (rows, width, dtype) launches the rule holds, each with a layout other than its own.
@@ -183,7 +183,9 @@ def test_tune_refuses_bad_arguments_before_timing(tmp_path):
 
 
 def _child(table: str) -> subprocess.CompletedProcess:
-    env = {**script_env(), "PIPELINE_LAYOUTS": table}
+    # This checkout first, and whatever else the parent's path holds (a GPU host's wheels).
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "PYTHONPATH": path, "PIPELINE_LAYOUTS": table}
     return subprocess.run([sys.executable, __file__], capture_output=True, text=True, env=env, timeout=300)
 
 
