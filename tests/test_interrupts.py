@@ -21,6 +21,7 @@ SCRIPTS = {
     # its end (up to a minute) before the process can exit.
     "bench_layer_norm": ["--shapes", ",".join(["512x512"] * 40), "--repeats", "200"],
     "plot_bench": ["results.json", "plot.png"],
+    "tune_layouts": ["--out", "layouts.txt", "--shapes", "512x512"],
 }
 
 
