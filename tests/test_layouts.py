@@ -196,7 +196,7 @@ def test_both_runtimes_launch_in_the_tuned_layout(tmp_path, gpu_info):
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads(result.stdout.splitlines()[-1])
     assert report["layouts"] == {"file": str(path), "entries": len(TUNED)}
-    assert report["launched"] == len(TUNED)
+    assert report["launched"] == len(TUNED) + 1  # and a program in ExecuTorch's runtime
 
 
 def test_both_runtimes_refuse_a_table_from_another_device(tmp_path, gpu_info):
@@ -255,7 +255,29 @@ def child() -> int:
         ours, theirs = ((t.double() - reference).abs().max().item() for t in (want, eager))
         assert ours <= 2 * theirs, f"{rows}x{width} {dtype}: {ours} against eager's {theirs} from float64"
         launched += 1
-    print(json.dumps({"layouts": info["layouts"], "launched": launched}))
+    # ExecuTorch's runtime with our backend: the same bits as the Python launch in the table's layout.
+    import tempfile
+
+    import pipeline
+    from pipeline import native
+
+    native.register()
+    rows, width, dtype, threads, workgroup = TUNED[2]
+    module = torch.nn.LayerNorm(width).eval()
+    x = torch.randn(rows, width, generator=torch.Generator().manual_seed(5)) * 3
+    program = pipeline.lower(module, (x,))
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "layer_norm.pte")
+        program.save(path)
+        [got] = native.load(path)(x)
+        os.environ[native_call.NATIVE_CALL_ENV] = "0"  # its delegates launch from Python
+        want = pipeline.load(path)(x)
+        table, g.layouts = g.layouts, None
+        rule = pipeline.load(path)(x)
+        g.layouts = table
+    assert torch.equal(bits(got), bits(want)), "ExecuTorch's runtime differs from the Python launch"
+    assert not torch.equal(bits(rule), bits(want)), "the program's rows came out as in the rule's layout"
+    print(json.dumps({"layouts": info["layouts"], "launched": launched + 1}))
     return 0
 
 

@@ -15,7 +15,7 @@ The file is lines of text, blank lines and lines from `#` skipped:
     pipeline-layouts 1
     adapter NVIDIA H200
     implementation wgpu
-    layout float16 float16 1 1 0 1024 4096 64 128 1.041
+    layout float16 float16 1 1 0 1024 4096 32 256 1.042
 
 `layout` lines name a launch (dtype, weight and bias dtype, weight, bias, stats stored,
 width, rows; flags 0 or 1), then its threads per row, its workgroup size, and the gain
@@ -197,7 +197,7 @@ def _layout_line(values: list[str], where: str) -> tuple[Launch, Layout]:
 def read(path: str | os.PathLike) -> Layouts:
     """The table in the file at `path`; LayoutsError when it cannot be read or parsed."""
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8", newline="") as f:  # line ends as the C++ reader sees them
             text = f.read()
     except (OSError, UnicodeDecodeError) as exc:
         raise LayoutsError(f"{path}: cannot read the layouts file: {exc}") from exc
