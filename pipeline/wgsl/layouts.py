@@ -52,7 +52,7 @@ class LayoutsError(ValueError):
     line where there is one."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, order=True)
 class Launch:
     """What picks a layout: the launch's dtypes, affine parts, stats, width and rows."""
 
@@ -106,9 +106,7 @@ class Layouts:
     def text(self) -> str:
         lines = [MAGIC, f"adapter {self.adapter}", f"implementation {self.implementation}",
                  "# layout dtype affine_dtype weight bias stats width rows threads_per_row workgroup gain"]
-        for launch, layout in sorted(self.entries.items(), key=lambda e: (e[0].dtype, e[0].width, e[0].rows,
-                                                                          e[0].affine_dtype, e[0].has_weight,
-                                                                          e[0].has_bias, e[0].write_stats)):
+        for launch, layout in sorted(self.entries.items(), key=lambda entry: entry[0]):
             flags = " ".join(str(int(f)) for f in (launch.has_weight, launch.has_bias, launch.write_stats))
             lines.append(f"layout {launch.dtype} {launch.affine_dtype} {flags} {launch.width} {launch.rows} "
                          f"{layout.threads_per_row} {layout.workgroup} {layout.gain:.3f}")
