@@ -2,15 +2,19 @@
 rows at half and twice its threads per row and in workgroups of 64, 128 and 256, timed in
 interleaved rounds on the GPU's clock; the layouts that beat the rule by at least
 `min_gain` make the table (pipeline.wgsl.layouts) that PIPELINE_LAYOUTS points both
-runtimes at. scripts/tune_layouts.py is the command line.
+runtimes at. scripts/tune_layouts.py is the command line. `program_launches` lists the
+launches a program makes, so that a model's own are tuned.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable, Sequence
 
 from pipeline.benchmark import time_kernel
+from pipeline.interpreter import Program
+from pipeline.pte.blob import NONE
 from pipeline.runtime.device import gpu
 from pipeline.wgsl.config import MIN_WORKGROUP, KernelConfig
 from pipeline.wgsl.layouts import Launch, Layout, Layouts, unusable
@@ -73,3 +77,22 @@ def tune(launches: Sequence[Launch], rounds: int = 3, repeats: int = 100, min_ga
             progress(f"{label}: the rule's {rule.threads_per_row} threads a row in workgroups of "
                      f"{rule.workgroup} kept (the best other layout {gain:.3f}x)")
     return table
+
+
+def program_launches(program: Program, inputs: tuple) -> list[Launch]:
+    """The launches `program` (pipeline.load's) makes when it runs `inputs`: each delegate
+    call's dtypes, affine parts, stats, width and rows, once each, in the order they ran."""
+    params = dict(zip(program.delegate_names, (d.params for d in program.delegates)))
+    found: dict[Launch, None] = {}
+
+    def record(name: str, args: tuple, _outputs: tuple) -> None:
+        p = params[name]
+        x = args[p.input_index]
+        width = math.prod(p.resolve(tuple(x.shape)))
+        rows = x.numel() // width if width else 0
+        if rows:
+            found.setdefault(Launch(p.dtype, p.affine_dtype, p.weight.source != NONE, p.bias.source != NONE,
+                                    any(i != 0 for i in p.outputs), width, rows), None)
+
+    program(*inputs, on_delegate=record)
+    return list(found)

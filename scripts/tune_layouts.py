@@ -2,6 +2,7 @@
 PIPELINE_LAYOUTS points the runtimes at (the Python runtime and ExecuTorch's C++ backend).
 
     python scripts/tune_layouts.py --shapes model --dtype float16 --out layouts/h200-wgpu.txt
+    python scripts/tune_layouts.py --pte out/bart-base.pte --out layouts/h200-wgpu.txt --append
     PIPELINE_LAYOUTS=layouts/h200-wgpu.txt python scripts/run_pte.py ...
 
 Each launch (ROWSxWIDTH at --dtype, weight and bias in that dtype, the output alone stored
@@ -10,6 +11,10 @@ and at half and twice the threads per row in workgroups of 64, 128 and 256; a la
 the table where it beats the rule by --min-gain. Tune through the implementation you will
 run (PIPELINE_WEBGPU: a table names its adapter and implementation, and a runtime refuses
 one tuned elsewhere). --append adds to (and updates) an existing table of this device.
+
+--pte tunes the launches a program makes instead: it runs the file in the Python runtime on
+its model's example inputs (the .coverage.json beside it names the model, which is built for
+them) or on --inputs, and takes each delegate call's dtypes, affine parts, stats, width and rows.
 """
 
 from __future__ import annotations
@@ -34,12 +39,15 @@ from pipeline.wgsl import layouts  # noqa: E402
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shapes", default="model",
-                        help="comma list of 'model' (default: the three models' LayerNorm shapes), 'unaligned' and "
-                        "ROWSxWIDTH")
-    parser.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32",
+    parser.add_argument("--shapes",
+                        help="comma list of 'model' (the default without --pte: the three models' LayerNorm shapes), "
+                        "'unaligned' and ROWSxWIDTH")
+    parser.add_argument("--dtype", choices=("float32", "float16", "bfloat16"),
                         help="of x, weight, bias and out (default float32); give several runs --append for several")
     parser.add_argument("--stats", action="store_true", help="launches that store mean and rstd too")
+    parser.add_argument("--pte", metavar="FILE", help="tune the launches this program makes instead of --shapes")
+    parser.add_argument("--inputs", metavar="FILE.pt",
+                        help="with --pte: run it on these (torch.save of a tensor or tuple) instead of its model's")
     parser.add_argument("--out", required=True, metavar="FILE", help="the table to write (atomically)")
     parser.add_argument("--append", action="store_true",
                         help="keep the entries of an existing --out (tuned on this device) and add these")
@@ -53,16 +61,23 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"argument --repeats: at most {MAX_REPEATS}, got {args.repeats}")
     if not args.min_gain >= 1:
         parser.error(f"argument --min-gain: at least 1, got {args.min_gain}")
+    if args.pte and (args.shapes or args.dtype or args.stats):
+        parser.error("argument --pte: not with --shapes, --dtype or --stats (the program's launches carry their own)")
+    if args.inputs and not args.pte:
+        parser.error("argument --inputs: only with --pte")
     try:
-        shapes = parse_shapes(args.shapes)
+        shapes = [] if args.pte else parse_shapes(args.shapes or "model")
         cli.check_bench_shapes(shapes)
         check_output_file(args.out)
         kept = layouts.read(args.out) if args.append and os.path.exists(args.out) else None
     except ValueError as exc:
         parser.error(str(exc))
     cli.quiet_dependencies(args.verbose)
-    launches = [layouts.Launch(args.dtype, args.dtype, True, True, args.stats, width, rows) for rows, width in shapes]
+    dtype = args.dtype or "float32"
+    launches = [layouts.Launch(dtype, dtype, True, True, args.stats, width, rows) for rows, width in shapes]
     try:
+        if args.pte:
+            launches = _program_launches(args.pte, args.inputs)
         if kept is not None:  # before any timing: a table of another device is not added to
             info = device_info()
             kept.check_device(info["adapter"], info["implementation"])
@@ -78,6 +93,22 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     cli.print_progress(f"wrote {args.out}: {len(table.entries)} layouts for {table.adapter} ({table.implementation})")
     return 0
+
+
+def _program_launches(pte: str, inputs_path: str | None) -> list[layouts.Launch]:
+    """The launches the program at `pte` makes on `inputs_path`'s inputs, or its model's."""
+    from pipeline.evaluation.artifact import build_for_artifact, program_loader, read_artifact_file, read_inputs, read_pte
+    from pipeline.tune import program_launches
+
+    if inputs_path is None:
+        summary, data = read_artifact_file(pte)
+        cli.print_progress(f"building {summary['model']}-{summary['variant']} for its example inputs")
+        inputs = build_for_artifact(summary).example_inputs
+    else:
+        data, inputs = read_pte(pte), read_inputs(inputs_path)
+    found = program_launches(program_loader("python")(data, str(pte)), inputs)
+    cli.print_progress(f"{pte}: {len(found)} distinct launches")
+    return found
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ import torch
 from pipeline.wgsl import ShaderFiles
 from pipeline.wgsl.config import choose_config
 from pipeline.wgsl.layouts import MAGIC, Launch, Layout, Layouts, LayoutsError, parse, read
-from support.scripts import ROOT, run_script
+from support.scripts import ROOT, load_script, run_script
 
 HEADER = f"{MAGIC}\nadapter Some GPU (driver 1.2)\nimplementation wgpu\n"
 # (rows, width, dtype) launches the rule holds, each with a layout other than its own.
@@ -180,6 +180,49 @@ def test_tune_refuses_bad_arguments_before_timing(tmp_path):
                         "--rounds", "1", "--repeats", "2")
     assert result.returncode == 1 and "tuned on 'Some GPU" in result.stderr
     assert (tmp_path / "other.txt").read_text() == table_text()  # nothing lost
+
+
+class TwoNorms(torch.nn.Module):
+    """An affine LayerNorm, then one without weight and bias that also feeds its stats on."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.first = torch.nn.LayerNorm(width)
+        self.width = width
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.first(x)
+        z, mean, _rstd = torch.ops.aten.native_layer_norm(y[:2], [self.width], None, None, 1e-5)
+        return z.sum() + mean.sum() + y
+
+
+def test_a_program_s_launches_are_what_it_runs(tmp_path, gpu_info, capsys):
+    import pipeline
+    from pipeline.tune import program_launches
+
+    x = torch.randn(6, 40, 96)
+    program = pipeline.lower(TwoNorms(96).eval(), (x,))
+    assert program.coverage.delegated == 2
+    launches = program_launches(program, (x,))
+    assert launches == [Launch("float32", "float32", True, True, False, 96, 240),
+                        Launch("float32", "float32", False, False, True, 96, 80)]
+    # The command line takes them from the file, on the inputs given.
+    program.save(tmp_path / "two.pte")
+    torch.save((x,), tmp_path / "inputs.pt")
+    out = tmp_path / "two.txt"
+    result = run_script("tune_layouts", "--pte", str(tmp_path / "two.pte"), "--inputs", str(tmp_path / "inputs.pt"),
+                        "--out", str(out), "--rounds", "1", "--repeats", "3", "--min-gain", "1")
+    assert result.returncode == 0, result.stderr
+    assert "2 distinct launches" in result.stdout
+    assert {(e.rows, e.has_weight, e.write_stats) for e in read(out).entries} == {(240, True, False), (80, False, True)}
+    main = load_script("tune_layouts").main
+    for args, why in ((["--shapes", "8x64"], "not with --shapes"), (["--dtype", "float16"], "not with --shapes"),
+                      (["--stats"], "not with --shapes"), (["--inputs", "x.pt"], "only with --pte")):
+        with pytest.raises(SystemExit) as exit:
+            main(["--out", str(out), *(["--pte", "two.pte"] if args[0] != "--inputs" else []), *args])
+        assert exit.value.code == 2 and why in capsys.readouterr().err
+    assert main(["--pte", str(tmp_path / "two.pte"), "--out", str(out)]) == 1  # no model recorded beside it
+    assert "coverage" in capsys.readouterr().err
 
 
 def _child(table: str) -> subprocess.CompletedProcess:
