@@ -11,13 +11,16 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from pipeline.benchmark import time_kernel
-from pipeline.interpreter import Program
 from pipeline.pte.blob import NONE
 from pipeline.runtime.device import gpu
 from pipeline.wgsl.config import MIN_WORKGROUP, KernelConfig
 from pipeline.wgsl.layouts import Launch, Layout, Layouts, unusable
+
+if TYPE_CHECKING:  # the tuning itself needs no ExecuTorch: scripts quiet its imports first
+    from pipeline.interpreter import Program
 
 # A layout enters the table only where the rule's time over its time is at least this: the
 # H200's round-to-round spread of one launch is about 1% (docs/measurements.md), and a
