@@ -148,23 +148,35 @@ def test_cpp_module_in_a_tuned_layout_is_pythons(native, rows, width, dtype, thr
             assert got == want, (launch_rows, subgroup_size, compiler)
 
 
-def test_tune_writes_a_table_both_runtimes_read(tmp_path, gpu_info, native):
+def test_tune_takes_the_best_other_layout_and_skips_streamed_rows(gpu_info):
+    from pipeline.tune import tune
+
+    held = Launch("float16", "float16", True, True, False, 1024, 64)
+    lines = []
+    # min_gain 0: the best layout other than the rule's enters whatever the timings (deterministic).
+    table = tune([held, Launch("float16", "float16", True, True, False, 7000, 9)], rounds=1, repeats=3,
+                 min_gain=0, progress=lines.append)
+    assert (table.adapter, table.implementation) == (gpu_info["adapter"], gpu_info["implementation"])
+    [(launch, layout)] = table.entries.items()
+    rule = held.rule()
+    assert launch == held and (layout.threads_per_row, layout.workgroup) != (rule.threads_per_row, rule.workgroup)
+    assert layout.gain > 0 and any("9x7000: rows streamed" in line for line in lines)
+
+
+def test_tune_layouts_writes_a_table_both_runtimes_read_and_appends(tmp_path, gpu_info, native):
     out = tmp_path / "tuned" / "layouts.txt"
+    out.parent.mkdir()
+    kept = Launch("float32", "float32", True, True, False, 768, 32)
+    out.write_text(Layouts(gpu_info["adapter"], gpu_info["implementation"], {kept: Layout(32, 128, 1.1)}).text())
     result = run_script("tune_layouts", "--shapes", "64x1024,9x7000", "--dtype", "float16", "--out", str(out),
-                        "--rounds", "1", "--repeats", "3", "--min-gain", "1")
+                        "--append", "--rounds", "1", "--repeats", "3")
     assert result.returncode == 0, result.stderr
     assert "9x7000: rows streamed" in result.stdout and f"wrote {out}" in result.stdout
     table = read(out)
     assert (table.adapter, table.implementation) == (gpu_info["adapter"], gpu_info["implementation"])
-    # The only held launch, 64x1024, takes another layout at --min-gain 1 (best of the others).
-    [(launch, layout)] = table.entries.items()
-    assert (launch.rows, launch.width, launch.dtype, launch.write_stats) == (64, 1024, "float16", False)
+    assert table.entries[kept] == Layout(32, 128, 1.1)  # --append kept the other launch's entry
+    assert {(e.rows, e.width) for e in table.entries} <= {(32, 768), (64, 1024)}
     assert native.check_layouts(out.read_text()) is None
-    # --append keeps the entries of other launches.
-    result = run_script("tune_layouts", "--shapes", "32x768", "--dtype", "float32", "--out", str(out),
-                        "--rounds", "1", "--repeats", "3", "--min-gain", "1", "--append")
-    assert result.returncode == 0, result.stderr
-    assert {(e.rows, e.width) for e in read(out).entries} == {(64, 1024), (32, 768)}
 
 
 def test_tune_refuses_bad_arguments_before_timing(tmp_path):
@@ -213,10 +225,11 @@ def test_a_program_s_launches_are_what_it_runs(tmp_path, gpu_info, capsys):
     torch.save((x,), tmp_path / "inputs.pt")
     out = tmp_path / "two.txt"
     result = run_script("tune_layouts", "--pte", str(tmp_path / "two.pte"), "--inputs", str(tmp_path / "inputs.pt"),
-                        "--out", str(out), "--rounds", "1", "--repeats", "3", "--min-gain", "1")
+                        "--out", str(out), "--rounds", "1", "--repeats", "3")
     assert result.returncode == 0, result.stderr
     assert "2 distinct launches" in result.stdout
-    assert {(e.rows, e.has_weight, e.write_stats) for e in read(out).entries} == {(240, True, False), (80, False, True)}
+    assert "float32 240x96:" in result.stdout and "float32 80x96:" in result.stdout  # each timed
+    assert {(e.rows, e.has_weight, e.write_stats) for e in read(out).entries} <= {(240, True, False), (80, False, True)}
     main = load_script("tune_layouts").main
     for args, why in ((["--shapes", "8x64"], "not with --shapes"), (["--dtype", "float16"], "not with --shapes"),
                       (["--stats"], "not with --shapes"), (["--inputs", "x.pt"], "only with --pte")):
@@ -252,6 +265,17 @@ def test_both_runtimes_refuse_a_table_from_another_device(tmp_path, gpu_info):
     report = json.loads(result.stdout.splitlines()[-1])
     assert "tuned on 'Some GPU (driver 1.2)'" in report["python"] and "tuned on 'Some GPU (driver 1.2)'" in report["cpp"]
     assert report["cpp"].startswith(f"{path}: ")
+
+
+@pytest.mark.parametrize("where", ["folder", "missing"])
+def test_both_runtimes_refuse_a_table_they_cannot_read(tmp_path, gpu_info, where):
+    path = tmp_path if where == "folder" else tmp_path / "missing.txt"
+    result = _child(str(path))
+    assert result.returncode == 3, result.stdout + result.stderr
+    report = json.loads(result.stdout.splitlines()[-1])
+    why = "Is a directory" if where == "folder" else "No such file or directory"
+    for runtime in ("python", "cpp"):
+        assert report[runtime].startswith(f"{path}: cannot read the layouts file: ") and why in report[runtime], report
 
 
 def child() -> int:

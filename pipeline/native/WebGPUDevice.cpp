@@ -3,12 +3,11 @@
 #include <algorithm>
 #include <cctype>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <new>
-#include <sstream>
 #include <thread>
 #include <vector>
 
@@ -210,16 +209,28 @@ bool WebGPUDevice::read_layouts(std::string* reason) {
   if (path == nullptr || *path == '\0') {
     return true;
   }
-  std::ifstream file(path, std::ios::binary);
-  std::ostringstream text;
-  if (file) {
-    text << file.rdbuf();
+  // stdio, not a stream: a folder opens, and only the read says so (EISDIR).
+  std::string text;
+  std::FILE* file = std::fopen(path, "rb");
+  bool failed = file == nullptr;
+  while (!failed) {
+    char chunk[4096];
+    const size_t got = std::fread(chunk, 1, sizeof chunk, file);
+    text.append(chunk, got);
+    failed = std::ferror(file) != 0;
+    if (got < sizeof chunk) {
+      break;
+    }
   }
-  if (!file || file.bad()) {
-    *reason = std::string(path) + ": cannot read the layouts file: " + std::strerror(errno);
+  const int error = errno;
+  if (file != nullptr) {
+    std::fclose(file);
+  }
+  if (failed) {
+    *reason = std::string(path) + ": cannot read the layouts file: " + std::strerror(error);
     return false;
   }
-  if (!parse_layouts(text.str(), path, &layouts_, reason)) {
+  if (!parse_layouts(text, path, &layouts_, reason)) {
     layouts_ = LayoutTable{};
     return false;
   }
