@@ -33,7 +33,7 @@ from pipeline import cli  # noqa: E402
 from pipeline.ioutil import check_output_file, write_text_atomic  # noqa: E402
 from pipeline.benchmark import MAX_REPEATS, parse_shapes  # noqa: E402
 from pipeline.runtime.device import device_info  # noqa: E402
-from pipeline.tune import MIN_GAIN, tune  # noqa: E402
+from pipeline.tune import MIN_GAIN, program_launches, tune  # noqa: E402
 from pipeline.wgsl import layouts  # noqa: E402
 
 
@@ -98,7 +98,6 @@ def main(argv: list[str] | None = None) -> int:
 def _program_launches(pte: str, inputs_path: str | None) -> list[layouts.Launch]:
     """The launches the program at `pte` makes on `inputs_path`'s inputs, or its model's."""
     from pipeline.evaluation.artifact import build_for_artifact, program_loader, read_artifact_file, read_inputs, read_pte
-    from pipeline.tune import program_launches
 
     if inputs_path is None:
         summary, data = read_artifact_file(pte)
