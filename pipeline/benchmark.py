@@ -101,7 +101,7 @@ def candidate_configs(default: KernelConfig) -> list[KernelConfig]:
         if threads < 1 or hold > MAX_HOLD or threads > 1024:
             continue
         for workgroup in sorted({max(64, threads), max(128, threads), max(256, threads)}):
-            add(replace(default, threads_per_row=threads, workgroup=workgroup, hold=hold, unroll=1))
+            add(replace(default.relaid(threads, workgroup), unroll=1))
     for unroll in (1, 2, 4):
         add(replace(default, hold=0, unroll=unroll))
     return configs

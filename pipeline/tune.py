@@ -13,10 +13,10 @@ import statistics
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from pipeline.benchmark import time_kernel
+from pipeline.benchmark import candidate_configs, time_kernel
 from pipeline.pte.blob import NONE
 from pipeline.runtime.device import gpu
-from pipeline.wgsl.config import MIN_WORKGROUP, KernelConfig
+from pipeline.wgsl.config import KernelConfig
 from pipeline.wgsl.layouts import Launch, Layout, Layouts, unusable
 
 if TYPE_CHECKING:  # the tuning itself needs no ExecuTorch: scripts quiet its imports first
@@ -26,20 +26,14 @@ if TYPE_CHECKING:  # the tuning itself needs no ExecuTorch: scripts quiet its im
 # H200's round-to-round spread of one launch is about 1% (docs/measurements.md), and a
 # layout the rule already ties is not worth a line.
 MIN_GAIN = 1.02
-WORKGROUPS = (MIN_WORKGROUP, 128, 256)
 
 
 def candidates(rule: KernelConfig) -> list[KernelConfig]:
-    """`rule` first, then its rows at half, the same and twice its threads per row in each
-    of WORKGROUPS that can hold them (`layouts.unusable` says which)."""
-    found = [rule]
-    for threads in (rule.threads_per_row // 2, rule.threads_per_row, rule.threads_per_row * 2):
-        for workgroup in WORKGROUPS:
-            if unusable(rule, threads, workgroup) is None:
-                config = rule.relaid(threads, workgroup)
-                if config not in found:
-                    found.append(config)
-    return found
+    """`rule` first, then those of `bench_layer_norm --sweep`'s candidates a table can hold:
+    its rows held at half, the same and twice its threads per row, in workgroups of 64 to
+    256 (`layouts.unusable` says which)."""
+    return [rule] + [c for c in candidate_configs(rule)[1:]
+                     if c.hold and unusable(rule, c.threads_per_row, c.workgroup) is None]
 
 
 def tune(launches: Sequence[Launch], rounds: int = 3, repeats: int = 100, min_gain: float = MIN_GAIN,

@@ -74,10 +74,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
     cli.quiet_dependencies(args.verbose)
     dtype = args.dtype or "float32"
-    launches = [layouts.Launch(dtype, dtype, True, True, args.stats, width, rows) for rows, width in shapes]
     try:
-        if args.pte:
-            launches = _program_launches(args.pte, args.inputs)
+        launches = (_program_launches(args.pte, args.inputs) if args.pte else
+                    [layouts.Launch(dtype, dtype, True, True, args.stats, width, rows) for rows, width in shapes])
         if kept is not None:  # before any timing: a table of another device is not added to
             info = device_info()
             kept.check_device(info["adapter"], info["implementation"])

@@ -112,11 +112,9 @@ bool layout_line(const std::vector<std::string>& values, const std::string& wher
   }
   const int dtype = dtype_code(values[0]);
   const int affine_dtype = dtype_code(values[1]);
-  for (const int i : {0, 1}) {
-    if ((i == 0 ? dtype : affine_dtype) < 0) {
-      *reason = where + ": '" + values[i] + "' is not one of float32, float16, bfloat16";
-      return false;
-    }
+  if (dtype < 0 || affine_dtype < 0) {
+    *reason = where + ": '" + values[dtype < 0 ? 0 : 1] + "' is not one of float32, float16, bfloat16";
+    return false;
   }
   if (affine_dtype != dtype && affine_dtype != static_cast<int>(kFloat32)) {
     *reason = where + ": weight and bias of " + values[1] + " with rows of " + values[0] +

@@ -2,10 +2,10 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <cerrno>
 #include <cstring>
 #include <new>
 #include <thread>
@@ -231,8 +231,7 @@ bool WebGPUDevice::read_layouts(std::string* reason) {
     return false;
   }
   if (!parse_layouts(text, path, &layouts_, reason)) {
-    layouts_ = LayoutTable{};
-    return false;
+    return false;  // the device does not open: nothing reads layouts_
   }
   // The backend runs wgpu-native, as the Python runtime's wgpu implementation does: one
   // compiler (naga), so one table serves both.
@@ -240,7 +239,6 @@ bool WebGPUDevice::read_layouts(std::string* reason) {
     *reason = std::string(path) + ": tuned on '" + layouts_.adapter + "' through " + layouts_.implementation +
               "; this device is '" + adapter_name_ +
               "' through wgpu. Tune this device (scripts/tune_layouts.py) or unset " + kLayoutsEnv;
-    layouts_ = LayoutTable{};
     return false;
   }
   return true;
