@@ -473,6 +473,69 @@ class Turns4(Turns):
     TURNS: ClassVar[int] = 4
 
 
+@dataclass(frozen=True)
+class PlainTurns(Variant):
+    """Plain rows in turns: each workgroup takes TURNS blocks of rows, the grid's blocks apart
+    (a grid TURNS times smaller), its threads' weight and bias loaded once before them. With
+    PREFETCH each block's values (and first value) load before the block ahead of it takes its
+    row sums, so that their latency overlaps those sums and stores; without, each block loads
+    in its turn. Each row's arithmetic is the kernel's plain rows', in the same order."""
+
+    TURNS: ClassVar[int] = 2
+    PREFETCH: ClassVar[bool] = True
+    FORCED = {"plain_two_pass": True}
+    EDITS = ((r"normalize_plain\(tid, row, lanes\);",
+              "normalize_plain(tid, row, groups.x * groups.y * ROWS_PER_WORKGROUP, lanes);", 1),)
+
+    @property
+    def rows_per_workgroup(self) -> int:
+        return self.TURNS * super().rows_per_workgroup
+
+    def source(self, files: ShaderFiles) -> str:
+        text = super().source(files)
+        start = text.index("fn normalize_plain(")
+        end = text.index("\n}\n", start) + 3
+        each = range(self.hold)
+        lines = ["fn normalize_plain(tid: u32, first_row: u32, stride: u32, lanes: u32) {",
+                 "    let lane = tid % THREADS_PER_ROW;"]
+        lines += [f"    let i_{k} = lane + {k}u * THREADS_PER_ROW;\n    let in_{k} = held_in_row(i_{k}, {k}u);\n"
+                  f"    let w_{k} = weight_at(i_{k}, in_{k});\n    let b_{k} = bias_at(i_{k}, in_{k});" for k in each]
+
+        def loads(t: int) -> list[str]:
+            return ([f"    let row{t} = first_row + {t}u * stride;", f"    let base{t} = row_base(row{t});",
+                     f"    let first{t} = first_value(read_x(base{t}));"]
+                    + [f"    let x{t}_{k} = load_x(base{t}, i_{k}, in_{k});" for k in each])
+
+        if self.PREFETCH:
+            lines += loads(0)
+        for t in range(self.TURNS):
+            if not self.PREFETCH:
+                lines += loads(t)
+            elif t + 1 < self.TURNS:
+                lines += loads(t + 1)
+            lines += [f"    let d{t}_{k} = select(V(0.0), x{t}_{k} - V(first{t}), in_{k});" for k in each]
+            lines += [f"    var sum{t} = 0.0;"] + [f"    sum{t} += hsum(d{t}_{k});" for k in each]
+            lines.append(f"    let mean{t} = row_sum(vec2<f32>(sum{t}, 0.0), tid, lane, 0u, lanes).x * INV_WIDTH;")
+            lines += [f"    let e{t}_{k} = select(V(0.0), d{t}_{k} - V(mean{t}), in_{k});" for k in each]
+            lines += [f"    var squares{t} = 0.0;"] + [f"    squares{t} += hsum(e{t}_{k} * e{t}_{k});" for k in each]
+            lines += [f"    let m2_{t} = clamp_m2(row_sum(vec2<f32>(squares{t}, 0.0), tid, lane, 1u, lanes).x);",
+                      f"    if (row{t} < params.rows) {{",
+                      f"        let r{t} = finish_row(row{t}, lane, vec2<f32>(first{t} + mean{t}, m2_{t})).y;"]
+            lines += [f"        store_normalized(base{t}, i_{k}, in_{k}, e{t}_{k} * r{t}, w_{k}, b_{k});" for k in each]
+            lines.append("    }")
+        return text[:start] + "\n".join(lines) + "\n}\n\n" + text[end:]
+
+
+def plain_turns(turns: int, prefetch: bool) -> type:
+    """The PlainTurns class of `turns` turns, prefetched or not."""
+    name = f"PlainTurns{turns}{'' if prefetch else 'Serial'}"
+    return dataclass(frozen=True)(type(name, (PlainTurns,), {"TURNS": turns, "PREFETCH": prefetch}))
+
+
+TURNS = {f"{'prefetch' if prefetch else 'serial'}{turns}": plain_turns(turns, prefetch)
+         for turns in (2, 4, 8) for prefetch in (True, False)}
+
+
 def layouts(config: KernelConfig) -> dict[str, KernelConfig]:
     """The layout grid (`--variants grid`): `config` with its threads per row or half as many
     (where each then holds at most MAX_HOLD loads), in workgroups of 64, 128 or 256 threads;
@@ -566,6 +629,9 @@ def variants(rows: int, width: int, dtype: str) -> dict[str, KernelConfig]:
         grid = layouts(kernel)
         found |= grid | {"floor_kernel": as_variant(LeastTwoPassShifted, kernel)}
         found |= {f"floor_{n}": as_variant(LeastTwoPassShifted, c) for n, c in grid.items()}
+    if kernel.plain_two_pass:
+        own = {f"t{kernel.threads_per_row}_wg{kernel.workgroup}": kernel} | layouts(kernel)
+        found |= {f"{name}_{n}": as_variant(cls, c) for name, cls in TURNS.items() for n, c in own.items()}
     halved = half_threads(kernel)
     if halved is not None:
         found["half_threads"] = halved
@@ -574,7 +640,8 @@ def variants(rows: int, width: int, dtype: str) -> dict[str, KernelConfig]:
 
 
 # `--variants` names that take a whole grid, and the pattern of its variants' names.
-GRIDS = {"grid": r"t\d+_wg\d+", "floor_grid": r"floor_(kernel|t\d+_wg\d+)"}
+GRIDS = {"grid": r"t\d+_wg\d+", "floor_grid": r"floor_(kernel|t\d+_wg\d+)",
+         **{name: name + r"_t\d+_wg\d+" for name in TURNS}}
 
 
 def probe(shapes: list[tuple[int, int]], dtypes: list[str], rounds: int, repeats: int,
@@ -642,7 +709,7 @@ def check_rows(rows: int, width: int, seed: int = 0):
 def exact(name: str) -> bool:
     """Whether variant `name` gives the kernel's values to within rounding: EXACT's, and the
     kernel in another layout (`grid`); the exact floor's layouts (`floor_grid`) are INEXACT's."""
-    return name in EXACT or re.fullmatch(GRIDS["grid"], name) is not None
+    return name in EXACT or any(re.fullmatch(GRIDS[g], name) for g in ("grid", *TURNS))
 
 
 def checked_names(configs: dict[str, KernelConfig]) -> list[str]:
