@@ -616,7 +616,7 @@ def variants(rows: int, width: int, dtype: str) -> dict[str, KernelConfig]:
         found[name] = as_variant(cls, configs[base])
     if kernel.hold:
         for size in (128, 256, 512, 1024):
-            if size > kernel.workgroup:
+            if kernel.workgroup < size <= g.limits["max-compute-invocations-per-workgroup"]:
                 found[f"wg{size}"] = replace(kernel, workgroup=size)
         found["turns2"] = as_variant(Turns, kernel)
         found["turns4"] = as_variant(Turns4, kernel)
