@@ -474,6 +474,34 @@ class Turns4(Turns):
 
 
 @dataclass(frozen=True)
+class BfloatPairStore(Variant):
+    # bfloat16 stores rounded a pair at a time in vector operations, the NaN test a select:
+    # the same bits as bfloat16_bits (a NaN's (bits | 0x00400000) >> 16 is its quieted top
+    # half), the high value's half kept in place rather than shifted down and back.
+    FORCED = {"plain_two_pass": None}
+    EDITS = ((r"(fn pack_pair\(v: vec2<f32>\) -> u32 \{\n)",
+              r"""\1    if (HALF == 2u) {
+        let bits = bitcast<vec2<u32>>(v);
+        let rounded = bits + vec2<u32>(0x7fffu) + ((bits >> vec2<u32>(16u)) & vec2<u32>(1u));
+        let kept = select(rounded, bits | vec2<u32>(0x00400000u), (bits & vec2<u32>(0x7fffffffu)) > vec2<u32>(0x7f800000u));
+        return (kept.x >> 16u) | (kept.y & 0xffff0000u);
+    }
+""", 1),)
+
+
+@dataclass(frozen=True)
+class BfloatTruncate(Variant):
+    # bfloat16 stores truncated, no rounding and no NaN test (wrong values: a bound on what
+    # the store's arithmetic costs).
+    FORCED = {"plain_two_pass": None}
+    EDITS = ((r"(fn pack_pair\(v: vec2<f32>\) -> u32 \{\n)",
+              r"""\1    if (HALF == 2u) {
+        return (bitcast<u32>(v.x) >> 16u) | (bitcast<u32>(v.y) & 0xffff0000u);
+    }
+""", 1),)
+
+
+@dataclass(frozen=True)
 class PlainTurns(Variant):
     """Plain rows in turns: each workgroup takes TURNS blocks of rows, the grid's blocks apart
     (a grid TURNS times smaller), its threads' weight and bias loaded once before them. With
@@ -584,15 +612,16 @@ EDITED = (
     ("least_two_pass_shifted", LeastTwoPassShifted, "held", "kernel"), ("foldable", Foldable, "", "kernel"),
     ("pinned_squares", PinnedSquares, "held", "kernel"), ("pinned_both", PinnedBoth, "held", "kernel"),
     ("even_split", EvenSplit, "held", "kernel"), ("plain", PlainRows, "held half", "kernel"),
+    ("bf16_pair_store", BfloatPairStore, "bfloat16", "kernel"), ("bf16_truncate", BfloatTruncate, "bfloat16", "kernel"),
 )
 # Variants whose values are the kernel's to within rounding in float16 (checked by --check;
 # in float32 `shifted` and `lean_half_threads` are not, the layouts are), and those
 # whose errors --check reports beside them: what the least LayerNorms give up.
 EXACT = ("by_width", "merged_squares", "squares_after_mean", "near_store", "lean", "half_threads", "lean_half_threads",
          "shifted", "framed", "plain_sum_x", "plain_rsqrt", "plain_lean", "wg128", "wg256", "wg512", "wg1024",
-         "turns2", "turns4", "turns2_wg256", "pinned_squares", "pinned_both", "even_split")
+         "turns2", "turns4", "turns2_wg256", "pinned_squares", "pinned_both", "even_split", "bf16_pair_store")
 INEXACT = ("least", "least_two_pass", "least_early", "least_two_pass_early", "least_two_pass_shifted",
-           "plain_no_shift", "plain")
+           "plain_no_shift", "plain", "bf16_truncate")
 
 
 def variants(rows: int, width: int, dtype: str) -> dict[str, KernelConfig]:
@@ -611,7 +640,8 @@ def variants(rows: int, width: int, dtype: str) -> dict[str, KernelConfig]:
     if kernel.hold and threads <= MAX_THREADS_PER_ROW and math.ceil(kernel.row_vecs / threads) <= MAX_HOLD:
         found["twice_threads"] = kernel.relaid(threads, max(kernel.workgroup, threads))
     for name, cls, rows_taken, base in EDITED:
-        if ("half" in rows_taken and dtype == "float32") or ("held" in rows_taken and not kernel.hold):
+        if (("half" in rows_taken and dtype == "float32") or ("held" in rows_taken and not kernel.hold)
+                or ("bfloat16" in rows_taken and dtype != "bfloat16")):
             continue
         found[name] = as_variant(cls, configs[base])
     if kernel.hold:
