@@ -120,6 +120,8 @@ from pipeline.ioutil import write_json_atomic
 from pipeline.runtime.device import device_info, gpu
 from pipeline.wgsl import ShaderFiles
 from pipeline.wgsl.config import MAX_HOLD, MAX_THREADS_PER_ROW, MIN_WORKGROUP, KernelConfig
+from pipeline.wgsl.layouts import Launch
+from pipeline.wgsl.layouts import read as read_layouts
 
 ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 
@@ -685,7 +687,7 @@ def probe(shapes: list[tuple[int, int]], dtypes: list[str], rounds: int, repeats
                 times["copy"].append(time_copy(rows, width, repeats=repeats, itemsize=ITEMSIZE[dtype]))
             us = {name: statistics.mean(values) for name, values in times.items()}
             row = {"dtype": dtype, "rows": rows, "width": width, "mbytes": rows * width * ITEMSIZE[dtype] / 2**20,
-                   "config": {n: [c.threads_per_row, c.hold] for n, c in configs.items()},
+                   "config": {n: [c.threads_per_row, c.hold, c.workgroup] for n, c in configs.items()},
                    "us": {n: round(v, 3) for n, v in us.items()},
                    "rounds_us": {n: [round(v, 3) for v in values] for n, values in times.items()},
                    "copy_over": {n: round(us["copy"] / v, 3) for n, v in us.items()}}
@@ -776,29 +778,66 @@ def check(shapes: list[tuple[int, int]], dtypes: list[str], rows_each: int = 256
     return found
 
 
-def layout_name(name: str, config: list[int]) -> str:
-    """A layout's name, the kernel's own (`config`: its threads per row) written out."""
-    name = name.removeprefix("floor_")
-    return f"t{config[0]}_wg{max(MIN_WORKGROUP, config[0])}" if name == "kernel" else name
+def kernel_layout(row: dict, device: dict) -> str:
+    """The kernel's layout in a result `row`, t{threads}_wg{workgroup}: its workgroup as
+    recorded, or (results before run 26 recorded none) the device's layouts table's for the
+    launch, or the rule's."""
+    threads, _hold, *recorded = row["config"]["kernel"]
+    if recorded:
+        return f"t{threads}_wg{recorded[0]}"
+    if device.get("layouts"):
+        launch = Launch(row["dtype"], row["dtype"], True, True, False, row["width"], row["rows"])
+        tuned = read_layouts(device["layouts"]["file"]).entries.get(launch)
+        if tuned is not None:
+            return f"t{tuned.threads_per_row}_wg{tuned.workgroup}"
+    return f"t{threads}_wg{max(MIN_WORKGROUP, threads)}"
 
 
-def best_layouts_table(wgpu: list[dict], dawn: list[dict]) -> str:
-    """Copy over the kernel, the kernel in its best layout and the exact floor in its best
-    (wgpu / Dawn), from two `--variants kernel,grid,floor_grid` runs of the same shapes."""
-    def best(row: dict, floor: bool) -> str:
-        names = [n for n in row["copy_over"] if (n.startswith("floor_") if floor
-                                                 else n == "kernel" or re.fullmatch(GRIDS["grid"], n))]
-        name = max(names, key=row["copy_over"].get)
-        return f"{row['copy_over'][name]:.3f} {layout_name(name, row['config']['kernel'])}"
+def best_of(row: dict, device: dict, pattern: str) -> tuple[float, str]:
+    """The highest copy ratio among the variants whose names match `pattern`, and its layout."""
+    name = max((n for n in row["copy_over"] if re.fullmatch(pattern, n)), key=row["copy_over"].get)
+    layout = name.removeprefix("floor_")
+    return row["copy_over"][name], kernel_layout(row, device) if layout == "kernel" else layout
 
-    lines = ["| shape (kernel's threads x loads) | kernel | kernel, best layout | exact floor, kernel's layout "
-             "| exact floor, best layout |", "|---|---|---|---|---|"]
+
+def best_layouts_table(runs: list[tuple[list[dict], dict]]) -> str:
+    """Copy over the kernel, the kernel in its best layout and the exact floor in its own and
+    its best, the kernel's speed over the floor's best, and (where timed) the kernel without
+    weight and bias, wgpu / Dawn, from two `--variants kernel,grid,floor_grid` runs (each
+    results and device) of the same shapes."""
+    (wgpu, wgpu_device), (dawn, dawn_device) = runs
+    extra = "no_affine" in wgpu[0]["us"]
+    lines = ["| shape (kernel's threads x loads) | kernel's layout | kernel | kernel, best layout "
+             "| exact floor, kernel's layout | exact floor, best layout | kernel over the floor's best |"
+             + (" no weight and bias |" if extra else ""), "|---|---|---|---|---|---|---|" + ("---|" if extra else "")]
     for a, b in zip(wgpu, dawn, strict=True):
-        threads, hold = a["config"]["kernel"]
-        lines.append(f"| {a['rows']}x{a['width']} ({threads}x{hold}) | {a['copy_over']['kernel']:.3f} / "
-                     f"{b['copy_over']['kernel']:.3f} | {best(a, False)} / {best(b, False)} | "
-                     f"{a['copy_over']['floor_kernel']:.3f} / {b['copy_over']['floor_kernel']:.3f} | "
-                     f"{best(a, True)} / {best(b, True)} |")
+        threads, hold = a["config"]["kernel"][:2]
+        cells = [f"{a['rows']}x{a['width']} ({threads}x{hold})",
+                 f"{kernel_layout(a, wgpu_device)} / {kernel_layout(b, dawn_device)}"]
+        for pattern in (r"kernel", rf"kernel|{GRIDS['grid']}", r"floor_kernel", r"floor_.*"):
+            (va, la), (vb, lb) = best_of(a, wgpu_device, pattern), best_of(b, dawn_device, pattern)
+            named = "_" in pattern or "|" in pattern
+            cells.append(f"{va:.3f}{' ' + la if named else ''} / {vb:.3f}{' ' + lb if named else ''}")
+        over = [r["copy_over"]["kernel"] / best_of(r, d, r"floor_.*")[0] for r, d in ((a, wgpu_device), (b, dawn_device))]
+        cells.append(f"{over[0]:.3f} / {over[1]:.3f}")
+        if extra:
+            cells.append(f"{a['copy_over']['no_affine']:.3f} / {b['copy_over']['no_affine']:.3f}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def turns_table(runs: list[tuple[list[dict], dict]]) -> str:
+    """Copy over the kernel, its best layout, the kernel without weight and bias (where timed),
+    and the best layout of each form of rows in turns timed (run 23), wgpu / Dawn."""
+    (wgpu, wgpu_device), (dawn, dawn_device) = runs
+    forms = [name for name in TURNS if any(re.fullmatch(GRIDS[name], n) for n in wgpu[0]["us"])]
+    columns = [("kernel", r"kernel"), ("best layout", rf"kernel|{GRIDS['grid']}"), ("no weight and bias", "no_affine")]
+    columns += [(name, GRIDS[name]) for name in forms]
+    columns = [(title, p) for title, p in columns if any(re.fullmatch(p, n) for n in wgpu[0]["us"])]
+    lines = ["| shape | " + " | ".join(title for title, _ in columns) + " |", "|---" * (len(columns) + 1) + "|"]
+    for a, b in zip(wgpu, dawn, strict=True):
+        cells = [f"{best_of(a, wgpu_device, p)[0]:.3f} / {best_of(b, dawn_device, p)[0]:.3f}" for _, p in columns]
+        lines.append(f"| {a['rows']}x{a['width']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -814,7 +853,7 @@ def half_threads_table(wgpu: list[dict], dawn: list[dict]) -> str:
 
     lines = ["| shape | threads x loads (width's rule) | launch threads | half the threads |", "|---|---|---|---|"]
     for a, b in zip(wgpu, dawn, strict=True):
-        (s_wgpu, (threads, hold)), (s_dawn, _) = speed(a), speed(b)
+        (s_wgpu, (threads, hold, *_)), (s_dawn, _) = speed(a), speed(b)
         lines.append(f"| {a['rows']}x{a['width']} | {threads}x{hold} | {a['rows'] * threads:,} | "
                      f"{s_wgpu:.3f} / {s_dawn:.3f} |")
     return "\n".join(lines)
@@ -822,12 +861,14 @@ def half_threads_table(wgpu: list[dict], dawn: list[dict]) -> str:
 
 def print_tables(files: str) -> None:
     """The tables whose variants both runs (wgpu, Dawn) timed."""
-    wgpu, dawn = (json.loads(Path(f).read_text())["results"] for f in files.split(","))
-    timed = set(wgpu[0]["us"])
+    runs = [(doc["results"], doc["device"]) for doc in (json.loads(Path(f).read_text()) for f in files.split(","))]
+    timed = set(runs[0][0][0]["us"])
     if "floor_kernel" in timed:
-        print(best_layouts_table(wgpu, dawn))
+        print(best_layouts_table(runs))
+    if any(re.fullmatch(GRIDS[name], n) for name in TURNS for n in timed):
+        print(turns_table(runs))
     if "half_threads" in timed or "by_width" in timed:
-        print(half_threads_table(wgpu, dawn))
+        print(half_threads_table(runs[0][0], runs[1][0]))
 
 
 def main() -> None:

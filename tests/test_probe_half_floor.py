@@ -51,14 +51,17 @@ def test_tables_name_each_shape_and_its_best_layouts(tmp_path, monkeypatch, caps
         out = tmp_path / f"probe-{impl}.json"
         monkeypatch.setattr(sys, "argv", ["probe_half_floor.py", "--json", str(out), "--shapes", "8x256",
                                           "--dtypes", "float16", "--rounds", "1", "--repeats", "2",
-                                          "--variants", "kernel,grid,floor_grid,half_threads"])
+                                          "--variants", "kernel,grid,floor_grid,half_threads,prefetch2"])
         probe.main()
         runs.append(str(out))
     capsys.readouterr()
     monkeypatch.setattr(sys, "argv", ["probe_half_floor.py", "--tables", ",".join(runs)])
     probe.main()
     lines = capsys.readouterr().out.splitlines()
-    best = [line for line in lines if line.startswith("| 8x256 (16x4) |")]
+    best = [line for line in lines if line.startswith("| 8x256 (16x4) | t16_wg64 / t16_wg64 |")]
     halved = [line for line in lines if line.startswith("| 8x256 | 16x4 | 128 |")]
-    assert len(best) == 1 and len(halved) == 1, lines
-    assert best[0].count("_wg") == 4  # the best layouts of the kernel and the floor, both runs
+    turns = [line for line in lines if line.startswith("| 8x256 | ") and line.count("/") == 3]
+    assert len(best) == 1 and len(halved) == 1 and len(turns) == 1, lines
+    # Both runs' layouts: the kernel's, its best, the floor's in the kernel's and its best.
+    assert best[0].count("_wg") == 8
+    assert "| shape | kernel | best layout | prefetch2 |" in lines
