@@ -53,9 +53,9 @@ Per shape and dtype, every variant is a module the kernel's own config writes, e
   least_two_pass load them at the store).
 - wg128, wg256, wg512, wg1024: the kernel in workgroups of that many threads (more rows a
   workgroup).
-- turns2, turns4: each workgroup takes 2 or 4 blocks of rows, one after the other, the
-  grid's blocks apart (a grid 2 or 4 times smaller), weight and bias loaded once before
-  them; turns2_wg256 in workgroups of 256 threads.
+  Run 8 also timed rows in their frame in turns (turns2, turns4, turns2_wg256: 2 or 4 blocks
+  of rows a workgroup, weight and bias loaded once), since replaced by plain rows' prefetch
+  and serial forms below.
 - least_wg256, least_wg512: least in workgroups of 256 or 512 threads.
 - framed: half rows in their frame, with a corrected two-pass a thread, as the kernel
   computed them before plain_two_pass (the other edited variants edit that path too).
@@ -451,39 +451,6 @@ class EvenSplit(Variant):
 
 
 @dataclass(frozen=True)
-class Turns(AffineEarly):
-    """Each workgroup takes TURNS blocks of rows, one after the other, the grid's blocks
-    apart (a grid TURNS times smaller), its threads' weight and bias loaded once before them."""
-
-    TURNS: ClassVar[int] = 2
-    EDITS = ((r"normalize_held\(tid, row, lanes\);",
-              "normalize_held(tid, row, groups.x * groups.y * ROWS_PER_WORKGROUP, lanes);", 1),)
-
-    @property
-    def rows_per_workgroup(self) -> int:
-        return self.TURNS * super().rows_per_workgroup
-
-    def source(self, files: ShaderFiles) -> str:
-        text = super().source(files)
-        start, end = held_span(text)
-        lines = text[start:end].rstrip().splitlines()[1:-1]  # the body, without its braces
-        once = [line for line in lines if line.startswith(("    let lane ", "    let i_", "    let in_",
-                                                            "    let w_", "    let b_"))]
-        each = "\n".join("    " + line for line in lines if line not in once)
-        each = edited(each, r"        if \(row >= params\.rows\) \{\n            return;\n        \}\n(.*)",
-                      r"        if (row < params.rows) {\n\1\n        }", 1)
-        body = ("fn normalize_held(tid: u32, first_row: u32, stride: u32, lanes: u32) {\n" + "\n".join(once)
-                + f"\n    for (var turn = 0u; turn < {self.TURNS}u; turn++) {{\n"
-                + "        let row = first_row + turn * stride;\n" + each + "\n    }\n}\n\n")
-        return text[:start] + body + text[end:]
-
-
-@dataclass(frozen=True)
-class Turns4(Turns):
-    TURNS: ClassVar[int] = 4
-
-
-@dataclass(frozen=True)
 class BfloatTruncate(Variant):
     # bfloat16 stores truncated, no rounding and no NaN test (wrong values: a bound on what
     # the store's arithmetic costs).
@@ -613,7 +580,7 @@ EDITED = (
 # whose errors --check reports beside them: what the least LayerNorms give up.
 EXACT = ("by_width", "merged_squares", "squares_after_mean", "near_store", "lean", "half_threads", "lean_half_threads",
          "shifted", "framed", "plain_sum_x", "plain_rsqrt", "plain_lean", "wg128", "wg256", "wg512", "wg1024",
-         "turns2", "turns4", "turns2_wg256", "pinned_squares", "pinned_both", "even_split")
+         "pinned_squares", "pinned_both", "even_split")
 INEXACT = ("least", "least_two_pass", "least_early", "least_two_pass_early", "least_two_pass_shifted",
            "plain_no_shift", "plain", "bf16_truncate")
 
@@ -642,13 +609,9 @@ def variants(rows: int, width: int, dtype: str) -> dict[str, KernelConfig]:
         for size in (128, 256, 512, 1024):
             if kernel.workgroup < size <= g.limits["max-compute-invocations-per-workgroup"]:
                 found[f"wg{size}"] = replace(kernel, workgroup=size)
-        found["turns2"] = as_variant(Turns, kernel)
-        found["turns4"] = as_variant(Turns4, kernel)
-        if kernel.workgroup < 256:
-            found["turns2_wg256"] = as_variant(Turns, kernel, workgroup=256)
-            found["least_wg256"] = as_variant(Least, kernel, workgroup=256)
-        if kernel.workgroup < 512:
-            found["least_wg512"] = as_variant(Least, kernel, workgroup=512)
+        for size in (256, 512):
+            if kernel.workgroup < size <= g.limits["max-compute-invocations-per-workgroup"]:
+                found[f"least_wg{size}"] = as_variant(Least, kernel, workgroup=size)
     if kernel.hold:
         grid = layouts(kernel)
         found |= grid | {"floor_kernel": as_variant(LeastTwoPassShifted, kernel)}

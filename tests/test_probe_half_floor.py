@@ -19,7 +19,7 @@ def test_exact_variants_keep_the_kernels_values_and_the_least_ones_show_their_er
     worst, not_exact = row["worst_over_kernel"], row["not_exact_where_kernel_is"]
     # EXACT is of float16 rows, the probe's subject; in float32 only the layouts are.
     exact = [n for n in worst if probe.exact(n) and (dtype == "float16" or n.startswith(("t", "wg")))]
-    assert len(exact) > 10 and any(n.startswith("t") and "_wg" in n for n in exact)
+    assert len(exact) > 5 and any(n.startswith("t") and "_wg" in n for n in exact)
     for name in exact:
         assert worst[name] <= 1.5 and not not_exact[name], (name, worst[name], not_exact[name])
     # The check can fail: the one-pass LayerNorm (E[x^2] - E[x]^2) is far off on rows a
