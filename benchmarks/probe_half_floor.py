@@ -606,12 +606,10 @@ def variants(rows: int, width: int, dtype: str) -> dict[str, KernelConfig]:
             continue
         found[name] = as_variant(cls, configs[base])
     if kernel.hold:
-        for size in (128, 256, 512, 1024):
-            if kernel.workgroup < size <= g.limits["max-compute-invocations-per-workgroup"]:
-                found[f"wg{size}"] = replace(kernel, workgroup=size)
-        for size in (256, 512):
-            if kernel.workgroup < size <= g.limits["max-compute-invocations-per-workgroup"]:
-                found[f"least_wg{size}"] = as_variant(Least, kernel, workgroup=size)
+        most = g.limits["max-compute-invocations-per-workgroup"]
+        sizes = [size for size in (128, 256, 512, 1024) if kernel.workgroup < size <= most]
+        found |= {f"wg{size}": replace(kernel, workgroup=size) for size in sizes}
+        found |= {f"least_wg{size}": as_variant(Least, kernel, workgroup=size) for size in sizes if size in (256, 512)}
     if kernel.hold:
         grid = layouts(kernel)
         found |= grid | {"floor_kernel": as_variant(LeastTwoPassShifted, kernel)}
@@ -694,8 +692,9 @@ def check_rows(rows: int, width: int, seed: int = 0):
 
 
 def exact(name: str) -> bool:
-    """Whether variant `name` gives the kernel's values to within rounding: EXACT's, and the
-    kernel in another layout (`grid`); the exact floor's layouts (`floor_grid`) are INEXACT's."""
+    """Whether variant `name` gives the kernel's values to within rounding: EXACT's, the
+    kernel in another layout (`grid`) and its plain rows in turns (TURNS); the exact floor's
+    layouts (`floor_grid`) are INEXACT's."""
     return name in EXACT or any(re.fullmatch(GRIDS[g], name) for g in ("grid", *TURNS))
 
 
@@ -743,8 +742,8 @@ def check(shapes: list[tuple[int, int]], dtypes: list[str], rows_each: int = 256
 
 def kernel_layout(row: dict, device: dict) -> str:
     """The kernel's layout in a result `row`, t{threads}_wg{workgroup}: its workgroup as
-    recorded, or (results before run 26 recorded none) the device's layouts table's for the
-    launch, or the rule's."""
+    recorded, or (results of runs up to 25 recorded none) the device's layouts table's for
+    the launch, or the rule's."""
     threads, _hold, *recorded = row["config"]["kernel"]
     if recorded:
         return f"t{threads}_wg{recorded[0]}"
@@ -756,11 +755,12 @@ def kernel_layout(row: dict, device: dict) -> str:
     return f"t{threads}_wg{max(MIN_WORKGROUP, threads)}"
 
 
-def best_of(row: dict, device: dict, pattern: str) -> tuple[float, str]:
-    """The highest copy ratio among the variants whose names match `pattern`, and its layout."""
+def best_of(row: dict, pattern: str, kernel: str = "kernel") -> tuple[float, str]:
+    """The highest copy ratio among the variants whose names match `pattern`, and its layout
+    (`kernel`: the name the kernel's own layout goes by)."""
     name = max((n for n in row["copy_over"] if re.fullmatch(pattern, n)), key=row["copy_over"].get)
     layout = name.removeprefix("floor_")
-    return row["copy_over"][name], kernel_layout(row, device) if layout == "kernel" else layout
+    return row["copy_over"][name], kernel if layout == "kernel" else layout
 
 
 def best_layouts_table(runs: list[tuple[list[dict], dict]]) -> str:
@@ -770,18 +770,19 @@ def best_layouts_table(runs: list[tuple[list[dict], dict]]) -> str:
     results and device) of the same shapes."""
     (wgpu, wgpu_device), (dawn, dawn_device) = runs
     extra = "no_affine" in wgpu[0]["us"]
+    # Each column's variants, and whether the cell names the layout that was best.
+    columns = ((r"kernel", False), (rf"kernel|{GRIDS['grid']}", True), (r"floor_kernel", True), (r"floor_.*", True))
     lines = ["| shape (kernel's threads x loads) | kernel's layout | kernel | kernel, best layout "
              "| exact floor, kernel's layout | exact floor, best layout | kernel over the floor's best |"
              + (" no weight and bias |" if extra else ""), "|---|---|---|---|---|---|---|" + ("---|" if extra else "")]
     for a, b in zip(wgpu, dawn, strict=True):
         threads, hold = a["config"]["kernel"][:2]
-        cells = [f"{a['rows']}x{a['width']} ({threads}x{hold})",
-                 f"{kernel_layout(a, wgpu_device)} / {kernel_layout(b, dawn_device)}"]
-        for pattern in (r"kernel", rf"kernel|{GRIDS['grid']}", r"floor_kernel", r"floor_.*"):
-            (va, la), (vb, lb) = best_of(a, wgpu_device, pattern), best_of(b, dawn_device, pattern)
-            named = "_" in pattern or "|" in pattern
-            cells.append(f"{va:.3f}{' ' + la if named else ''} / {vb:.3f}{' ' + lb if named else ''}")
-        over = [r["copy_over"]["kernel"] / best_of(r, d, r"floor_.*")[0] for r, d in ((a, wgpu_device), (b, dawn_device))]
+        own = kernel_layout(a, wgpu_device), kernel_layout(b, dawn_device)
+        cells = [f"{a['rows']}x{a['width']} ({threads}x{hold})", f"{own[0]} / {own[1]}"]
+        for pattern, named in columns:
+            found = [best_of(r, pattern, k) for r, k in ((a, own[0]), (b, own[1]))]
+            cells.append(" / ".join(f"{v:.3f} {layout}" if named else f"{v:.3f}" for v, layout in found))
+        over = [r["copy_over"]["kernel"] / best_of(r, r"floor_.*")[0] for r in (a, b)]
         cells.append(f"{over[0]:.3f} / {over[1]:.3f}")
         if extra:
             cells.append(f"{a['copy_over']['no_affine']:.3f} / {b['copy_over']['no_affine']:.3f}")
@@ -789,17 +790,15 @@ def best_layouts_table(runs: list[tuple[list[dict], dict]]) -> str:
     return "\n".join(lines)
 
 
-def turns_table(runs: list[tuple[list[dict], dict]]) -> str:
+def turns_table(wgpu: list[dict], dawn: list[dict]) -> str:
     """Copy over the kernel, its best layout, the kernel without weight and bias (where timed),
     and the best layout of each form of rows in turns timed (run 23), wgpu / Dawn."""
-    (wgpu, wgpu_device), (dawn, dawn_device) = runs
-    forms = [name for name in TURNS if any(re.fullmatch(GRIDS[name], n) for n in wgpu[0]["us"])]
     columns = [("kernel", r"kernel"), ("best layout", rf"kernel|{GRIDS['grid']}"), ("no weight and bias", "no_affine")]
-    columns += [(name, GRIDS[name]) for name in forms]
+    columns += [(name, GRIDS[name]) for name in TURNS]
     columns = [(title, p) for title, p in columns if any(re.fullmatch(p, n) for n in wgpu[0]["us"])]
     lines = ["| shape | " + " | ".join(title for title, _ in columns) + " |", "|---" * (len(columns) + 1) + "|"]
     for a, b in zip(wgpu, dawn, strict=True):
-        cells = [f"{best_of(a, wgpu_device, p)[0]:.3f} / {best_of(b, dawn_device, p)[0]:.3f}" for _, p in columns]
+        cells = [f"{best_of(a, p)[0]:.3f} / {best_of(b, p)[0]:.3f}" for _, p in columns]
         lines.append(f"| {a['rows']}x{a['width']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -829,7 +828,7 @@ def print_tables(files: str) -> None:
     if "floor_kernel" in timed:
         print(best_layouts_table(runs))
     if any(re.fullmatch(GRIDS[name], n) for name in TURNS for n in timed):
-        print(turns_table(runs))
+        print(turns_table(runs[0][0], runs[1][0]))
     if "half_threads" in timed or "by_width" in timed:
         print(half_threads_table(runs[0][0], runs[1][0]))
 

@@ -89,7 +89,7 @@ def program_launches(program: Program, inputs: tuple) -> list[Launch]:
         rows = x.numel() // width if width else 0
         if rows:
             found.setdefault(Launch(p.dtype, p.affine_dtype, p.weight.source != NONE, p.bias.source != NONE,
-                                    any(i != 0 for i in p.outputs), width, rows), None)
+                                    p.stats, width, rows), None)
 
     program(*inputs, on_delegate=record)
     return list(found)

@@ -210,6 +210,11 @@ class LayerNormParams:
                              f"must be distinct and below arguments {self.arguments}")
 
     @property
+    def stats(self) -> bool:
+        """Whether the delegate returns mean or rstd, so that its launch stores them."""
+        return any(i != 0 for i in self.outputs)
+
+    @property
     def width(self) -> int | None:
         """Floats in one row; None when a dim is dynamic."""
         return None if DYNAMIC in self.normalized_shape else math.prod(self.normalized_shape)

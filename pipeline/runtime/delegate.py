@@ -64,7 +64,7 @@ class LayerNormDelegate:
         resident = all(getattr(p, role).source != blob_format.INPUT for role in ("weight", "bias"))
         results = native_layer_norm(
             x, p.resolve(tuple(x.shape)), self._operand("weight", args), self._operand("bias", args), p.eps,
-            stats=any(i != 0 for i in p.outputs), resident=resident,
+            stats=p.stats, resident=resident,
         )
         return tuple(results[i] for i in p.outputs)
 
@@ -81,16 +81,15 @@ class LayerNormDelegate:
         rows = math.prod(lead)
         x = x.detach().contiguous().cpu()
         out = _empty(x.shape, x.dtype)
-        stats = any(i != 0 for i in p.outputs)
-        mean = _empty((rows,), torch.float32) if stats else None
-        rstd = _empty((rows,), torch.float32) if stats else None
+        mean = _empty((rows,), torch.float32) if p.stats else None
+        rstd = _empty((rows,), torch.float32) if p.stats else None
         if rows:
             # Constant weight and bias are the library's already; input-sourced ones go with x.
             given = [_host(t) if getattr(p, role).source == blob_format.INPUT else None
                      for role, t in (("weight", weight), ("bias", bias))]
             self._native(x, rows, width, *given, out, mean, rstd)
         results = [out]
-        if stats:
+        if p.stats:
             # mean and rstd come back in float32; a half dtype rounds them once, as aten does.
             stat_shape = lead + (1,) * len(shape)
             results += [s.to(DTYPES[p.affine_dtype]).reshape(stat_shape) for s in (mean, rstd)]
