@@ -88,7 +88,10 @@ Per shape and dtype, every variant is a module the kernel's own config writes, e
 - wide_t{threads}_wg{size} (`--variants wide`): plain half rows loaded and stored 16 bytes
   (8 values) at a time, x, out, weight and bias bound as arrays of vec4<u32>, with the
   kernel's threads per row, half or a quarter as many (a whole number of words each, at
-  most MAX_HOLD), in workgroups of 64, 128 or 256 threads (run 26).
+  most MAX_HOLD), in workgroups of 64 or 128 threads (run 26 also timed 256: never the
+  best). wide_x_...: only x and out 16 bytes at a time, weight and bias loaded as the kernel
+  loads them; floor_wide_...: wide without NaN handling, rstd as inverseSqrt (the exact
+  floor's arithmetic in 16-byte loads) (run 27).
 - bf16_truncate: bfloat16 stores truncated, without rounding or the NaN test (wrong values:
   a bound on the store's arithmetic). Run 25 also timed the stores a pair at a time in
   vector operations (bf16_pair_store, since the kernel's `bfloat16_pair`).
@@ -521,24 +524,28 @@ class PlainTurns(Variant):
 
 @dataclass(frozen=True)
 class PlainWide(Variant):
-    """Plain half rows loaded and stored 16 bytes (8 values, a vec4<u32>) at a time: x, out,
-    weight and bias bound as arrays of vec4<u32>, each thread taking row_vecs / (2 x threads)
-    such words (a whole number: every thread's words lie in the row, no bounds test), the
-    kernel's plain two-pass on their values in the same order of operations. Needs half
-    weight and bias and a width that is a multiple of 8."""
+    """Plain half rows loaded and stored 16 bytes (8 values, a vec4<u32>) at a time: x and out
+    (and with WIDE_AFFINE weight and bias) bound as arrays of vec4<u32>, each thread taking
+    row_vecs / (2 x threads) such words (a whole number: every thread's words lie in the row,
+    no bounds test), the kernel's plain two-pass on their values in the same order of
+    operations. FLOOR: without NaN handling, rstd as inverseSqrt (least_two_pass_shifted's
+    arithmetic). Needs a width that is a multiple of 8, and half weight and bias with
+    WIDE_AFFINE."""
 
+    WIDE_AFFINE: ClassVar[bool] = True
+    FLOOR: ClassVar[bool] = False
     FORCED = {"plain_two_pass": True}
     EDITS = ((r"var<storage, read> x: array<XW>;", "var<storage, read> x: array<vec4<u32>>;", 1),
-             (r"var<storage, read> weight: array<PW>;", "var<storage, read> weight: array<vec4<u32>>;", 1),
-             (r"var<storage, read> bias: array<PW>;", "var<storage, read> bias: array<vec4<u32>>;", 1),
              (r"var<storage, read_write> out: array<XW>;", "var<storage, read_write> out: array<vec4<u32>>;", 1),
              (r"fn read_x\(at: u32\) -> V \{\n    return x_value\(x\[at\]\);",
               "fn read_x(at: u32) -> V {\n    return x_value(half_word(x[at >> 1u], at));", 1),
-             (r"return p_value\(weight\[at\]\);", "return p_value(half_word(weight[at >> 1u], at));", 1),
-             (r"return p_value\(bias\[at\]\);", "return p_value(half_word(bias[at >> 1u], at));", 1),
              (r"fn write_out\(at: u32, y: V\) \{\n    out\[at\] = x_word\(y\);",
               "fn write_out(at: u32, y: V) {\n    let w = x_word(y);\n    let k = (at & 1u) * 2u;\n"
               "    out[at >> 1u][k] = w.x;\n    out[at >> 1u][k + 1u] = w.y;", 1))
+    AFFINE_EDITS = ((r"var<storage, read> weight: array<PW>;", "var<storage, read> weight: array<vec4<u32>>;", 1),
+                    (r"var<storage, read> bias: array<PW>;", "var<storage, read> bias: array<vec4<u32>>;", 1),
+                    (r"return p_value\(weight\[at\]\);", "return p_value(half_word(weight[at >> 1u], at));", 1),
+                    (r"return p_value\(bias\[at\]\);", "return p_value(half_word(bias[at >> 1u], at));", 1))
 
     @property
     def words(self) -> int:
@@ -546,6 +553,9 @@ class PlainWide(Variant):
 
     def source(self, files: ShaderFiles) -> str:
         text = super().source(files)
+        if self.WIDE_AFFINE:
+            for pattern, replacement, count in self.AFFINE_EDITS:
+                text = edited(text, pattern, replacement, count)
         text = text.replace("fn read_x(", "fn half_word(q: vec4<u32>, at: u32) -> vec2<u32> {\n"
                             "    return select(q.xy, q.zw, (at & 1u) != 0u);\n}\n\nfn read_x(", 1)
         start = text.index("fn normalize_plain(")
@@ -555,39 +565,64 @@ class PlainWide(Variant):
         lines = ["fn normalize_plain(tid: u32, row: u32, lanes: u32) {",
                  "    let lane = tid % THREADS_PER_ROW;", "    let base = row_base(row);",
                  "    let wide = base >> 1u;", "    let first = first_value(read_x(base));"]
-        lines += [f"    let j_{m} = lane + {m}u * THREADS_PER_ROW;\n    let q_{m} = x[wide + j_{m}];\n"
-                  f"    let wq_{m} = weight[j_{m}];\n    let bq_{m} = bias[j_{m}];" for m in each]
+        lines += [f"    let j_{m} = lane + {m}u * THREADS_PER_ROW;\n    let q_{m} = x[wide + j_{m}];" for m in each]
+        if self.WIDE_AFFINE:
+            lines += [f"    let wq_{m} = weight[j_{m}];\n    let bq_{m} = bias[j_{m}];" for m in each]
         for m in each:
             for k, half in ((2 * m, "xy"), (2 * m + 1, "zw")):
-                lines += [f"    let d_{k} = x_value(q_{m}.{half}) - V(first);",
-                          f"    let w_{k} = p_value(wq_{m}.{half});", f"    let b_{k} = p_value(bq_{m}.{half});"]
+                lines.append(f"    let d_{k} = x_value(q_{m}.{half}) - V(first);")
+                lines += ([f"    let w_{k} = p_value(wq_{m}.{half});", f"    let b_{k} = p_value(bq_{m}.{half});"]
+                          if self.WIDE_AFFINE else
+                          [f"    let w_{k} = read_weight(2u * j_{m} + {k % 2}u);",
+                           f"    let b_{k} = read_bias(2u * j_{m} + {k % 2}u);"])
         lines += ["    var sum = 0.0;"] + [f"    sum += hsum(d_{k});" for k in values]
         lines += ["    let mean_d = row_sum(vec2<f32>(sum, 0.0), tid, lane, 0u, lanes).x * INV_WIDTH;"]
         lines += [f"    let e_{k} = d_{k} - V(mean_d);" for k in values]
         lines += ["    var squares = 0.0;"] + [f"    squares += hsum(e_{k} * e_{k});" for k in values]
-        lines += ["    let m2 = clamp_m2(row_sum(vec2<f32>(squares, 0.0), tid, lane, 1u, lanes).x);",
-                  "    if (row >= params.rows) {", "        return;", "    }",
-                  "    let r = finish_row(row, lane, vec2<f32>(first + mean_d, m2)).y;"]
+        if self.FLOOR:
+            lines += ["    let m2 = row_sum(vec2<f32>(squares, 0.0), tid, lane, 1u, lanes).x;",
+                      "    if (row >= params.rows) {", "        return;", "    }",
+                      "    let r = inverseSqrt(m2 * INV_WIDTH + params.eps);"]
+        else:
+            lines += ["    let m2 = clamp_m2(row_sum(vec2<f32>(squares, 0.0), tid, lane, 1u, lanes).x);",
+                      "    if (row >= params.rows) {", "        return;", "    }",
+                      "    let r = finish_row(row, lane, vec2<f32>(first + mean_d, m2)).y;"]
         lines += [f"    let y_{k} = e_{k} * r * w_{k} + b_{k};" for k in values]
         lines += [f"    out[wide + j_{m}] = vec4<u32>(x_word(y_{2 * m}), x_word(y_{2 * m + 1}));" for m in each]
         return text[:start] + "\n".join(lines) + "\n}\n\n" + text[end:]
 
 
+@dataclass(frozen=True)
+class PlainWideX(PlainWide):
+    WIDE_AFFINE = False
+
+
+@dataclass(frozen=True)
+class FloorWide(PlainWide):
+    FLOOR = True
+
+
+# `--variants` names of the 16-byte forms, and their classes (run 26: wide; run 27: the rest).
+WIDE = {"wide": PlainWide, "wide_x": PlainWideX, "floor_wide": FloorWide}
+
+
 def wide_layouts(config: KernelConfig) -> dict[str, KernelConfig]:
-    """PlainWide in workgroups of 64, 128 or 256 threads, with the kernel's threads per row,
-    half or a quarter as many, where each thread then takes a whole number of 16-byte words,
-    at most MAX_HOLD (`--variants wide`): named wide_t{threads}_wg{workgroup}."""
+    """The 16-byte forms (WIDE) with the kernel's threads per row, half or a quarter as
+    many, where each thread then takes a whole number of 16-byte words, at most MAX_HOLD, in
+    workgroups of 64 or 128 threads (256 was never the best in run 26): named
+    {form}_t{threads}_wg{workgroup}."""
     found = {}
-    if config.dtype == "float32" or config.affine_dtype != config.dtype or config.width % 8:
+    if config.dtype == "float32" or config.width % 8:
         return found
     for threads in (config.threads_per_row, config.threads_per_row // 2, config.threads_per_row // 4):
         words, rest = divmod(config.row_vecs, 2 * threads) if threads else (0, 1)
         if rest or not 1 <= words <= MAX_HOLD:
             continue
-        for size in (64, 128, 256):
-            if size >= threads:
-                found[f"wide_t{threads}_wg{size}"] = as_variant(
-                    PlainWide, config, threads_per_row=threads, workgroup=size, hold=words)
+        for size in (64, 128):
+            for form, cls in WIDE.items():
+                if size >= threads and (config.affine_dtype == config.dtype or not cls.WIDE_AFFINE):
+                    found[f"{form}_t{threads}_wg{size}"] = as_variant(
+                        cls, config, threads_per_row=threads, workgroup=size, hold=words)
     return found
 
 
@@ -702,7 +737,7 @@ def variants(rows: int, width: int, dtype: str) -> dict[str, KernelConfig]:
 
 
 # `--variants` names that take a whole grid, and the pattern of its variants' names.
-GRIDS = {"grid": r"t\d+_wg\d+", "floor_grid": r"floor_(kernel|t\d+_wg\d+)", "wide": r"wide_t\d+_wg\d+",
+GRIDS = {"grid": r"t\d+_wg\d+", "floor_grid": r"floor_(kernel|t\d+_wg\d+)", **{form: form + r"_t\d+_wg\d+" for form in WIDE},
          **{name: name + r"_t\d+_wg\d+" for name in TURNS}}
 
 
@@ -772,14 +807,14 @@ def exact(name: str) -> bool:
     """Whether variant `name` gives the kernel's values to within rounding: EXACT's, the
     kernel in another layout (`grid`) and its plain rows in turns (TURNS); the exact floor's
     layouts (`floor_grid`) are INEXACT's."""
-    return name in EXACT or any(re.fullmatch(GRIDS[g], name) for g in ("grid", "wide", *TURNS))
+    return name in EXACT or any(re.fullmatch(GRIDS[g], name) for g in ("grid", "wide", "wide_x", *TURNS))
 
 
 def checked_names(configs: dict[str, KernelConfig]) -> list[str]:
     """The variants of `configs` that --check compares: the kernel, the exact ones and the
     least LayerNorms (INEXACT, and the exact floor in every layout)."""
     return [n for n in configs if n == "kernel" or exact(n) or n in INEXACT
-            or re.fullmatch(GRIDS["floor_grid"], n)]
+            or re.fullmatch(GRIDS["floor_grid"], n) or re.fullmatch(GRIDS["floor_wide"], n)]
 
 
 def check(shapes: list[tuple[int, int]], dtypes: list[str], rows_each: int = 256) -> list[dict]:
