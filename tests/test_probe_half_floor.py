@@ -20,12 +20,15 @@ def test_exact_variants_keep_the_kernels_values_and_the_least_ones_show_their_er
     # EXACT is of float16 rows, the probe's subject; in float32 only the layouts are.
     exact = [n for n in worst if probe.exact(n) and (dtype == "float16" or n.startswith(("t", "wg")))]
     assert len(exact) > 5 and any(n.startswith("t") and "_wg" in n for n in exact)
+    # The 16-byte forms rebind x and out (float16 rows whose width is a multiple of 8).
+    assert (dtype == "float16") == any(n.startswith(("wide_", "wide_x_")) for n in exact)
     for name in exact:
         assert worst[name] <= 1.5 and not not_exact[name], (name, worst[name], not_exact[name])
     # The check can fail: the one-pass LayerNorm (E[x^2] - E[x]^2) is far off on rows a
     # float16 ulp apart at 1000, where the kernel's error is under a thousandth.
     assert worst["least"] > 100
     assert any(n.startswith("floor_") for n in worst)
+    assert (dtype == "float16") == any(n.startswith("floor_wide_") for n in worst)
 
 
 def test_results_are_saved_after_every_shape(tmp_path, monkeypatch):
