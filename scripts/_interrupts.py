@@ -4,7 +4,8 @@ Each script calls `while_starting()` before it imports anything heavy (torch, Ex
 seconds), and hands its `main` to `run()`. While starting, nothing has been written, so a
 signal ends the process at once: no library that catches exceptions during its import can
 swallow it. From `run()` on, a signal raises KeyboardInterrupt, so `finally` blocks remove
-temp files before the one line is printed.
+temp files before the one line is printed; one that lands in a `__del__`, where Python
+would print the exception and drop it, is delivered again once the finalizer has returned.
 """
 
 from __future__ import annotations
@@ -12,9 +13,12 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 from collections.abc import Callable
 
 INTERRUPTED = 130
+# How soon a signal that landed in a finalizer is sent again: finalizers here close a handle.
+AGAIN_SECONDS = 0.05
 
 
 def _name() -> str:
@@ -26,7 +30,22 @@ def _exit_at_once(signum, frame) -> None:
     os._exit(INTERRUPTED)
 
 
+def _inside_finalizer(frame) -> bool:
+    """Whether `frame` is a `__del__`'s or below one: an exception raised there is printed
+    and dropped ("Exception ignored in"), and the work goes on."""
+    while frame is not None:
+        if frame.f_code.co_name == "__del__":
+            return True
+        frame = frame.f_back
+    return False
+
+
 def _raise_interrupt(signum, frame) -> None:
+    if _inside_finalizer(frame):
+        again = threading.Timer(AGAIN_SECONDS, os.kill, (os.getpid(), signum))
+        again.daemon = True
+        again.start()
+        return
     raise KeyboardInterrupt(f"signal {signum}")
 
 

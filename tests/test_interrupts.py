@@ -55,3 +55,26 @@ def test_a_signal_while_working_ends_with_one_line(tmp_path, name, signum):
     time.sleep(0.5)
     proc.send_signal(signum)
     _ended_with_one_line(proc, name)
+
+
+def test_a_signal_inside_a_finalizer_still_ends_the_script(tmp_path):
+    # A signal handled while a __del__ runs (the runtimes close their GPU handles in one):
+    # raised there, Python would print it, drop it and carry on to the end of the work.
+    script = tmp_path / "finalizer.py"
+    script.write_text(
+        "import os, signal, sys, time\n"
+        f"sys.path.insert(0, {str(ROOT / 'scripts')!r})\n"
+        "import _interrupts\n\n"
+        "class Handle:\n"
+        "    def __del__(self):\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        "        time.sleep(0.2)\n\n"
+        "def main():\n"
+        "    Handle()\n"
+        "    time.sleep(10)\n"
+        "    print('carried on')\n"
+        "    return 0\n\n"
+        "_interrupts.run(main)\n")
+    proc = subprocess.Popen([sys.executable, str(script)], env=ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    _ended_with_one_line(proc, "finalizer")  # no "Exception ignored" traceback either

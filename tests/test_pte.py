@@ -239,7 +239,7 @@ def test_sigterm_during_export_ends_with_one_line(checkpoints, tmp_path):
             proc.send_signal(signal.SIGTERM)
             break
     rest = proc.stderr.read()
-    assert proc.wait(timeout=120) == 130
+    assert proc.wait(timeout=120) == 130, rest
     assert rest.strip().splitlines()[-1] == "export_model: interrupted; no file was left half-written"
     assert not list(tmp_path.glob("out/.*.tmp")) and not list(tmp_path.glob("out/*.pte"))
 
