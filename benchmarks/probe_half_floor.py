@@ -915,6 +915,39 @@ def turns_table(wgpu: list[dict], dawn: list[dict]) -> str:
     return "\n".join(lines)
 
 
+LAYOUT_NAME = re.compile(r"t\d+_wg\d+$")
+
+
+def wide_table(wgpu: list[dict], dawn: list[dict]) -> str:
+    """Copy over the kernel, the exact floor in the kernel's layout and the best layout of each
+    16-byte form timed (WIDE), then `wide`'s best over the kernel and, where floor_wide was
+    timed, the better of the kernel and `wide` over the better floor of the two load widths,
+    wgpu / Dawn (runs 26-27)."""
+    forms = [name for name in WIDE if any(re.fullmatch(GRIDS[name], n) for n in wgpu[0]["us"])]
+    floors = "floor_wide" in forms
+    titles = ["kernel (table)", "exact floor, kernel's layout"] + [f"{name}, best layout" for name in forms]
+    titles += ["wide over the kernel"] + (["better form over the better floor"] if floors else [])
+    lines = ["| shape | " + " | ".join(titles) + " |", "|---" * (len(titles) + 1) + "|"]
+
+    def over(row: dict) -> tuple[float, float | None]:
+        kernel, wide = row["copy_over"]["kernel"], best_of(row, GRIDS["wide"])[0]
+        if not floors:
+            return wide / kernel, None
+        return wide / kernel, max(kernel, wide) / max(row["copy_over"]["floor_kernel"], best_of(row, GRIDS["floor_wide"])[0])
+
+    for a, b in zip(wgpu, dawn, strict=True):
+        cells = [f"{a['copy_over'][n]:.3f} / {b['copy_over'][n]:.3f}" for n in ("kernel", "floor_kernel")]
+        for name in forms:
+            found = [best_of(r, GRIDS[name]) for r in (a, b)]
+            cells.append(" / ".join(f"{v:.3f} {LAYOUT_NAME.search(layout).group()}" for v, layout in found))
+        ratios = over(a), over(b)
+        cells.append(f"{ratios[0][0]:.3f} / {ratios[1][0]:.3f}")
+        if floors:
+            cells.append(f"{ratios[0][1]:.3f} / {ratios[1][1]:.3f}")
+        lines.append(f"| {a['rows']}x{a['width']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def half_threads_table(wgpu: list[dict], dawn: list[dict]) -> str:
     """Half the threads' speed over the width's layout (wgpu / Dawn), from two `--variants
     kernel,by_width,half_threads` runs: by_width over kernel where the launch's rule halved
@@ -937,7 +970,10 @@ def print_tables(files: str) -> None:
     """The tables whose variants both runs (wgpu, Dawn) timed."""
     runs = [(doc["results"], doc["device"]) for doc in (json.loads(Path(f).read_text()) for f in files.split(","))]
     timed = set(runs[0][0][0]["us"])
-    if "floor_kernel" in timed:
+    wide = any(re.fullmatch(GRIDS["wide"], n) for n in timed)
+    if wide:
+        print(wide_table(runs[0][0], runs[1][0]))
+    elif "floor_kernel" in timed:
         print(best_layouts_table(runs))
     if any(re.fullmatch(GRIDS[name], n) for name in TURNS for n in timed):
         print(turns_table(runs[0][0], runs[1][0]))

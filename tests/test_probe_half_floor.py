@@ -47,20 +47,24 @@ def test_results_are_saved_after_every_shape(tmp_path, monkeypatch):
     assert all("copy" in r["us"] and any(n.startswith("t") and "_wg" in n for n in r["us"]) for r in results)
 
 
-def test_tables_name_each_shape_and_its_best_layouts(tmp_path, monkeypatch, capsys):
-    # Two runs of the same shapes stand in for wgpu's and Dawn's.
+def _tables(tmp_path, monkeypatch, capsys, variants: str) -> list[str]:
+    """The lines --tables prints of two runs of one shape (standing in for wgpu's and Dawn's)."""
     runs = []
     for impl in ("wgpu", "dawn"):
         out = tmp_path / f"probe-{impl}.json"
         monkeypatch.setattr(sys, "argv", ["probe_half_floor.py", "--json", str(out), "--shapes", "8x256",
                                           "--dtypes", "float16", "--rounds", "1", "--repeats", "2",
-                                          "--variants", "kernel,grid,floor_grid,half_threads,prefetch2"])
+                                          "--variants", variants])
         probe.main()
         runs.append(str(out))
     capsys.readouterr()
     monkeypatch.setattr(sys, "argv", ["probe_half_floor.py", "--tables", ",".join(runs)])
     probe.main()
-    lines = capsys.readouterr().out.splitlines()
+    return capsys.readouterr().out.splitlines()
+
+
+def test_tables_name_each_shape_and_its_best_layouts(tmp_path, monkeypatch, capsys):
+    lines = _tables(tmp_path, monkeypatch, capsys, "kernel,grid,floor_grid,half_threads,prefetch2")
     best = [line for line in lines if line.startswith("| 8x256 (16x4) | t16_wg64 / t16_wg64 |")]
     halved = [line for line in lines if line.startswith("| 8x256 | 16x4 | 128 |")]
     turns = [line for line in lines if line.startswith("| 8x256 | ") and line.count("/") == 3]
@@ -68,3 +72,12 @@ def test_tables_name_each_shape_and_its_best_layouts(tmp_path, monkeypatch, caps
     # Both runs' layouts: the kernel's, its best, the floor's in the kernel's and its best.
     assert best[0].count("_wg") == 8
     assert "| shape | kernel | best layout | prefetch2 |" in lines
+
+
+def test_the_16_byte_table_sets_each_form_beside_the_kernel_and_the_floors(tmp_path, monkeypatch, capsys):
+    lines = _tables(tmp_path, monkeypatch, capsys, "kernel,floor_kernel,wide,floor_wide")
+    assert lines[0] == ("| shape | kernel (table) | exact floor, kernel's layout | wide, best layout "
+                        "| floor_wide, best layout | wide over the kernel | better form over the better floor |")
+    (row,) = [line for line in lines if line.startswith("| 8x256 |")]
+    # Each form's best layout named on both runs, and every cell a pair.
+    assert row.count("_wg") == 4 and row.count(" / ") == 6, row
