@@ -621,6 +621,7 @@ def wide_layouts(config: KernelConfig) -> dict[str, KernelConfig]:
         for size in (64, 128):
             for form, cls in WIDE.items():
                 if size >= threads and (config.affine_dtype == config.dtype or not cls.WIDE_AFFINE):
+                    # hold: the words a thread takes (PlainWide writes its own loads).
                     found[f"{form}_t{threads}_wg{size}"] = as_variant(
                         cls, config, threads_per_row=threads, workgroup=size, hold=words)
     return found
@@ -737,8 +738,8 @@ def variants(rows: int, width: int, dtype: str) -> dict[str, KernelConfig]:
 
 
 # `--variants` names that take a whole grid, and the pattern of its variants' names.
-GRIDS = {"grid": r"t\d+_wg\d+", "floor_grid": r"floor_(kernel|t\d+_wg\d+)", **{form: form + r"_t\d+_wg\d+" for form in WIDE},
-         **{name: name + r"_t\d+_wg\d+" for name in TURNS}}
+GRIDS = {"grid": r"t\d+_wg\d+", "floor_grid": r"floor_(kernel|t\d+_wg\d+)",
+         **{name: name + r"_t\d+_wg\d+" for name in (*WIDE, *TURNS)}}
 
 
 def probe(shapes: list[tuple[int, int]], dtypes: list[str], rounds: int, repeats: int,
@@ -933,7 +934,8 @@ def wide_table(wgpu: list[dict], dawn: list[dict]) -> str:
         kernel, wide = row["copy_over"]["kernel"], best_of(row, GRIDS["wide"])[0]
         if not floors:
             return wide / kernel, None
-        return wide / kernel, max(kernel, wide) / max(row["copy_over"]["floor_kernel"], best_of(row, GRIDS["floor_wide"])[0])
+        floor = max(row["copy_over"]["floor_kernel"], best_of(row, GRIDS["floor_wide"])[0])
+        return wide / kernel, max(kernel, wide) / floor
 
     for a, b in zip(wgpu, dawn, strict=True):
         cells = [f"{a['copy_over'][n]:.3f} / {b['copy_over'][n]:.3f}" for n in ("kernel", "floor_kernel")]
