@@ -10,6 +10,16 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 
+# True while a set of files takes its names: the scripts' interrupt handler
+# (scripts/_interrupts.py) lets the renames finish first, so that no set is left part new.
+_renaming = False
+
+
+def renaming() -> bool:
+    """Whether `write_files_atomic` is renaming a set of files into place right now."""
+    return _renaming
+
+
 def write_bytes_atomic(path: str | os.PathLike, data: bytes, check: Callable[[str], None] | None = None) -> None:
     """Write `data` to `path` so that readers see the old file or the whole new one.
 
@@ -25,9 +35,11 @@ def write_files_atomic(files: Sequence[tuple[str | os.PathLike, bytes | Callable
     as a set: every file is written in full to a temp file beside its target (and checked)
     before any takes its name, so a full disk, a failed check or an interrupt on the way
     removes every temp file and leaves the previous files as they were. Then each temp
-    file takes its name, in order (a rename writes no data). `data` may be a function,
+    file takes its name, in order (a rename writes no data; the scripts hold an interrupt
+    until the last has, see `renaming`). `data` may be a function,
     called when the files before it are written and checked.
     """
+    global _renaming
     temps: list[tuple[str, Path]] = []
     try:
         for path, data, check in files:
@@ -43,10 +55,14 @@ def write_files_atomic(files: Sequence[tuple[str | os.PathLike, bytes | Callable
                 check(tmp)
             # mkstemp makes the file private (0600); give it the mode a plain open() would.
             os.chmod(tmp, 0o666 & ~_umask())
-        while temps:
-            tmp, path = temps[0]
-            os.replace(tmp, path)
-            temps.pop(0)
+        _renaming = True
+        try:
+            while temps:
+                tmp, path = temps[0]
+                os.replace(tmp, path)
+                temps.pop(0)
+        finally:
+            _renaming = False
     except BaseException:
         for tmp, _ in temps:
             Path(tmp).unlink(missing_ok=True)

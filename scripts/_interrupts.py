@@ -4,8 +4,9 @@ Each script calls `while_starting()` before it imports anything heavy (torch, Ex
 seconds), and hands its `main` to `run()`. While starting, nothing has been written, so a
 signal ends the process at once: no library that catches exceptions during its import can
 swallow it. From `run()` on, a signal raises KeyboardInterrupt, so `finally` blocks remove
-temp files before the one line is printed; one that lands in a `__del__`, where Python
-would print the exception and drop it, is delivered again once the finalizer has returned.
+temp files before the one line is printed. One that lands in a `__del__`, where Python
+would print the exception and drop it, or while a set of files takes its names (which must
+not stop half way), is delivered again shortly after.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import threading
 from collections.abc import Callable
 
 INTERRUPTED = 130
-# How soon a signal that landed in a finalizer is sent again: finalizers here close a handle.
+# How soon a signal that came at the wrong moment is sent again: finalizers here close a
+# handle, and a set of files is renamed in microseconds.
 AGAIN_SECONDS = 0.05
 
 
@@ -40,8 +42,14 @@ def _inside_finalizer(frame) -> bool:
     return False
 
 
+def _renaming() -> bool:
+    """Whether a set of files is taking its names (pipeline.ioutil, where it is loaded)."""
+    ioutil = sys.modules.get("pipeline.ioutil")
+    return ioutil is not None and ioutil.renaming()
+
+
 def _raise_interrupt(signum, frame) -> None:
-    if _inside_finalizer(frame):
+    if _inside_finalizer(frame) or _renaming():
         again = threading.Timer(AGAIN_SECONDS, os.kill, (os.getpid(), signum))
         again.daemon = True
         again.start()

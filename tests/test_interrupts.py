@@ -57,14 +57,19 @@ def test_a_signal_while_working_ends_with_one_line(tmp_path, name, signum):
     _ended_with_one_line(proc, name)
 
 
+def _run_script(tmp_path: Path, name: str, body: str) -> subprocess.Popen:
+    """A script `name` of `body` under scripts/_interrupts.run(main), started."""
+    script = tmp_path / f"{name}.py"
+    script.write_text(f"import os, signal, sys, time\nsys.path.insert(0, {str(ROOT / 'scripts')!r})\n"
+                      "import _interrupts\n\n" + body + "\n_interrupts.run(main)\n")
+    return subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, env=ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
 def test_a_signal_inside_a_finalizer_still_ends_the_script(tmp_path):
     # A signal handled while a __del__ runs (the runtimes close their GPU handles in one):
     # raised there, Python would print it, drop it and carry on to the end of the work.
-    script = tmp_path / "finalizer.py"
-    script.write_text(
-        "import os, signal, sys, time\n"
-        f"sys.path.insert(0, {str(ROOT / 'scripts')!r})\n"
-        "import _interrupts\n\n"
+    proc = _run_script(tmp_path, "finalizer", (
         "class Handle:\n"
         "    def __del__(self):\n"
         "        os.kill(os.getpid(), signal.SIGTERM)\n"
@@ -72,9 +77,28 @@ def test_a_signal_inside_a_finalizer_still_ends_the_script(tmp_path):
         "def main():\n"
         "    Handle()\n"
         "    time.sleep(10)\n"
-        "    print('carried on')\n"
-        "    return 0\n\n"
-        "_interrupts.run(main)\n")
-    proc = subprocess.Popen([sys.executable, str(script)], env=ENV, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+        "    return 0\n"))
     _ended_with_one_line(proc, "finalizer")  # no "Exception ignored" traceback either
+
+
+def test_a_signal_while_a_set_of_files_takes_its_names_lets_the_set_finish(tmp_path):
+    # The signal comes between the first file's rename and the second's: the set is written
+    # whole (not a new .pte beside its old coverage file), and then the script ends.
+    for name in ("first", "second"):
+        (tmp_path / name).write_text("old")
+    proc = _run_script(tmp_path, "pair", (
+        "from pipeline import ioutil\n"
+        "rename = os.replace\n\n"
+        "def replace(tmp, path):\n"
+        "    rename(tmp, path)\n"
+        "    if str(path).endswith('first'):\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        "        time.sleep(0.2)\n\n"
+        "def main():\n"
+        "    os.replace = replace\n"
+        "    ioutil.write_files_atomic([('first', b'new', None), ('second', b'new', None)])\n"
+        "    time.sleep(10)\n"
+        "    return 0\n"))
+    _ended_with_one_line(proc, "pair")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["first", "pair.py", "second"]
+    assert (tmp_path / "first").read_text() == (tmp_path / "second").read_text() == "new"
