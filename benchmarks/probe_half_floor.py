@@ -868,12 +868,16 @@ def kernel_layout(row: dict, device: dict) -> str:
     return f"t{threads}_wg{max(MIN_WORKGROUP, threads)}"
 
 
+LAYOUT_NAME = re.compile(r"t\d+_wg\d+$")
+
+
 def best_of(row: dict, pattern: str, kernel: str = "kernel") -> tuple[float, str]:
-    """The highest copy ratio among the variants whose names match `pattern`, and its layout
-    (`kernel`: the name the kernel's own layout goes by)."""
+    """The highest copy ratio among the variants whose names match `pattern`, and its layout:
+    t{threads}_wg{workgroup} from the name, or `kernel` (the name the kernel's own layout goes
+    by) for a variant in the kernel's layout."""
     name = max((n for n in row["copy_over"] if re.fullmatch(pattern, n)), key=row["copy_over"].get)
-    layout = name.removeprefix("floor_")
-    return row["copy_over"][name], kernel if layout == "kernel" else layout
+    layout = LAYOUT_NAME.search(name)
+    return row["copy_over"][name], kernel if layout is None else layout.group()
 
 
 def best_layouts_table(runs: list[tuple[list[dict], dict]]) -> str:
@@ -916,9 +920,6 @@ def turns_table(wgpu: list[dict], dawn: list[dict]) -> str:
     return "\n".join(lines)
 
 
-LAYOUT_NAME = re.compile(r"t\d+_wg\d+$")
-
-
 def wide_table(wgpu: list[dict], dawn: list[dict]) -> str:
     """Copy over the kernel, the exact floor in the kernel's layout and the best layout of each
     16-byte form timed (WIDE), then `wide`'s best over the kernel and, where floor_wide was
@@ -941,7 +942,7 @@ def wide_table(wgpu: list[dict], dawn: list[dict]) -> str:
         cells = [f"{a['copy_over'][n]:.3f} / {b['copy_over'][n]:.3f}" for n in ("kernel", "floor_kernel")]
         for name in forms:
             found = [best_of(r, GRIDS[name]) for r in (a, b)]
-            cells.append(" / ".join(f"{v:.3f} {LAYOUT_NAME.search(layout).group()}" for v, layout in found))
+            cells.append(" / ".join(f"{v:.3f} {layout}" for v, layout in found))
         ratios = over(a), over(b)
         cells.append(f"{ratios[0][0]:.3f} / {ratios[1][0]:.3f}")
         if floors:

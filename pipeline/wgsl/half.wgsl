@@ -27,19 +27,9 @@ fn pack_pair(v: vec2<f32>) -> u32 {
     return float16_bits(v.x) | (float16_bits(v.y) << 16u);
 }
 
-// The 16 bits of `v` rounded to the pipeline's half dtype.
+// The 16 bits of `v` rounded to the pipeline's half dtype: the first of a pair.
 fn half_bits(v: f32) -> u32 {
-    if (HALF == 2u) {
-        return bfloat16_bits(v);
-    }
-    if (PACK2X16FLOAT) {
-        return pack2x16float(vec2<f32>(v, 0.0)) & 0xffffu;
-    }
-    return float16_bits(v);
-}
-
-fn bfloat16_bits(v: f32) -> u32 {
-    return bfloat16_pair(vec2<f32>(v, 0.0)) & 0xffffu;
+    return pack_pair(vec2<f32>(v, 0.0)) & 0xffffu;
 }
 
 // Both values rounded to bfloat16, the first in the low 16 bits. Adding 0x7fff plus the kept
