@@ -163,7 +163,11 @@ class Variant(KernelConfig):
     FORCED: ClassVar[dict[str, bool | None]] = {"plain_two_pass": False}
 
     def source(self, files: ShaderFiles) -> str:
+        # The variants read no 16-byte words: without the kernel's normalize_wide (uncalled
+        # here), an edit of the plain rows' lines finds normalize_plain's alone.
         text = super().source(files)
+        start = text.index("fn normalize_wide(")
+        text = text[:start] + text[text.index("\n}\n", start) + 3:]
         for cls in reversed(type(self).__mro__):
             for pattern, replacement, count in vars(cls).get("EDITS", ()):
                 text = edited(text, pattern, replacement, count)

@@ -1,5 +1,6 @@
 """Tuning the kernel's layouts on this device: each launch's rule config against the same
-rows at half and twice its threads per row and in workgroups of 64, 128 and 256, timed in
+rows at half and twice its threads per row and in workgroups of 64, 128 and 256, and plain
+half rows also read in 16-byte words at a quarter to twice its threads per row, timed in
 interleaved rounds on the GPU's clock; the layouts that beat the rule by at least
 `min_gain` make the table (pipeline.wgsl.layouts) that PIPELINE_LAYOUTS points both
 runtimes at. scripts/tune_layouts.py is the command line. `program_launches` lists the
@@ -31,9 +32,16 @@ MIN_GAIN = 1.02
 def candidates(rule: KernelConfig) -> list[KernelConfig]:
     """`rule` first, then those of `bench_layer_norm --sweep`'s candidates a table can hold:
     its rows held at half, the same and twice its threads per row, in workgroups of 64 to
-    256 (`layouts.unusable` says which)."""
-    return [rule] + [c for c in candidate_configs(rule)[1:]
-                     if c.hold and unusable(rule, c.threads_per_row, c.workgroup) is None]
+    256; then, where they fit, its rows read in 16-byte words at a quarter, half, the same and
+    twice its threads per row, in the same workgroups (`layouts.unusable` says which). A
+    quarter: a word holds two of the rule's loads (on the H200 the best words took the rule's
+    threads or half as many; docs/measurements.md, run 27)."""
+    held = [c for c in candidate_configs(rule)[1:] if c.hold and unusable(rule, c.threads_per_row, c.workgroup) is None]
+    words = [rule.relaid(threads, workgroup, wide_words=True)
+             for threads in (rule.threads_per_row // 4, rule.threads_per_row // 2, rule.threads_per_row,
+                             2 * rule.threads_per_row)
+             for workgroup in (64, 128, 256) if unusable(rule, threads, workgroup, wide_words=True) is None]
+    return [rule, *held, *words]
 
 
 def tune(launches: Sequence[Launch], rounds: int = 3, repeats: int = 100, min_gain: float = MIN_GAIN,
@@ -67,9 +75,10 @@ def tune(launches: Sequence[Launch], rounds: int = 3, repeats: int = 100, min_ga
         gain = means[0] / means[best]
         chosen = configs[best]
         if gain >= min_gain:
-            table.entries[launch] = Layout(chosen.threads_per_row, chosen.workgroup, round(gain, 3))
-            progress(f"{label}: {chosen.threads_per_row} threads a row in workgroups of {chosen.workgroup}, "
-                     f"{gain:.3f}x the rule's speed ({means[0]:.2f} -> {means[best]:.2f} us)")
+            table.entries[launch] = Layout(chosen.threads_per_row, chosen.workgroup, chosen.wide_words, round(gain, 3))
+            progress(f"{label}: {chosen.threads_per_row} threads a row in workgroups of {chosen.workgroup}"
+                     f"{', in 16-byte words' if chosen.wide_words else ''}, {gain:.3f}x the rule's speed "
+                     f"({means[0]:.2f} -> {means[best]:.2f} us)")
         else:
             progress(f"{label}: the rule's {rule.threads_per_row} threads a row in workgroups of "
                      f"{rule.workgroup} kept (the best other layout {gain:.3f}x)")

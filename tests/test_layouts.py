@@ -18,17 +18,19 @@ from pipeline.wgsl.layouts import MAGIC, Launch, Layout, Layouts, LayoutsError, 
 from support.scripts import ROOT, load_script, run_script
 
 HEADER = f"{MAGIC}\nadapter Some GPU (driver 1.2)\nimplementation wgpu\n"
-# (rows, width, dtype, threads per row, workgroup): launches the rule holds, each in a layout
-# other than its own. 18432x256 keeps the rule's threads in a larger workgroup, which must not
-# move a bit; the others change the threads per row, which moves some.
-TUNED = [(4096, 1024, "float16", 32, 128), (18432, 256, "float16", 16, 128), (4096, 768, "float32", 32, 256),
-         (300, 1000, "bfloat16", 64, 64), (77, 30, "float32", 8, 128), (50, 4096, "float32", 128, 256)]
+# (rows, width, dtype, threads per row, workgroup, 16-byte words): launches the rule holds, each
+# in a layout other than its own. 18432x256 keeps the rule's threads in a larger workgroup,
+# which must not move a bit; the others change the threads per row or read words, which moves
+# some.
+TUNED = [(4096, 1024, "float16", 32, 128, 0), (18432, 256, "float16", 16, 128, 0), (4096, 768, "float32", 32, 256, 0),
+         (300, 1000, "bfloat16", 64, 64, 0), (77, 30, "float32", 8, 128, 0), (50, 4096, "float32", 128, 256, 0),
+         (1500, 768, "float16", 32, 128, 1), (70, 128, "bfloat16", 4, 64, 1), (9, 3072, "float16", 128, 128, 1)]
 
 
 def table_text(adapter="Some GPU (driver 1.2)", implementation="wgpu", stats=0):
     lines = [MAGIC, f"adapter {adapter}", f"implementation {implementation}"]
-    lines += [f"layout {dtype} {dtype} 1 1 {stats} {width} {rows} {threads} {workgroup} 1.050"
-              for rows, width, dtype, threads, workgroup in TUNED]
+    lines += [f"layout {dtype} {dtype} 1 1 {stats} {width} {rows} {threads} {workgroup} {words} 1.050"
+              for rows, width, dtype, threads, workgroup, words in TUNED]
     return "\n".join(lines) + "\n"
 
 
@@ -38,7 +40,9 @@ def test_a_table_reads_back_as_written():
     assert len(table.entries) == len(TUNED)
     assert parse(table.text()).entries == table.entries
     launch = Launch("float16", "float16", True, True, False, 1024, 4096)
-    assert table.entries[launch] == Layout(32, 128, 1.05)
+    assert table.entries[launch] == Layout(32, 128, False, 1.05)
+    launch = Launch("float16", "float16", True, True, False, 768, 1500)
+    assert table.entries[launch] == Layout(32, 128, True, 1.05)
 
 
 def test_a_launch_takes_its_layout_and_no_other():
@@ -65,27 +69,34 @@ BAD = [
     (f"{MAGIC}\nimplementation wgpu\n", 0, "no adapter line"),
     (f"{MAGIC}\nadapter\nimplementation wgpu\n", 0, "no adapter line"),
     (HEADER + "adapter Y\n", 4, "a second adapter line"),
-    (HEADER + "layouts float16 float16 1 1 0 1024 4096 64 128 1.0\n", 4, "unknown line"),
-    (HEADER + "layout float16 float16 1 1 0 1024 4096 64 128\n", 4, "10 fields"),
-    (HEADER + "layout float64 float64 1 1 0 1024 4096 64 128 1.0\n", 4, "is not one of"),
-    (HEADER + "layout float16 bfloat16 1 1 0 1024 4096 64 128 1.0\n", 4, "the rows' dtype or float32"),
-    (HEADER + "layout float16 float16 1 1 0 1024 -4096 64 128 1.0\n", 4, "unsigned integers"),
-    (HEADER + "layout float16 float16 1 1 0 1_024 4096 64 128 1.0\n", 4, "unsigned integers"),
-    (HEADER + "layout float16 float16 1 1 0 1024 4096 64 128 inf\n", 4, "unsigned integers"),
-    (HEADER + "layout float16 float16 1 1 0 1024 4096 64 128 1e3\n", 4, "unsigned integers"),
-    (HEADER + "layout float16 float16 2 1 0 1024 4096 64 128 1.0\n", 4, "0 or 1"),
-    (HEADER + "layout float16 float16 1 1 0 0 4096 64 128 1.0\n", 4, "from 1 to"),
-    (HEADER + "layout float16 float16 1 1 0 1024 4294967296 64 128 1.0\n", 4, "from 1 to"),
-    (HEADER + "layout float16 float16 1 1 0 1024 4096 64 128 0.0\n", 4, "not positive"),
-    (HEADER + "layout float16 float16 1 1 0 1024 4096 48 128 1.0\n", 4, "not a power of two"),
-    (HEADER + "layout float16 float16 1 1 0 1024 4096 512 512 1.0\n", 4, "not a power of two"),
-    (HEADER + "layout float16 float16 1 1 0 1024 4096 16 128 1.0\n", 4, "more than 8 loads"),
-    (HEADER + "layout float16 float16 1 1 0 1024 4096 128 64 1.0\n", 4, "workgroup 64"),
-    (HEADER + "layout float16 float16 1 1 0 1024 4096 64 96 1.0\n", 4, "workgroup 96"),
-    (HEADER + "layout float16 float16 1 1 0 1024 4096 64 512 1.0\n", 4, "workgroup 512"),
-    (HEADER + "layout float32 float32 1 1 0 9000 64 256 256 1.0\n", 4, "streamed"),
-    (HEADER + "layout float16 float16 1 1 0 1024 4096 64 128 1.0\n\n"
-     "layout float16 float16 1 1 0 1024 4096 32 128 1.0\n", 6, "a second layout"),
+    (HEADER + "layouts float16 float16 1 1 0 1024 4096 64 128 0 1.0\n", 4, "unknown line"),
+    (HEADER + "layout float16 float16 1 1 0 1024 4096 64 128 1.0\n", 4, "11 fields"),
+    ("pipeline-layouts 1\nadapter X\n", 1, "version 1, without the words column: tune this device again"),
+    (HEADER + "layout float64 float64 1 1 0 1024 4096 64 128 0 1.0\n", 4, "is not one of"),
+    (HEADER + "layout float16 bfloat16 1 1 0 1024 4096 64 128 0 1.0\n", 4, "the rows' dtype or float32"),
+    (HEADER + "layout float16 float16 1 1 0 1024 -4096 64 128 0 1.0\n", 4, "unsigned integers"),
+    (HEADER + "layout float16 float16 1 1 0 1_024 4096 64 128 0 1.0\n", 4, "unsigned integers"),
+    (HEADER + "layout float16 float16 1 1 0 1024 4096 64 128 0 inf\n", 4, "unsigned integers"),
+    (HEADER + "layout float16 float16 1 1 0 1024 4096 64 128 0 1e3\n", 4, "unsigned integers"),
+    (HEADER + "layout float16 float16 2 1 0 1024 4096 64 128 0 1.0\n", 4, "0 or 1"),
+    (HEADER + "layout float16 float16 1 1 0 1024 4096 64 128 2 1.0\n", 4, "words are 0 or 1"),
+    (HEADER + "layout float16 float16 1 1 1 1024 4096 64 128 1 1.0\n", 4, "only plain rows"),
+    (HEADER + "layout float32 float32 1 1 0 1024 4096 64 128 1 1.0\n", 4, "only plain rows"),
+    (HEADER + "layout float16 float32 1 1 0 1024 4096 64 128 1 1.0\n", 4, "in the rows' dtype, not float32"),
+    (HEADER + "layout bfloat16 bfloat16 1 1 0 1000 4096 64 128 1 1.0\n", 4, "do not split into whole 16-byte"),
+    (HEADER + "layout float16 float16 1 1 0 1024 4096 256 256 1 1.0\n", 4, "for each of 256 threads"),
+    (HEADER + "layout float16 float16 1 1 0 0 4096 64 128 0 1.0\n", 4, "from 1 to"),
+    (HEADER + "layout float16 float16 1 1 0 1024 4294967296 64 128 0 1.0\n", 4, "from 1 to"),
+    (HEADER + "layout float16 float16 1 1 0 1024 4096 64 128 0 0.0\n", 4, "not positive"),
+    (HEADER + "layout float16 float16 1 1 0 1024 4096 48 128 0 1.0\n", 4, "not a power of two"),
+    (HEADER + "layout float16 float16 1 1 0 1024 4096 512 512 0 1.0\n", 4, "not a power of two"),
+    (HEADER + "layout float16 float16 1 1 0 1024 4096 16 128 0 1.0\n", 4, "more than 8 loads"),
+    (HEADER + "layout float16 float16 1 1 0 1024 4096 128 64 0 1.0\n", 4, "workgroup 64"),
+    (HEADER + "layout float16 float16 1 1 0 1024 4096 64 96 0 1.0\n", 4, "workgroup 96"),
+    (HEADER + "layout float16 float16 1 1 0 1024 4096 64 512 0 1.0\n", 4, "workgroup 512"),
+    (HEADER + "layout float32 float32 1 1 0 9000 64 256 256 0 1.0\n", 4, "streamed"),
+    (HEADER + "layout float16 float16 1 1 0 1024 4096 64 128 0 1.0\n\n"
+     "layout float16 float16 1 1 0 1024 4096 32 128 0 1.0\n", 6, "a second layout"),
 ]
 
 
@@ -136,13 +147,15 @@ def test_cpp_reads_what_python_writes(native):
     assert native.check_layouts("# tuned by hand\r\n\r\n" + table_text().replace("\n", "\r\n")) is None
 
 
-@pytest.mark.parametrize("rows, width, dtype, threads, workgroup", TUNED)
-def test_cpp_module_in_a_tuned_layout_is_pythons(native, rows, width, dtype, threads, workgroup):
+@pytest.mark.parametrize("rows, width, dtype, threads, workgroup, words", TUNED)
+def test_cpp_module_in_a_tuned_layout_is_pythons(native, rows, width, dtype, threads, workgroup, words):
     table = parse(table_text())
     for launch_rows in (rows, rows + 1):
         for subgroup_size, compiler in ((0, "naga"), (32, "tint")):
             rule = choose_config(width, True, True, subgroup_size, dtype, rows=launch_rows, write_stats=False)
-            want = table.config(rule, launch_rows).source(ShaderFiles(compiler))
+            tuned = table.config(rule, launch_rows)
+            assert tuned.wide_words == (words == 1 and launch_rows == rows)
+            want = tuned.source(ShaderFiles(compiler))
             got = native.wgsl_source(width, True, True, subgroup_size, dtype, rows=launch_rows, write_stats=False,
                                      compiler=compiler, layouts=table_text())
             assert got == want, (launch_rows, subgroup_size, compiler)
@@ -167,14 +180,14 @@ def test_tune_layouts_writes_a_table_both_runtimes_read_and_appends(tmp_path, gp
     out = tmp_path / "tuned" / "layouts.txt"
     out.parent.mkdir()
     kept = Launch("float32", "float32", True, True, False, 768, 32)
-    out.write_text(Layouts(gpu_info["adapter"], gpu_info["implementation"], {kept: Layout(32, 128, 1.1)}).text())
+    out.write_text(Layouts(gpu_info["adapter"], gpu_info["implementation"], {kept: Layout(32, 128, False, 1.1)}).text())
     result = run_script("tune_layouts", "--shapes", "64x1024,9x7000", "--dtype", "float16", "--out", str(out),
                         "--append", "--rounds", "1", "--repeats", "3")
     assert result.returncode == 0, result.stderr
     assert "9x7000: rows streamed" in result.stdout and f"wrote {out}" in result.stdout
     table = read(out)
     assert (table.adapter, table.implementation) == (gpu_info["adapter"], gpu_info["implementation"])
-    assert table.entries[kept] == Layout(32, 128, 1.1)  # --append kept the other launch's entry
+    assert table.entries[kept] == Layout(32, 128, False, 1.1)  # --append kept the other launch's entry
     assert {(e.rows, e.width) for e in table.entries} <= {(32, 768), (64, 1024)}
     assert native.check_layouts(out.read_text()) is None
 
@@ -285,7 +298,7 @@ def child() -> int:
     from pipeline.pte import blob
     from pipeline.runtime import delegate as delegate_module
     from pipeline.runtime import device as runtime_device
-    from pipeline.runtime import native_call
+    from pipeline.runtime import launch, native_call
     from support.delegates import DTYPES, bits, make_delegate
 
     try:
@@ -300,7 +313,7 @@ def child() -> int:
         return 3
     g = runtime_device.gpu()
     launched = 0
-    for rows, width, dtype, threads, workgroup in TUNED:
+    for rows, width, dtype, threads, workgroup, words in TUNED:
         data, _ = make_delegate(width, dtype)
         native = delegate_module.LayerNormDelegate(data)
         assert native._native is not None, "the native call library did not open the delegate"
@@ -313,8 +326,11 @@ def child() -> int:
         table, g.layouts = g.layouts, None
         [rule] = python(x)
         g.layouts = table
-        relaid = choose_config(width, True, True, dtype=dtype, rows=rows, write_stats=False).threads_per_row != threads
-        assert torch.equal(bits(rule), bits(want)) != relaid, f"{rows}x{width} {dtype}: threads {threads}"
+        tuned = launch.device_config(g, width, True, True, dtype, rows=rows, write_stats=False)
+        assert (tuned.threads_per_row, tuned.workgroup, tuned.wide_words) == (threads, workgroup, words == 1)
+        if not words:  # words move the sums' order too, but a few rows need not show it
+            relaid = choose_config(width, True, True, dtype=dtype, rows=rows, write_stats=False).threads_per_row != threads
+            assert torch.equal(bits(rule), bits(want)) != relaid, f"{rows}x{width} {dtype}: threads {threads}"
         constants = blob.decode(data).constants
         w, b = (torch.from_numpy(constants[r].astype("float64") if dtype != "bfloat16" else
                                  (constants[r].astype("int32") << 16).view("float32").astype("float64"))
@@ -331,7 +347,7 @@ def child() -> int:
     from pipeline import native
 
     native.register()
-    rows, width, dtype, threads, workgroup = TUNED[2]
+    rows, width, dtype, threads, workgroup, words = TUNED[2]
     module = torch.nn.LayerNorm(width).eval()
     x = torch.randn(rows, width, generator=torch.Generator().manual_seed(5)) * 3
     program = pipeline.lower(module, (x,))

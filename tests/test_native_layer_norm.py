@@ -892,3 +892,117 @@ def test_compensated_sums_pass_through_opaque():
     assert "let mean = opaque(a.y + step);" in text and "let sum = opaque(frame.x + mean_d);" in text
     assert "bitcast<f32>(bitcast<u32>(v) ^ params.zero)" in text
     assert pack_params(7, 1e-5)[3] == 0
+
+
+# Plain half rows read in 16-byte words (KernelConfig.wide_words): a tuned layout's choice,
+# forced here wherever it fits.
+
+
+@pytest.fixture
+def words(monkeypatch):
+    """Launches that store no mean and rstd read their plain half rows in 16-byte words at the
+    rule's threads per row, or half as many, where either fits (as a tuned table would
+    choose); returns the configs launched so."""
+    from pipeline.wgsl.layouts import unusable
+
+    chosen, launched = kernel.choose_config, []
+
+    def in_words(*args, **kwargs):
+        config = chosen(*args, **kwargs)
+        for threads in (config.threads_per_row, config.threads_per_row // 2):
+            workgroup = max(config.workgroup, threads)
+            if unusable(config, threads, workgroup, wide_words=True) is None:
+                launched.append(config.relaid(threads, workgroup, wide_words=True))
+                return launched[-1]
+        return config
+
+    monkeypatch.setattr(kernel, "choose_config", in_words)
+    return launched
+
+
+WORDS_WIDTHS = [8, 24, 128, 768, 1024, 3072, 4096]
+
+
+def words_rows(kind: str, rows: int, width: int, gen: torch.Generator) -> torch.Tensor:
+    x = torch.randn(rows, width, generator=gen)
+    if kind == "large_mean":
+        return 2048 + 4 * x
+    if kind == "far_from_zero":
+        return 1e4 + 1e-2 * x
+    if kind == "at_the_limit":
+        return torch.where(x > 0, 65504.0, -65504.0)
+    if kind == "binades_apart":
+        return x * torch.pow(2.0, torch.randint(-14, 15, (rows, width), generator=gen).float())
+    return 2 * x + 0.5
+
+
+@ON_BOTH_PATHS
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("width", WORDS_WIDTHS)
+@pytest.mark.parametrize("kind", ["random", "large_mean", "far_from_zero", "at_the_limit", "binades_apart"])
+def test_plain_rows_in_16_byte_words(dtype, width, kind, reduction, words):
+    gen = torch.Generator().manual_seed(width)
+    x = words_rows(kind, 9, width, gen).to(dtype)
+    weight, bias = (t.to(dtype) for t in make_affine((width,), True, True, gen))
+    assert_half_close_to_reference(x, (width,), weight, bias)
+    assert words and all(c.wide_words and c.width == width for c in words)
+
+
+@ON_BOTH_PATHS
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("width", [8, 768])
+@pytest.mark.parametrize("has_weight,has_bias", AFFINE)
+def test_16_byte_words_with_each_affine_part(dtype, width, has_weight, has_bias, reduction, words):
+    gen = torch.Generator().manual_seed(width)
+    x = (torch.randn(7, width, generator=gen) * 2 + 0.5).to(dtype)
+    weight, bias = (None if t is None else t.to(dtype) for t in make_affine((width,), has_weight, has_bias, gen))
+    assert_half_close_to_reference(x, (width,), weight, bias)
+    assert words
+
+
+@ON_BOTH_PATHS
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("width", [8, 128, 3072])
+def test_16_byte_words_of_constant_nan_and_inf_rows(dtype, width, reduction, words):
+    x = torch.full((8, width), 3.25)
+    x[1], x[2] = -1e4, 7.25
+    x[3, width // 2] = float("nan")
+    x[4, 0] = float("inf")
+    x[5, -1] = float("-inf")
+    x[6, 0], x[6, -1] = float("inf"), float("-inf")
+    x[7] = torch.linspace(-3, 3, width)
+    bias = torch.linspace(-1, 1, width).to(dtype)
+    out = kernel.native_layer_norm(x.to(dtype), [width], None, bias, stats=False)[0]
+    assert torch.equal(out[:3], bias.expand(3, width))
+    assert out[3:7].isnan().all() and not out[7].isnan().any()
+    want = reference(x[7:].to(dtype), (width,), None, bias, 1e-5)[0]
+    assert torch.allclose(out[7:].double(), want, rtol=0, atol=2 * torch.finfo(dtype).eps * want.abs().max())
+    assert words
+
+
+@ON_BOTH_PATHS
+@pytest.mark.parametrize("width", [8, 128])
+def test_16_byte_words_of_bfloat16_rows_past_float32s_range(width, reduction, words):
+    gen = torch.Generator().manual_seed(width)
+    x = near_float32_limit(width, gen).to(torch.bfloat16)
+    x = torch.where(torch.isfinite(x), x, torch.zeros_like(x))
+    x = torch.cat([x, (torch.randn(8, width, generator=gen) * 1e15).to(torch.bfloat16)])
+    out = kernel.native_layer_norm(x, (width,), stats=False)[0].double()
+    want = reference(x, (width,), None, None, 1e-5)[0]
+    nan_rows = torch.isnan(out).all(dim=1)
+    assert nan_rows.any() and not nan_rows[-8:].any() and not torch.isnan(out[~nan_rows]).any()
+    assert torch.allclose(out[~nan_rows], want[~nan_rows], rtol=0, atol=2 ** -7 * want[~nan_rows].abs().max())
+    assert words
+
+
+@ON_BOTH_PATHS
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+def test_16_byte_words_of_more_rows_than_one_grid_dimension(dtype, reduction, words, monkeypatch):
+    gen = torch.Generator().manual_seed(8)
+    x = (torch.randn(70_001, 8, generator=gen) * 3 + 1).to(dtype)
+    weight, bias = (t.to(dtype) for t in make_affine((8,), True, True, gen))
+    assert_half_close_to_reference(x, (8,), weight, bias)
+    monkeypatch.setattr(kernel, "MAX_GRID_X", 7)  # and workgroups past the x limit, through y
+    x = x[:5001].contiguous()
+    assert kernel.grid(5001, words[-1])[1] > 1
+    assert_half_close_to_reference(x, (8,), weight, bias)

@@ -39,6 +39,7 @@ std::string written_out_kernel(const KernelConfig& config) {
   const bool late = config.late_affine();
   const bool merged = config.squares_with_correction();
   const bool plain = config.plain_two_pass();
+  const bool wide = config.wide_words;
   const uint32_t framed = plain ? 0 : held;
   std::string kernel;
   for (const KernelPart& part : kKernelParts) {
@@ -53,8 +54,10 @@ std::string written_out_kernel(const KernelConfig& config) {
       case Marker::kSquaresWithTheCorrection: values = merged && !plain ? 1 : 0; break;
       case Marker::kEachStepValue: values = config.unroll; break;
       case Marker::kRowsInTheirFrame: values = plain ? 0 : 1; break;
-      case Marker::kPlainRows: values = plain ? 1 : 0; break;
-      case Marker::kEachPlainValue: values = plain ? held : 0; break;
+      case Marker::kPlainRows: values = plain && !wide ? 1 : 0; break;
+      case Marker::kEachPlainValue: values = plain && !wide ? held : 0; break;
+      case Marker::kPlainRowsIn16ByteWords: values = wide ? 1 : 0; break;
+      case Marker::kEach16ByteWord: values = wide ? held / 2 : 0; break;
     }
     if (part.value < values) {
       kernel += part.text;
@@ -104,7 +107,7 @@ int dtype_code(const std::string& name) {
 
 // One `layout` line's fields after the word (layouts._layout_line); false with `reason`.
 bool layout_line(const std::vector<std::string>& values, const std::string& where, LayoutTable::Launch* launch,
-                 std::pair<uint32_t, uint32_t>* layout, std::string* reason) {
+                 Layout* layout, std::string* reason) {
   if (values.size() != kLayoutFields) {
     *reason = where + ": a layout line has " + std::to_string(kLayoutFields) + " fields after the word, this one " +
               std::to_string(values.size());
@@ -123,16 +126,17 @@ bool layout_line(const std::vector<std::string>& values, const std::string& wher
   }
   for (size_t i = 2; i < kLayoutFields; ++i) {
     if (!digits(values[i], i == kLayoutFields - 1)) {
-      *reason = where + ": flags, width, rows, threads and workgroup are unsigned integers and gain a decimal number";
+      *reason = where +
+                ": flags, width, rows, threads, workgroup and words are unsigned integers and gain a decimal number";
       return false;
     }
   }
-  uint64_t numbers[7];
-  for (size_t i = 0; i < 7; ++i) {
+  uint64_t numbers[8];
+  for (size_t i = 0; i < 8; ++i) {
     numbers[i] = std::strtoull(values[i + 2].c_str(), nullptr, 10);
   }
-  if (numbers[0] > 1 || numbers[1] > 1 || numbers[2] > 1) {
-    *reason = where + ": weight, bias and stats are 0 or 1";
+  if (numbers[0] > 1 || numbers[1] > 1 || numbers[2] > 1 || numbers[7] > 1) {
+    *reason = where + ": weight, bias, stats and words are 0 or 1";
     return false;
   }
   constexpr uint64_t kU32Max = 0xFFFFFFFFull;
@@ -141,20 +145,20 @@ bool layout_line(const std::vector<std::string>& values, const std::string& wher
     *reason = where + ": width and rows are from 1 to " + std::to_string(kU32Max) + " (the kernel counts in u32)";
     return false;
   }
-  if (std::strtod(values[9].c_str(), nullptr) <= 0) {
-    *reason = where + ": gain " + values[9] + " is not positive";
+  if (std::strtod(values[10].c_str(), nullptr) <= 0) {
+    *reason = where + ": gain " + values[10] + " is not positive";
     return false;
   }
   *launch = {static_cast<uint32_t>(dtype), static_cast<uint32_t>(affine_dtype), numbers[0] == 1, numbers[1] == 1,
              numbers[2] == 1, width, rows};
   const KernelConfig rule = choose_config(width, numbers[0] == 1, numbers[1] == 1, 0, dtype, affine_dtype, false,
                                           rows, numbers[2] == 1);
-  const std::string why = unusable(rule, numbers[5], numbers[6]);
+  const std::string why = unusable(rule, numbers[5], numbers[6], numbers[7] == 1);
   if (!why.empty()) {
     *reason = where + ": " + why;
     return false;
   }
-  *layout = {static_cast<uint32_t>(numbers[5]), static_cast<uint32_t>(numbers[6])};
+  *layout = {static_cast<uint32_t>(numbers[5]), static_cast<uint32_t>(numbers[6]), numbers[7] == 1};
   return true;
 }
 
@@ -197,15 +201,16 @@ KernelConfig choose_config(uint64_t width, bool has_weight, bool has_bias, uint3
   return config;
 }
 
-KernelConfig relaid(const KernelConfig& config, uint32_t threads, uint32_t workgroup) {
+KernelConfig relaid(const KernelConfig& config, const Layout& layout) {
   KernelConfig found = config;
-  found.threads_per_row = threads;
-  found.workgroup = workgroup;
-  found.hold = static_cast<uint32_t>((config.row_vecs() + threads - 1) / threads);
+  found.threads_per_row = layout.threads_per_row;
+  found.workgroup = layout.workgroup;
+  found.hold = static_cast<uint32_t>((config.row_vecs() + layout.threads_per_row - 1) / layout.threads_per_row);
+  found.wide_words = layout.wide_words;
   return found;
 }
 
-std::string unusable(const KernelConfig& rule, uint64_t threads, uint64_t workgroup) {
+std::string unusable(const KernelConfig& rule, uint64_t threads, uint64_t workgroup, bool wide_words) {
   const auto pow2 = [](uint64_t n) { return n > 0 && (n & (n - 1)) == 0; };
   if (rule.hold == 0) {
     return "rows of width " + std::to_string(rule.width) + " are streamed, not held: they keep the rule's layout";
@@ -223,13 +228,27 @@ std::string unusable(const KernelConfig& rule, uint64_t threads, uint64_t workgr
     return "workgroup " + std::to_string(workgroup) + " is not a power of two from " + std::to_string(least) +
            " to " + std::to_string(kMaxThreadsPerRow);
   }
+  if (!wide_words) {
+    return "";
+  }
+  // KernelConfig.unfit_for_words.
+  if (!rule.plain_two_pass()) {
+    return "only plain rows (held half rows, no mean and rstd stored) are read in 16-byte words";
+  }
+  if (rule.affine_dtype != rule.dtype) {
+    return std::string("16-byte words take weight and bias in the rows' dtype, not ") + kDtypeNames[rule.affine_dtype];
+  }
+  if (rule.vec() != 4 || rule.row_vecs() % (2 * threads) != 0) {
+    return "rows of width " + std::to_string(rule.width) + " do not split into whole 16-byte words (8 values) for each of " +
+           std::to_string(threads) + " threads";
+  }
   return "";
 }
 
 KernelConfig LayoutTable::config(const KernelConfig& rule, uint64_t rows) const {
   const auto found = entries.find(Launch{rule.dtype, rule.affine_dtype, rule.has_weight, rule.has_bias,
                                          rule.write_stats, rule.width, rows});
-  return found == entries.end() ? rule : relaid(rule, found->second.first, found->second.second);
+  return found == entries.end() ? rule : relaid(rule, found->second);
 }
 
 bool parse_layouts(const std::string& text, const std::string& source, LayoutTable* table, std::string* reason) {
@@ -247,7 +266,10 @@ bool parse_layouts(const std::string& text, const std::string& source, LayoutTab
     }
     if (first) {
       if (line != kLayoutsMagic) {
-        *reason = where + ": not a layouts file (its first line must be '" + kLayoutsMagic + "')";
+        *reason = where + ": " +
+                  (line == kLayoutsOldMagic ? std::string(kLayoutsOldVersion)
+                                            : std::string("not a layouts file (its first line must be '") +
+                                                  kLayoutsMagic + "')");
         return false;
       }
       first = false;
@@ -266,7 +288,7 @@ bool parse_layouts(const std::string& text, const std::string& source, LayoutTab
       (word == "adapter" ? table->adapter : table->implementation) = stripped(rest);
     } else if (word == "layout") {
       LayoutTable::Launch launch;
-      std::pair<uint32_t, uint32_t> layout;
+      Layout layout;
       if (!layout_line(fields_of(rest), where, &launch, &layout, reason)) {
         return false;
       }
@@ -296,7 +318,9 @@ std::string kernel_source(const KernelConfig& config, ShaderCompiler compiler) {
   std::string text = config.subgroup_size > 0 ? subgroups_directive(compiler) : "";
   text += *wgsl_file(config.subgroup_size > 0 ? "reduce_subgroup.wgsl" : "reduce_workgroup.wgsl");
   if (half) {
-    text += *wgsl_file("half.wgsl") + *wgsl_file(vec > 1 ? "storage_half.wgsl" : "storage_half_odd.wgsl");
+    text += *wgsl_file("half.wgsl") + *wgsl_file(config.wide_words ? "storage_half_wide.wgsl"
+                                                  : vec > 1          ? "storage_half.wgsl"
+                                                                     : "storage_half_odd.wgsl");
   } else {
     text += *wgsl_file("storage_float32.wgsl");
   }

@@ -31,6 +31,7 @@ struct KernelConfig {
   uint32_t affine_dtype = 0;  // of weight and bias: dtype, or 0 with a half dtype
   bool pack2x16float = false;  // float16 stores through pack2x16float (the device probe's verdict)
   bool write_stats = true;  // mean and rstd stored (not where the delegate returns only out)
+  bool wide_words = false;  // plain half rows read in 16-byte words (a tuned layout's choice)
 
   uint32_t vec() const { return width % 4 == 0 ? 4 : width % 2 == 0 ? 2 : 1; }
   uint64_t row_vecs() const { return width / vec(); }
@@ -56,22 +57,28 @@ KernelConfig choose_config(uint64_t width, bool has_weight, bool has_bias, uint3
                            uint32_t dtype, uint32_t affine_dtype, bool pack2x16float,
                            uint64_t rows = 0, bool write_stats = true);
 
-// `config` with `threads` threads per row in workgroups of `workgroup`, each holding its
-// share of the row (KernelConfig.relaid).
-KernelConfig relaid(const KernelConfig& config, uint32_t threads, uint32_t workgroup);
+// A tuned layout: threads per row, workgroup, 16-byte words or not.
+struct Layout {
+  uint32_t threads_per_row = 1;
+  uint32_t workgroup = kMinWorkgroup;
+  bool wide_words = false;
+};
+
+// `config` in `layout`, each thread holding its share of the row (KernelConfig.relaid).
+KernelConfig relaid(const KernelConfig& config, const Layout& layout);
 
 // Why `rule` (choose_config's) cannot take `threads` threads per row in workgroups of
-// `workgroup`, or "" (pipeline/wgsl/layouts.py's `unusable`).
-std::string unusable(const KernelConfig& rule, uint64_t threads, uint64_t workgroup);
+// `workgroup`, in 16-byte words or not, or "" (pipeline/wgsl/layouts.py's `unusable`).
+std::string unusable(const KernelConfig& rule, uint64_t threads, uint64_t workgroup, bool wide_words);
 
 // A layouts file tuned on one device (pipeline/wgsl/layouts.py, which writes it): for a
-// launch by dtypes, affine parts, stats, width and rows, its threads per row and workgroup.
+// launch by dtypes, affine parts, stats, width and rows, its layout.
 struct LayoutTable {
   using Launch = std::tuple<uint32_t, uint32_t, bool, bool, bool, uint64_t, uint64_t>;
   std::string source;  // the file, for messages
   std::string adapter;
   std::string implementation;
-  std::map<Launch, std::pair<uint32_t, uint32_t>> entries;
+  std::map<Launch, Layout> entries;
 
   // `rule` (choose_config's for a launch of `rows` rows) in its tuned layout, if any.
   KernelConfig config(const KernelConfig& rule, uint64_t rows) const;

@@ -164,7 +164,9 @@ KernelConfig LayerNormLaunch::config_for(uint64_t width, uint64_t rows, bool wri
 }
 
 WGPUComputePipeline LayerNormLaunch::pipeline_for(const KernelConfig& config, std::string* reason) {
-  const auto key = std::make_tuple(config.width, config.threads_per_row, config.workgroup, config.write_stats);
+  // What varies between one delegate's launches: the rest is its blob's.
+  const auto key =
+      std::make_tuple(config.width, config.threads_per_row, config.workgroup, config.write_stats, config.wide_words);
   auto known = pipelines_.find(key);
   if (known != pipelines_.end()) {
     return known->second;

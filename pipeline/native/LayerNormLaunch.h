@@ -106,9 +106,9 @@ class LayerNormLaunch {
   float eps_ = 0.0f;
   WGPUBindGroupLayout bind_layout_ = nullptr;
   WGPUPipelineLayout pipeline_layout_ = nullptr;
-  // by (width, threads per row, workgroup, write_stats): what choose_config and a tuned
+  // by (width, threads per row, workgroup, write_stats, wide_words): what choose_config and a tuned
   // layout vary for one delegate
-  std::map<std::tuple<uint64_t, uint32_t, uint32_t, bool>, WGPUComputePipeline> pipelines_;
+  std::map<std::tuple<uint64_t, uint32_t, uint32_t, bool, bool>, WGPUComputePipeline> pipelines_;
   // The delegate's own buffers; a call's input, outputs, read-back and upload staging are
   // the device's, shared by every delegate (WebGPUDevice::scratch).
   Buffer weight_, bias_, params_;

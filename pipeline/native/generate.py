@@ -27,7 +27,7 @@ from pipeline.wgsl import config, layouts
 # The kernel files the backend embeds (pipeline/wgsl/ also holds benchmark-only shaders).
 WGSL_FILES = (
     "native_layer_norm.wgsl", "reduce_subgroup.wgsl", "reduce_workgroup.wgsl", "subgroup_size.wgsl", "f16_pack_probe.wgsl",
-    "storage_float32.wgsl", "storage_half.wgsl", "storage_half_odd.wgsl", "half.wgsl",
+    "storage_float32.wgsl", "storage_half.wgsl", "storage_half_odd.wgsl", "storage_half_wide.wgsl", "half.wgsl",
 )
 # The rule's numbers the C++ configuration uses, and the launch's grid limit and Params
 # size, with their C++ types.
@@ -102,6 +102,8 @@ def kernel_header() -> str:
             + "// The configuration rule's numbers (choose_config's).\n" + numbers
             + "\n// A layouts file's first line and a layout line's fields (pipeline/wgsl/layouts.py).\n"
             + f'constexpr const char* kLayoutsMagic = "{layouts.MAGIC}";\n'
+            + f'constexpr const char* kLayoutsOldMagic = "{layouts.OLD_MAGIC}";\n'
+            + f'constexpr const char* kLayoutsOldVersion = "{layouts.OLD_VERSION}";\n'
             + f"constexpr size_t kLayoutFields = {layouts.LAYOUT_FIELDS};\n"
             + "\n// The shader compilers a module is written for.\n"
             + f"enum class ShaderCompiler {{ {', '.join(cpp_name(c) for c in compilers)} }};\n\n"

@@ -92,10 +92,12 @@ EACH_STEP_VALUE = "each step value"
 ROWS_IN_THEIR_FRAME = "rows in their frame"
 PLAIN_ROWS = "plain rows"
 EACH_PLAIN_VALUE = "each plain value"
+WIDE_ROWS = "plain rows in 16-byte words"
+EACH_WIDE_WORD = "each 16-byte word"
 MOST_VALUES = {EACH_HELD_VALUE: MAX_HOLD, EACH_HELD_AFFINE_WITH_X: MAX_HOLD, EACH_HELD_AFFINE_AT_STORE: MAX_HOLD,
                EACH_HELD_SQUARES_AFTER_MEAN: MAX_HOLD, EACH_HELD_SQUARES_WITH_CORRECTION: MAX_HOLD,
                SQUARES_WITH_CORRECTION: 1, EACH_STEP_VALUE: STREAM_UNROLL, ROWS_IN_THEIR_FRAME: 1, PLAIN_ROWS: 1,
-               EACH_PLAIN_VALUE: MAX_HOLD}
+               EACH_PLAIN_VALUE: MAX_HOLD, WIDE_ROWS: 1, EACH_WIDE_WORD: MAX_HOLD // 2}
 
 # Per components in one load: the WGSL type of V, the sum of its components and its first.
 _V_TYPES = {4: ("vec4<f32>", "v.x + v.y + v.z + v.w", "v.x"), 2: ("vec2<f32>", "v.x + v.y", "v.x"),
@@ -129,6 +131,26 @@ class KernelConfig:
     pack2x16float: bool = False
     # mean and rstd stored (a delegate whose program uses only the output does without)
     write_stats: bool = True
+    # Plain half rows read and written in 16-byte words of eight values, HOLD / 2 a thread
+    # (normalize_wide): a tuned layout's choice (pipeline.wgsl.layouts.unusable says where
+    # it fits), never the rule's.
+    wide_words: bool = False
+
+    def __post_init__(self) -> None:
+        why = self.wide_words and self.unfit_for_words()
+        if why:
+            raise ValueError(why)
+
+    def unfit_for_words(self) -> str | None:
+        """Why these rows cannot be read in 16-byte words in this layout, or None."""
+        if not self.plain_two_pass:
+            return "only plain rows (held half rows, no mean and rstd stored) are read in 16-byte words"
+        if self.affine_dtype != self.dtype:
+            return f"16-byte words take weight and bias in the rows' dtype, not {self.affine_dtype}"
+        if self.vec != 4 or self.row_vecs % (2 * self.threads_per_row):
+            return (f"rows of width {self.width} do not split into whole 16-byte words (8 values) for each of "
+                    f"{self.threads_per_row} threads")
+        return None
 
     @property
     def vec(self) -> int:
@@ -173,10 +195,12 @@ class KernelConfig:
     def rows_per_workgroup(self) -> int:
         return self.workgroup // self.threads_per_row
 
-    def relaid(self, threads: int, workgroup: int) -> KernelConfig:
+    def relaid(self, threads: int, workgroup: int, wide_words: bool = False) -> KernelConfig:
         """This config with `threads` threads per row in workgroups of `workgroup`, each
-        holding its share of the row (a tuned layout: pipeline.wgsl.layouts)."""
-        return replace(self, threads_per_row=threads, workgroup=workgroup, hold=math.ceil(self.row_vecs / threads))
+        holding its share of the row, in 16-byte words or not (a tuned layout:
+        pipeline.wgsl.layouts)."""
+        return replace(self, threads_per_row=threads, workgroup=workgroup, hold=math.ceil(self.row_vecs / threads),
+                       wide_words=wide_words)
 
     def constants(self) -> list[tuple[str, int | bool]]:
         """The pipeline's WGSL constants in the prelude's order: u32 for ints, bool for bools
@@ -204,6 +228,8 @@ class KernelConfig:
         """The WGSL files that declare x, weight, bias and out for these dtypes."""
         if self.dtype == "float32":
             return ["storage_float32.wgsl"]
+        if self.wide_words:
+            return ["half.wgsl", "storage_half_wide.wgsl"]
         return ["half.wgsl", "storage_half.wgsl" if self.vec > 1 else "storage_half_odd.wgsl"]
 
     def source(self, files: ShaderFiles) -> str:
@@ -218,16 +244,19 @@ class KernelConfig:
 
     def marker_counts(self) -> dict[str, int]:
         """How often the kernel file's lines of each marker are written out: held rows' lines
-        of one path (in their frame, or plain), of one form each."""
+        of one path (in their frame, plain in V, or plain in 16-byte words), of one form each."""
         held = max(self.hold, 1)
         late, merged, plain = self.late_affine, self.squares_with_correction, self.plain_two_pass
         framed = 0 if plain else held
+        wide = self.wide_words
         return {EACH_HELD_VALUE: framed, EACH_HELD_AFFINE_WITH_X: 0 if late else framed,
                 EACH_HELD_AFFINE_AT_STORE: framed if late else 0,
                 EACH_HELD_SQUARES_AFTER_MEAN: 0 if merged else framed,
                 EACH_HELD_SQUARES_WITH_CORRECTION: framed if merged else 0,
                 SQUARES_WITH_CORRECTION: int(merged and not plain), EACH_STEP_VALUE: self.unroll,
-                ROWS_IN_THEIR_FRAME: int(not plain), PLAIN_ROWS: int(plain), EACH_PLAIN_VALUE: held if plain else 0}
+                ROWS_IN_THEIR_FRAME: int(not plain), PLAIN_ROWS: int(plain and not wide),
+                EACH_PLAIN_VALUE: held if plain and not wide else 0, WIDE_ROWS: int(wide),
+                EACH_WIDE_WORD: held // 2 if wide else 0}
 
 
 def constant(name: str, value: int | bool) -> str:

@@ -1,6 +1,6 @@
 """Layouts tuned on one device: for a launch that `choose_config` holds in registers, the
-threads per row and workgroup size that timed fastest on one adapter through one WebGPU
-implementation (`pipeline.tune`, scripts/tune_layouts.py). The Python runtime and the C++
+threads per row and workgroup size, and for plain half rows whether they are read in 16-byte
+words, that timed fastest on one adapter through one WebGPU implementation (`pipeline.tune`, scripts/tune_layouts.py). The Python runtime and the C++
 backend read the file that PIPELINE_LAYOUTS names when they open their device, and refuse
 one tuned on another adapter or implementation. A launch without an entry keeps the rule.
 
@@ -12,15 +12,16 @@ values stay within the kernel's error bounds, and a given table gives the same b
 
 The file is lines of text, blank lines and lines from `#` skipped:
 
-    pipeline-layouts 1
+    pipeline-layouts 2
     adapter NVIDIA H200
     implementation wgpu
-    layout float16 float16 1 1 0 1024 4096 32 256 1.042
+    layout float16 float16 1 1 0 768 4096 32 128 1 1.025
 
 `layout` lines name a launch (dtype, weight and bias dtype, weight, bias, stats stored,
-width, rows; flags 0 or 1), then its threads per row, its workgroup size, and the gain
-measured when it was tuned (the rule's time over this layout's), which readers check but
-do not use.
+width, rows; flags 0 or 1), then its threads per row, its workgroup size, whether its rows
+are read in 16-byte words (0 or 1: KernelConfig.wide_words), and the gain measured when it
+was tuned (the rule's time over this layout's), which readers check but do not use. Version
+1 had no words column; its files are refused, to be tuned again.
 
 Imports no torch and no WebGPU implementation: the C++ build reads it.
 """
@@ -30,14 +31,14 @@ from __future__ import annotations
 import math
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from pipeline.wgsl import DTYPES
 from pipeline.wgsl.config import MAX_HOLD, MAX_THREADS_PER_ROW, MIN_WORKGROUP, KernelConfig, choose_config
 
-MAGIC = "pipeline-layouts 1"
-# Fields of a `layout` line after the word: the launch's 7, then threads, workgroup, gain.
-LAYOUT_FIELDS = 10
+MAGIC = "pipeline-layouts 2"
+# Fields of a `layout` line after the word: the launch's 7, then threads, workgroup, words, gain.
+LAYOUT_FIELDS = 11
 U32_MAX = 2**32 - 1
 # What the C++ reader takes too: lines split at "\n", ASCII blanks, unsigned integers, and a
 # gain of digits with at most one point.
@@ -45,6 +46,9 @@ _BLANKS = " \t\r\v\f"
 _FIELD = re.compile(r"[^ \t\r\v\f]+")
 _INT = re.compile(r"[0-9]{1,18}")
 _NUMBER = re.compile(r"[0-9]{1,18}(\.[0-9]{1,18})?")
+# The first line of the version before, and what both readers say of a file that has it.
+OLD_MAGIC = "pipeline-layouts 1"
+OLD_VERSION = "a layouts file of version 1, without the words column: tune this device again (scripts/tune_layouts.py)"
 
 
 class LayoutsError(ValueError):
@@ -79,6 +83,7 @@ class Launch:
 class Layout:
     threads_per_row: int
     workgroup: int
+    wide_words: bool
     gain: float  # the rule's time over this layout's when tuned
 
 
@@ -94,7 +99,8 @@ class Layouts:
     def config(self, config: KernelConfig, rows: int) -> KernelConfig:
         """`config` (the rule's, for a launch of `rows` rows) in its tuned layout, if any."""
         layout = self.entries.get(Launch.of(config, rows))
-        return config if layout is None else config.relaid(layout.threads_per_row, layout.workgroup)
+        return config if layout is None else config.relaid(layout.threads_per_row, layout.workgroup,
+                                                             layout.wide_words)
 
     def check_device(self, adapter: str, implementation: str) -> None:
         """LayoutsError unless this table was tuned on `adapter` through `implementation`."""
@@ -105,19 +111,20 @@ class Layouts:
 
     def text(self) -> str:
         lines = [MAGIC, f"adapter {self.adapter}", f"implementation {self.implementation}",
-                 "# layout dtype affine_dtype weight bias stats width rows threads_per_row workgroup gain"]
+                 "# layout dtype affine_dtype weight bias stats width rows threads_per_row workgroup wide_words gain"]
         for launch, layout in sorted(self.entries.items(), key=lambda entry: entry[0]):
             flags = " ".join(str(int(f)) for f in (launch.has_weight, launch.has_bias, launch.write_stats))
             lines.append(f"layout {launch.dtype} {launch.affine_dtype} {flags} {launch.width} {launch.rows} "
-                         f"{layout.threads_per_row} {layout.workgroup} {layout.gain:.3f}")
+                         f"{layout.threads_per_row} {layout.workgroup} {int(layout.wide_words)} {layout.gain:.3f}")
         return "\n".join(lines) + "\n"
 
 
-def unusable(config: KernelConfig, threads: int, workgroup: int) -> str | None:
+def unusable(config: KernelConfig, threads: int, workgroup: int, wide_words: bool = False) -> str | None:
     """Why `config` (the rule's) cannot take `threads` threads per row in workgroups of
-    `workgroup`, or None: only held rows are relaid, to a power of two of threads that
-    leaves each at most MAX_HOLD loads, in a power-of-two workgroup of MIN_WORKGROUP to
-    MAX_THREADS_PER_ROW threads that holds whole rows."""
+    `workgroup`, in 16-byte words or not, or None: only held rows are relaid, to a power of
+    two of threads that leaves each at most MAX_HOLD loads, in a power-of-two workgroup of
+    MIN_WORKGROUP to MAX_THREADS_PER_ROW threads that holds whole rows; words where
+    KernelConfig.unfit_for_words finds nothing against them."""
     if not config.hold:
         return f"rows of width {config.width} are streamed, not held: they keep the rule's layout"
     if not (1 <= threads <= MAX_THREADS_PER_ROW and threads & (threads - 1) == 0):
@@ -127,7 +134,7 @@ def unusable(config: KernelConfig, threads: int, workgroup: int) -> str | None:
     if not (max(MIN_WORKGROUP, threads) <= workgroup <= MAX_THREADS_PER_ROW and workgroup & (workgroup - 1) == 0):
         return (f"workgroup {workgroup} is not a power of two from {max(MIN_WORKGROUP, threads)} "
                 f"to {MAX_THREADS_PER_ROW}")
-    return None
+    return replace(config, threads_per_row=threads).unfit_for_words() if wide_words else None
 
 
 def parse(text: str, source: str = "<layouts>") -> Layouts:
@@ -142,7 +149,8 @@ def parse(text: str, source: str = "<layouts>") -> Layouts:
             continue
         if first:
             if line != MAGIC:
-                raise LayoutsError(f"{where}: not a layouts file (its first line must be {MAGIC!r})")
+                raise LayoutsError(f"{where}: " + (OLD_VERSION if line == OLD_MAGIC else
+                                                   f"not a layouts file (its first line must be {MAGIC!r})"))
             first = False
             continue
         word, _, rest = line.partition(" ")
@@ -175,23 +183,23 @@ def _layout_line(values: list[str], where: str) -> tuple[Launch, Layout]:
     if affine_dtype not in (dtype, "float32"):
         raise LayoutsError(f"{where}: weight and bias of {affine_dtype} with rows of {dtype}: the kernel "
                            "takes them in the rows' dtype or float32")
-    if not all(_INT.fullmatch(v) for v in values[2:9]) or not _NUMBER.fullmatch(values[9]):
-        raise LayoutsError(f"{where}: flags, width, rows, threads and workgroup are unsigned integers and gain a "
-                           "decimal number")
+    if not all(_INT.fullmatch(v) for v in values[2:10]) or not _NUMBER.fullmatch(values[10]):
+        raise LayoutsError(f"{where}: flags, width, rows, threads, workgroup and words are unsigned integers and "
+                           "gain a decimal number")
     flags = [int(v) for v in values[2:5]]
-    width, rows, threads, workgroup = (int(v) for v in values[5:9])
-    gain = float(values[9])
-    if any(f not in (0, 1) for f in flags):
-        raise LayoutsError(f"{where}: weight, bias and stats are 0 or 1")
+    width, rows, threads, workgroup, words = (int(v) for v in values[5:10])
+    gain = float(values[10])
+    if any(f not in (0, 1) for f in (*flags, words)):
+        raise LayoutsError(f"{where}: weight, bias, stats and words are 0 or 1")
     if not (1 <= width <= U32_MAX and 1 <= rows <= U32_MAX):
         raise LayoutsError(f"{where}: width and rows are from 1 to {U32_MAX} (the kernel counts in u32)")
     if gain <= 0:
-        raise LayoutsError(f"{where}: gain {values[9]} is not positive")
+        raise LayoutsError(f"{where}: gain {values[10]} is not positive")
     launch = Launch(dtype, affine_dtype, *(bool(f) for f in flags), width, rows)
-    why = unusable(launch.rule(), threads, workgroup)
+    why = unusable(launch.rule(), threads, workgroup, bool(words))
     if why:
         raise LayoutsError(f"{where}: {why}")
-    return launch, Layout(threads, workgroup, gain)
+    return launch, Layout(threads, workgroup, bool(words), gain)
 
 
 def read(path: str | os.PathLike) -> Layouts:

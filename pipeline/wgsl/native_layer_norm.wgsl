@@ -25,7 +25,9 @@
 // those marked `... squares with the correction` where it is true (and the lines marked
 // `// squares with the correction` then once), those marked `// each plain value` HOLD
 // times where its plain_two_pass is true (and then the frame's held lines none: the call
-// marked `// plain rows` is written instead of the one marked `// rows in their frame`), and
+// marked `// plain rows` is written instead of the one marked `// rows in their frame`), or
+// where its wide_words is also true those marked `// each 16-byte word` HOLD / 2 times (and
+// the call marked `// plain rows in 16-byte words` instead of the plain rows' ones), and
 // those marked `// each step value` STEP times, K (and the suffix _K of names) becoming 0,
 // 1, ...: loops over a private array, which Naga bounds with a counter of its own, were
 // measured much slower than the same statements written out (docs/measurements.md, v4).
@@ -141,6 +143,7 @@ fn normalize_rows(tid: u32, group: vec3<u32>, groups: vec3<u32>, lanes: u32) {
     if (HOLD > 0u) {
         normalize_held(tid, row, lanes);  // rows in their frame
         normalize_plain(tid, row, lanes);  // plain rows
+        normalize_wide(tid, row, lanes);  // plain rows in 16-byte words
     } else {
         normalize_streamed(tid, row, lanes);
     }
@@ -278,14 +281,19 @@ fn store_out(base: u32, i: u32, in_row: bool, v: V, c: vec4<f32>, w: V, b: V) {
     store_normalized(base, i, in_row, ((v * c.x - V(c.y)) - V(c.z)) * c.w, w, b);
 }
 
-// y: the normalized values, NaN throughout for a non-finite row.
+// normalized: the normalized values, NaN throughout for a non-finite row.
 fn store_normalized(base: u32, i: u32, in_row: bool, normalized: V, w: V, b: V) {
     if (in_row) {
-        var y = normalized;
-        if (HAS_WEIGHT) { y = y * w; }
-        if (HAS_BIAS) { y = y + b; }
-        write_out(base + i, y);
+        write_out(base + i, affine(normalized, w, b));
     }
+}
+
+// The output of normalized values y: y * w + b, of the parts the launch has.
+fn affine(y: V, w: V, b: V) -> V {
+    var found = y;
+    if (HAS_WEIGHT) { found = found * w; }
+    if (HAS_BIAS) { found = found + b; }
+    return found;
 }
 
 // The first row of a launch's row `row`: threads past the last row read the last row
@@ -371,6 +379,40 @@ fn normalize_plain(tid: u32, row: u32, lanes: u32) {
     }
     let r = finish_row(row, lane, vec2<f32>(first + mean_d, m2)).y;
     store_normalized(base, i_K, in_K, e_K * r, w_K, b_K);  // each plain value
+}
+
+// Plain rows read and written in 16-byte words (wide_words in config.py): normalize_plain's
+// two-pass, each thread taking whole words of eight half values (two V), K * THREADS_PER_ROW
+// + lane of its row, so that none lies past the row's end and nothing is tested. Weight and
+// bias come in words too. The H200 loads a plain half row 16 bytes at a time 2-3.4% faster
+// at some model shapes and up to 2.5% slower at others, so a tuned layout chooses it
+// (docs/measurements.md, runs 26-27).
+fn normalize_wide(tid: u32, row: u32, lanes: u32) {
+    let lane = tid % THREADS_PER_ROW;
+    let base = row_base(row);
+    let first = first_value(read_x(base));
+    let words = base / 2u;
+    let i_K = lane + K * THREADS_PER_ROW;  // each 16-byte word
+    let q_K = x_words(words + i_K);  // each 16-byte word
+    let w_K = weight_words(i_K);  // each 16-byte word
+    let b_K = bias_words(i_K);  // each 16-byte word
+    let lo_K = lo_of(q_K) - V(first);  // each 16-byte word
+    let hi_K = hi_of(q_K) - V(first);  // each 16-byte word
+    var sum = 0.0;
+    sum += hsum(lo_K) + hsum(hi_K);  // each 16-byte word
+    let mean_d = row_sum(vec2<f32>(sum, 0.0), tid, lane, 0u, lanes).x * INV_WIDTH;
+    let e_lo_K = lo_K - V(mean_d);  // each 16-byte word
+    let e_hi_K = hi_K - V(mean_d);  // each 16-byte word
+    var squares = 0.0;
+    squares += hsum(e_lo_K * e_lo_K) + hsum(e_hi_K * e_hi_K);  // each 16-byte word
+    let m2 = clamp_m2(row_sum(vec2<f32>(squares, 0.0), tid, lane, 1u, lanes).x);
+    if (row >= params.rows) {
+        return;
+    }
+    let r = finish_row(row, lane, vec2<f32>(first + mean_d, m2)).y;
+    let y_lo_K = affine(e_lo_K * r, lo_of(w_K), lo_of(b_K));  // each 16-byte word
+    let y_hi_K = affine(e_hi_K * r, hi_of(w_K), hi_of(b_K));  // each 16-byte word
+    write_out_words(words + i_K, y_lo_K, y_hi_K);  // each 16-byte word
 }
 
 fn normalize_streamed(tid: u32, row: u32, lanes: u32) {
