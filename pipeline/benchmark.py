@@ -617,8 +617,10 @@ def run_benchmark(shapes: list[tuple[int, int]], repeats: int = 100, sweep: bool
             "wgpu_us": round(wgpu_us, 2),
             "wgpu_gbps": round(effective_gbps(rows, width, wgpu_us, itemsize), 1),
             "wgpu_isolated_us": round(isolated_us, 2),
-            # The kernel's layout: threads per row and workgroup (a tuned one where PIPELINE_LAYOUTS has it).
+            # The kernel's layout: threads per row and workgroup, and whether its plain half rows are
+            # read in 16-byte words (a tuned one where PIPELINE_LAYOUTS has it).
             "layout": [config.threads_per_row, config.workgroup],
+            "wide_words": config.wide_words,
             "torch_us": round(torch_us, 2),
             "torch_gbps": round(effective_gbps(rows, width, torch_us, itemsize), 1),
             "compiled_us": None if compiled_us is None else round(compiled_us, 2),
