@@ -664,7 +664,9 @@ def half_threads(config: KernelConfig) -> KernelConfig | None:
 
 
 def as_variant(cls: type, config: KernelConfig, **changes) -> KernelConfig:
-    return cls(**{f.name: getattr(config, f.name) for f in fields(config)} | changes)
+    """`config` as a variant of class `cls`, with `changes`: the variants edit the module of rows
+    in 8-byte loads (PlainWide writes its own 16-byte ones)."""
+    return cls(**{f.name: getattr(config, f.name) for f in fields(config)} | {"wide_words": False} | changes)
 
 
 # The edited variants: name, class, which rows it applies to ("half", "held", both or any) and
@@ -705,11 +707,13 @@ def variants(rows: int, width: int, dtype: str) -> dict[str, KernelConfig]:
     g = gpu()
     configs = {"kernel": launch.device_config(g, width, True, True, dtype, rows=rows, write_stats=False),
                "plain": launch.device_config(g, width, False, False, dtype, rows=rows, write_stats=False)}
-    kernel = configs["kernel"]
-    found = {"kernel": kernel}
+    found = {"kernel": configs["kernel"]}
     by_width = launch.device_config(g, width, True, True, dtype, rows=0, write_stats=False)
-    if by_width != kernel:
+    if by_width != configs["kernel"]:
         found["by_width"] = by_width
+    # The other variants edit the kernel's module in its layout, its rows in 8-byte loads
+    # (where the table reads them in 16-byte words, `wide` is that form).
+    kernel = replace(configs["kernel"], wide_words=False)
     if dtype != "float32":
         found["float32_affine"] = replace(kernel, affine_dtype="float32")
     found["no_affine"] = configs["plain"]

@@ -15,7 +15,7 @@ The file is lines of text, blank lines and lines from `#` skipped:
     pipeline-layouts 2
     adapter NVIDIA H200
     implementation wgpu
-    layout float16 float16 1 1 0 768 4096 32 128 1 1.025
+    layout float16 float16 1 1 0 1024 4096 32 64 1 1.035
 
 `layout` lines name a launch (dtype, weight and bias dtype, weight, bias, stats stored,
 width, rows; flags 0 or 1), then its threads per row, its workgroup size, whether its rows
