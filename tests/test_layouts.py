@@ -329,7 +329,8 @@ def child() -> int:
         tuned = launch.device_config(g, width, True, True, dtype, rows=rows, write_stats=False)
         assert (tuned.threads_per_row, tuned.workgroup, tuned.wide_words) == (threads, workgroup, words == 1)
         if not words:  # words move the sums' order too, but a few rows need not show it
-            relaid = choose_config(width, True, True, dtype=dtype, rows=rows, write_stats=False).threads_per_row != threads
+            rule_threads = choose_config(width, True, True, dtype=dtype, rows=rows, write_stats=False).threads_per_row
+            relaid = rule_threads != threads
             assert torch.equal(bits(rule), bits(want)) != relaid, f"{rows}x{width} {dtype}: threads {threads}"
         constants = blob.decode(data).constants
         w, b = (torch.from_numpy(constants[r].astype("float64") if dtype != "bfloat16" else
