@@ -581,9 +581,15 @@ def parse_shapes(spec: str) -> list[tuple[int, int]]:
 
 def run_benchmark(shapes: list[tuple[int, int]], repeats: int = 100, sweep: bool = False, progress=print,
                   dtype: str = "float32", outputs: str = "rotating", stats: bool = False,
-                  host_path: bool = False, accuracy: bool = False, columns: Sequence[Column] = ()) -> dict:
+                  host_path: bool = False, accuracy: bool = False, columns: Sequence[Column] = (),
+                  rounds: int = 1) -> dict:
     """Time kernel and torch (eager, and compiled on CUDA) on each shape at `dtype`; the
     JSON-ready result of bench_layer_norm.py.
+
+    The kernel and the WGSL copy are timed in `rounds` interleaved rounds (the copy first in
+    every other one) and report their medians; each shape's copy_over_kernel is the median of
+    the rounds' copy time over the kernel's, so that a drift of the GPU's clocks between
+    rounds falls on both sides of it alike.
 
     With `sweep`, also time the candidate configs of each shape (under "sweep"). With
     `host_path`, also the wall time from host tensors to host tensors (`time_host_path`:
@@ -593,6 +599,8 @@ def run_benchmark(shapes: list[tuple[int, int]], repeats: int = 100, sweep: bool
     """
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if rounds < 1:
+        raise ValueError(f"rounds must be at least 1, got {rounds!r}")
     _check_outputs(outputs)
     names = ["ours", "torch", "compiled", *(c.name for c in columns)]
     if len(set(names)) != len(names):
@@ -604,11 +612,22 @@ def run_benchmark(shapes: list[tuple[int, int]], repeats: int = 100, sweep: bool
         g = gpu()
         config = device_config(g, width, True, True, dtype, rows=rows, write_stats=stats)
         configs = candidate_configs(config) if sweep else [config]
-        times, clock = time_kernel(rows, width, configs, repeats=repeats, dtype=dtype, outputs=outputs, stats=stats)
+        kernel_rounds, copy_rounds = [], []
+        for r in range(rounds):
+            for step in ("kernel", "copy") if r % 2 == 0 else ("copy", "kernel"):
+                if step == "kernel":
+                    timed, clock = time_kernel(rows, width, configs, repeats=repeats, dtype=dtype, outputs=outputs,
+                                               stats=stats)
+                    kernel_rounds.append(timed)
+                else:
+                    copy_rounds.append(time_copy(rows, width, repeats=repeats, itemsize=itemsize, outputs=outputs))
+        # Each config's (batched, isolated) medians over the rounds.
+        times = [tuple(statistics.median(t[i][part] for t in kernel_rounds) for part in range(2))
+                 for i in range(len(configs))]
         wgpu_us, isolated_us = times[0]
+        copy_us = None if None in copy_rounds else statistics.median(copy_rounds)
         torch_us, torch_clock = time_torch(rows, width, repeats=repeats, dtype=dtype, outputs=outputs)
         compiled_us = time_torch_compiled(rows, width, repeats=repeats, dtype=dtype, outputs=outputs)
-        copy_us = time_copy(rows, width, repeats=repeats, itemsize=itemsize, outputs=outputs)
         torch_copy_us = time_torch_copy(rows, width, repeats=repeats, dtype=dtype, outputs=outputs)
         result = {
             "rows": rows,
@@ -626,8 +645,13 @@ def run_benchmark(shapes: list[tuple[int, int]], repeats: int = 100, sweep: bool
             "compiled_us": None if compiled_us is None else round(compiled_us, 2),
             "compiled_gbps": None if compiled_us is None else round(effective_gbps(rows, width, compiled_us, itemsize), 1),
             "wgsl_copy_us": None if copy_us is None else round(copy_us, 2),
+            "copy_over_kernel": None if copy_us is None else round(statistics.median(
+                c / k[0][0] for c, k in zip(copy_rounds, kernel_rounds)), 3),
             "torch_copy_us": None if torch_copy_us is None else round(torch_copy_us, 2),
         }
+        if rounds > 1:
+            result["wgpu_rounds_us"] = [round(t[0][0], 2) for t in kernel_rounds]
+            result["wgsl_copy_rounds_us"] = [None if c is None else round(c, 2) for c in copy_rounds]
         if host_path:
             result.update(time_host_path(rows, width, dtype))
         for column in columns:
@@ -650,6 +674,8 @@ def run_benchmark(shapes: list[tuple[int, int]], repeats: int = 100, sweep: bool
             best += (f" | call {result['call_us']:9.1f} us, torch cpu {result['torch_cpu_us']:9.1f} us"
                      + ("" if cuda is None else f", cuda round trip {cuda:9.1f} us"))
         compiled = "" if compiled_us is None else f" | compiled {compiled_us:9.2f} us {result['compiled_gbps']:8.1f} GB/s"
+        if copy_us is not None:
+            compiled += f" | WGSL copy {copy_us:9.2f} us, {result['copy_over_kernel']:.3f} of the kernel's time"
         extra = "".join(f" | {c.progress(result)}" for c in columns)
         if accuracy:
             extra += "".join(f" | {kind} max abs " + ", ".join(f"{name} {_max_abs_text(s)}" for name, s in errs.items())
@@ -666,6 +692,7 @@ def run_benchmark(shapes: list[tuple[int, int]], repeats: int = 100, sweep: bool
         # The kernel's columns (wgpu_us, ...) keep their names whichever implementation ran them.
         "implementation": info["implementation"],
         "kernel_clock": clock,
+        "rounds": rounds,
         "torch_clock": torch_clock,
         "torch_device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         "subgroup_size": gpu().subgroup_size,

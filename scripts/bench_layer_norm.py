@@ -33,6 +33,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shapes", default="model",
                         help="comma list of 'model' (default), 'unaligned' (widths not a multiple of 4) and ROWSxWIDTH")
     parser.add_argument("--repeats", type=cli.positive_int, default=100, help="timed launches per shape (default 100)")
+    parser.add_argument("--rounds", type=cli.positive_int, default=1,
+                        help="time the kernel and the WGSL copy in this many interleaved rounds and report their "
+                        "medians, and the median of the rounds' copy time over the kernel's (default 1)")
     parser.add_argument("--sweep", action="store_true", help="also time threads-per-row/workgroup variants")
     parser.add_argument("--json", metavar="FILE", help="write the results here (atomically)")
     parser.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32",
@@ -76,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         result = run_benchmark(shapes, repeats=args.repeats, sweep=args.sweep,
                                progress=lambda line: print(line, flush=True), dtype=args.dtype,
                                outputs=args.outputs, stats=args.stats, host_path=args.host_path or args.ort,
-                               accuracy=args.accuracy or args.ort, columns=columns)
+                               accuracy=args.accuracy or args.ort, columns=columns, rounds=args.rounds)
     except Exception as exc:  # one line for the user, status 1
         print(f"bench_layer_norm: {exc}", file=sys.stderr)
         return 1

@@ -49,6 +49,25 @@ def test_a_small_benchmark_runs(monkeypatch):
 
 
 @pytest.mark.usefixtures("gpu_info")
+def test_rounds_interleave_kernel_and_copy_and_report_their_medians(monkeypatch):
+    monkeypatch.setattr(benchmark, "ROTATE_BYTES", 1 << 16)
+    order = []
+    kernel_us, copy_us = iter([4.0, 2.0, 3.0]), iter([2.0, 1.9, 2.85])
+    monkeypatch.setattr(benchmark, "time_kernel",
+                        lambda *a, **k: order.append("kernel") or ([(next(kernel_us), 9.0)], "gpu-timestamps"))
+    monkeypatch.setattr(benchmark, "time_copy", lambda *a, **k: order.append("copy") or next(copy_us))
+    result = benchmark.run_benchmark([(16, 128)], repeats=2, progress=lambda line: None, rounds=3)
+    assert order == ["kernel", "copy", "copy", "kernel", "kernel", "copy"]
+    (row,) = result["results"]
+    assert result["rounds"] == 3 and row["wgpu_rounds_us"] == [4.0, 2.0, 3.0]
+    assert row["wgpu_us"] == 3.0 and row["wgsl_copy_us"] == 2.0 and row["wgpu_isolated_us"] == 9.0
+    # The median of the rounds' ratios (0.5, 0.95, 0.95), not the ratio of the medians (0.667).
+    assert row["copy_over_kernel"] == 0.95
+    with pytest.raises(ValueError, match="rounds must be at least 1"):
+        benchmark.run_benchmark([(16, 128)], rounds=0)
+
+
+@pytest.mark.usefixtures("gpu_info")
 @pytest.mark.parametrize("outputs", benchmark.OUTPUTS)
 def test_kernel_and_copy_time_with_rotating_or_shared_outputs(monkeypatch, outputs):
     monkeypatch.setattr(benchmark, "ROTATE_BYTES", 1 << 16)
