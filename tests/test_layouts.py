@@ -291,6 +291,19 @@ def test_both_runtimes_refuse_a_table_they_cannot_read(tmp_path, gpu_info, where
         assert report[runtime].startswith(f"{path}: cannot read the layouts file: ") and why in report[runtime], report
 
 
+@pytest.mark.parametrize("path", sorted(str(p.relative_to(ROOT)) for p in (ROOT / "benchmarks" / "results").rglob("*.txt")
+                                        if p.read_text().startswith(MAGIC + "\n")))
+def test_the_committed_device_tables_read_and_relay_their_launches(path):
+    # The H200's tables that docs/measurements.md quotes: each entry a layout its launch's rule
+    # takes there (subgroups of 32, pack2x16float), so PIPELINE_LAYOUTS at them serves every line.
+    table = read(ROOT / path)
+    assert table.adapter == "NVIDIA H200" and table.entries
+    for launch, layout in table.entries.items():
+        tuned = table.config(launch.rule(32, True), launch.rows)
+        assert (tuned.threads_per_row, tuned.workgroup, tuned.wide_words) == (
+            layout.threads_per_row, layout.workgroup, layout.wide_words)
+
+
 def child() -> int:
     """In a process whose PIPELINE_LAYOUTS names a table: each TUNED launch through the C++
     call and the Python launch, same bits, and not the rule's bits (the layout changed the
@@ -371,15 +384,3 @@ if __name__ == "__main__":
     sys.path.insert(0, os.path.dirname(__file__))
     sys.exit(child())
 
-
-@pytest.mark.parametrize("path", sorted(str(p.relative_to(ROOT)) for p in (ROOT / "benchmarks" / "results").rglob("*.txt")
-                                        if p.read_text().startswith(MAGIC + "\n")))
-def test_the_committed_device_tables_read_and_relay_their_launches(path):
-    # The H200's tables that docs/measurements.md quotes: each entry a layout its launch's rule
-    # takes there (subgroups of 32, pack2x16float), so PIPELINE_LAYOUTS at them serves every line.
-    table = read(ROOT / path)
-    assert table.adapter == "NVIDIA H200" and table.entries
-    for launch, layout in table.entries.items():
-        tuned = table.config(launch.rule(32, True), launch.rows)
-        assert (tuned.threads_per_row, tuned.workgroup, tuned.wide_words) == (
-            layout.threads_per_row, layout.workgroup, layout.wide_words)
