@@ -24,10 +24,11 @@ from transformers import PretrainedConfig
 from pipeline.models import bart, ctranslate2, florence2, whisper
 from pipeline.models.audio import audio_paths, shipped_utterances
 from pipeline.models.checkpoint import FLOAT_DTYPES, config_from_dict, load_weights, plan_weights, read_checkpoint
+from pipeline.models.hf import from_hf
 from pipeline.models.spec import CheckpointError, ModelFamily, ModelSpec
 from pipeline.wgsl import DTYPES
 
-__all__ = ["NAMES", "CheckpointError", "ModelFamily", "ModelSpec", "build", "default_variant", "family", "variants"]
+__all__ = ["NAMES", "CheckpointError", "ModelFamily", "ModelSpec", "build", "default_variant", "family", "from_hf", "variants"]
 
 FAMILIES: dict[str, ModelFamily] = {f.name: f for f in (bart.FAMILY, florence2.FAMILY, whisper.FAMILY)}
 NAMES: tuple[str, ...] = tuple(FAMILIES)

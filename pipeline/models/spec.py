@@ -45,6 +45,9 @@ class ModelSpec:
     # the bytes decoded (`pipeline.models.audio.read_wavs`); None for synthetic inputs.
     audio: tuple[str, ...] | None = None
     audio_sha256: str | None = None
+    # The forward parameter name of each example input, in order (`pipeline.models.hf`'s
+    # modules take them positionally); None where the module's own signature says it.
+    input_names: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
