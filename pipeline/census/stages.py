@@ -1,0 +1,345 @@
+"""One architecture through the census's stages, in this process, stopping at the first failure.
+
+    build        tiny config, module and inputs (`pipeline.models.hf`)
+    eager        eager float32 forward, counting the LayerNorm/GroupNorm calls by kind
+    export       torch.export
+    executorch   the control: the same ExportedProgram lowered by ExecuTorch alone (no
+                 partitioner), serialized and run in ExecuTorch's runtime
+    partitioner  our graph passes and LayerNormPartitioner
+    preprocess   WebGPUBackend.preprocess: the delegate blobs, each decoded back
+    runtime      the rest of `pipeline.lower` (the program serialized, those bytes read by our
+                 Python runtime) and the program run
+    native       the same bytes in ExecuTorch's runtime with our native backend
+    coverage     every LayerNorm found is delegated
+    accuracy     each output against eager float64: at most twice eager float32's error
+
+A failure in the first four is not ours (the model zoo, PyTorch or ExecuTorch): the control
+passing is what makes the stages after it ours. A stage may be skipped with its reason (the
+native library not built, no float64 reference) without failing.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections.abc import Callable
+
+STAGES = ("build", "eager", "export", "executorch", "partitioner", "preprocess", "runtime", "native", "coverage",
+          "accuracy")
+OUR_STAGES = STAGES[STAGES.index("partitioner"):]
+CAUSE_CHARS = 300
+# The accuracy rule's floor where eager float32 is exact (its error 0), relative to the
+# output's magnitude (at least 1): the delegated LayerNorm's own rounding passes.
+ABSOLUTE_FLOOR = 1e-6
+# Causes that mean the process ran out of the memory it was allowed.
+_OUT_OF_MEMORY = ("MemoryError", "can't allocate memory", "std::bad_alloc", "Cannot allocate memory")
+
+
+class Skipped(Exception):
+    """A stage that cannot run here, with the reason; not a failure."""
+
+
+class CoverageError(Exception):
+    """Some LayerNorm of the program stays outside the WebGPU delegate."""
+
+
+class AccuracyError(Exception):
+    """An output of the program is further from eager float64 than the rule allows."""
+
+
+def one_line(exc: BaseException) -> str:
+    """`Type: message` on one line, trimmed to CAUSE_CHARS."""
+    text = f"{type(exc).__name__}: {' '.join(str(exc).split())}".rstrip(": ")
+    return text if len(text) <= CAUSE_CHARS else text[:CAUSE_CHARS - 3] + "..."
+
+
+def out_of_memory(cause: str) -> bool:
+    return any(mark in cause for mark in _OUT_OF_MEMORY)
+
+
+def split_name(name: str) -> tuple[str, str | None]:
+    """("clip", "vision_model") for a tower's row "clip.vision_model"; (name, None) otherwise."""
+    model_type, _, tower = name.partition(".")
+    return model_type, tower or None
+
+
+class Census:
+    """Runs the stages for one row (`name`: a model_type, or "model_type.tower"); `enter(stage)`
+    is called as each stage starts, before its work (the worker writes it to its progress file).
+    `record` holds the result as the stages go."""
+
+    def __init__(self, name: str, enter: Callable[[str], None] = lambda stage: None, seed: int = 0) -> None:
+        self.name = name
+        self.seed = seed
+        self._enter_hook = enter
+        self.stage: str | None = None
+        self._started = 0.0
+        self.record: dict = {"name": name, "status": "ok", "reached": None, "failed_stage": None, "cause": None,
+                             "ours": False, "stages": {}}
+
+    def run(self) -> dict:
+        """All stages in order until one fails; returns the record (status "ok", "failed" or "oom")."""
+        start = time.perf_counter()
+        for stage in STAGES:
+            self._enter(stage)  # already entered when the stage before reached it (preprocess)
+            try:
+                getattr(self, f"_{stage}")()
+            except Skipped as why:
+                self._close("skipped", str(why))
+            except Exception as exc:  # any failure is the finding: its stage and one line
+                cause = one_line(exc)
+                self._close("failed", cause)
+                self.record.update(status="oom" if out_of_memory(cause) else "failed", failed_stage=self.stage,
+                                   cause=cause, ours=self.stage in OUR_STAGES)
+                break
+        self._close("ok")
+        self.record["seconds"] = round(time.perf_counter() - start, 3)
+        return self.record
+
+    def _enter(self, stage: str) -> None:
+        if self.stage == stage:
+            return
+        self._close("ok")
+        self.stage = stage
+        self._started = time.perf_counter()
+        self._enter_hook(stage)
+
+    def _close(self, status: str, reason: str | None = None) -> None:
+        """Record the current stage's end, once."""
+        if self.stage is None or self.stage in self.record["stages"]:
+            return
+        entry = {"status": status, "seconds": round(time.perf_counter() - self._started, 3)}
+        if reason is not None:
+            entry["reason" if status == "skipped" else "cause"] = reason
+        self.record["stages"][self.stage] = entry
+        if status != "failed":
+            self.record["reached"] = self.stage
+
+    # -- the stages, in order -------------------------------------------------------------
+
+    def _build(self) -> None:
+        import torch
+
+        from pipeline.models import hf
+
+        model_type, tower = split_name(self.name)
+        torch.manual_seed(self.seed)
+        spec = hf.from_config(hf.tiny_config(model_type), seed=self.seed, name=model_type)
+        towers = getattr(hf, "towers", None)
+        if tower is not None:
+            if towers is None:
+                raise ValueError(f"{self.name}: pipeline.models.hf has no towers()")
+            named = {tower_name(model_type, t): t for t in towers(spec)}
+            if self.name not in named:
+                raise ValueError(f"{model_type} has no tower {tower!r} (its towers: {', '.join(named) or 'none'})")
+            spec = named[self.name]
+        elif towers is not None:
+            try:
+                self.record["towers"] = [tower_name(model_type, t) for t in towers(spec)]
+            except Exception as exc:  # the row itself still counts; the towers' failure is noted
+                self.record["towers_error"] = one_line(exc)
+        self.spec = spec
+        self.inputs = tuple(spec.example_inputs)
+        self.record["inputs"] = [_describe(x) for x in self.inputs]
+        self.record["parameters"] = sum(p.numel() for p in spec.module.parameters())
+
+    def _eager(self) -> None:
+        from torch.utils._pytree import tree_leaves
+
+        from pipeline.evaluation.eager import run_eager
+
+        run = run_eager(self.spec.module, self.inputs, keep_tensors=False)
+        self.eager_outputs = [t for t in tree_leaves(run.outputs)]
+        self.eager_calls = run.calls
+        self.record["outputs"] = [_describe(x) for x in self.eager_outputs]
+
+    def _export(self) -> None:
+        import torch
+
+        self.exported = torch.export.export(self.spec.module, self.inputs)
+
+    def _executorch(self) -> None:
+        from executorch.exir import to_edge_transform_and_lower
+        from executorch.runtime import Runtime
+
+        manager = to_edge_transform_and_lower(copy.deepcopy(self.exported)).to_executorch()
+        method = Runtime.get().load_program(manager.buffer).load_method("forward")
+        outputs = method.execute(list(self.inputs))
+        self.record["control_vs_eager_max_abs"] = _max_abs(outputs, self.eager_outputs)
+
+    def _partitioner(self) -> None:
+        from pipeline.aot.lowering import _coverage, count_layer_norms, lower_exported
+        from pipeline.aot.partitioner import LayerNormPartitioner
+        from pipeline.aot.passes import reframe_group_norm
+
+        census = self
+
+        class Partitioner(LayerNormPartitioner):
+            """Ours, telling the census when partitioning is done and preprocessing begins."""
+
+            def partition(self, exported_program):
+                result = super().partition(exported_program)
+                census._enter("preprocess")
+                return result
+
+        # What `pipeline.lower` does after its export, a stage at a time.
+        reframed = reframe_group_norm(copy.deepcopy(self.exported))
+        total = count_layer_norms(reframed)
+        partitioner = Partitioner()
+        self.edge = lower_exported(reframed, [partitioner])
+        self.coverage = _coverage(self.edge, total, partitioner.rejected)
+
+    def _preprocess(self) -> None:
+        """WebGPUBackend.preprocess ran in the partitioner's call (ExecuTorch preprocesses each
+        partition as it is made): its blobs are checked here, decoded as both runtimes will."""
+        from executorch.exir.lowered_backend_module import LoweredBackendModule
+
+        from pipeline.aot.preprocess import WebGPUBackend
+        from pipeline.pte import blob
+
+        for lowered in self.edge.exported_program().graph_module.children():
+            if isinstance(lowered, LoweredBackendModule) and lowered.backend_id == WebGPUBackend.__name__:
+                blob.decode(lowered.processed_bytes)
+
+    def _runtime(self) -> None:
+        """The rest of `pipeline.lower`: serialize, read those bytes into our runtime, run them."""
+        import torch
+
+        from pipeline.aot.lowering import _delegate_names
+        from pipeline.interpreter.program import Program
+        from pipeline.pte.file import PteFile
+
+        pte = PteFile(copy.deepcopy(self.edge).to_executorch().buffer, f"<{self.name}>")
+        self.program = Program(pte, coverage=self.coverage, delegate_names=_delegate_names(self.edge, pte),
+                               edge=self.edge)
+        in_file = sum(site.delegated for site in self.program.layer_norm_sites)
+        if in_file != self.coverage.delegated:
+            raise RuntimeError(f"the serialized program holds {in_file} delegated LayerNorms, the edge program "
+                               f"{self.coverage.delegated}")
+        with torch.no_grad():
+            self.outputs = _leaves(self.program(*self.inputs))
+        if len(self.outputs) != len(self.eager_outputs):
+            raise RuntimeError(f"the program returns {len(self.outputs)} outputs, eager {len(self.eager_outputs)}")
+
+    def _native(self) -> None:
+        import pipeline.native
+        from pipeline.native.build import BuildError
+
+        try:
+            pipeline.native.register()
+        except BuildError as exc:
+            raise Skipped(f"the native library is not built: {one_line(exc)}") from None
+        outputs = pipeline.native.NativeProgram(self.program.buffer, source=f"{self.name}.pte")(*self.inputs)
+        self.record["native_vs_python_max_abs"] = _max_abs(outputs, self.outputs)
+
+    def _coverage(self) -> None:
+        from pipeline.evaluation.coverage import program_records
+
+        coverage = self.program.coverage
+        kinds: dict[str, dict[str, int]] = {}
+        for call in self.eager_calls:
+            kinds.setdefault(call.op, {"eager": 0, "graph": 0, "delegated": 0})["eager"] += 1
+        for rec in program_records(self.program, self.eager_calls):
+            entry = kinds.setdefault(rec.origin, {"eager": 0, "graph": 0, "delegated": 0})
+            entry["graph"] += 1
+            entry["delegated"] += int(rec.delegated)
+        self.record["coverage"] = {"total": coverage.total, "delegated": coverage.delegated,
+                                   "not_delegated": [f"{node}: {reason}" for node, reason in coverage.not_delegated],
+                                   "eager_calls": len(self.eager_calls), "by_kind": kinds}
+        if not coverage.complete:
+            first = coverage.not_delegated[0] if coverage.not_delegated else ("", "")
+            raise CoverageError(f"{coverage.delegated}/{coverage.total} LayerNorms delegated; "
+                                f"{first[0]}: {first[1]}")
+
+    def _accuracy(self) -> None:
+        import torch
+
+        try:
+            module64 = copy.deepcopy(self.spec.module).double()
+            inputs64 = tuple(x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+                             for x in self.inputs)
+            with torch.no_grad():
+                reference = _leaves(module64(*inputs64))
+        except Exception as exc:  # some models cannot run in float64: no reference, no verdict
+            raise Skipped(f"eager float64 fails: {one_line(exc)}") from None
+        if len(reference) != len(self.outputs):
+            raise Skipped(f"eager float64 returns {len(reference)} outputs, float32 {len(self.outputs)}")
+        rows = [output_error(i, got, eager, ref)
+                for i, (got, eager, ref) in enumerate(zip(self.outputs, self.eager_outputs, reference))]
+        self.record["accuracy"] = rows
+        bad = [row for row in rows if not row["ok"]]
+        if bad:
+            row = bad[0]
+            raise AccuracyError(f"output {row['index']}: {row['why']}")
+
+
+def tower_name(model_type: str, spec) -> str:
+    """A tower's row name: "clip.vision_model" (the spec's own name when it is already so)."""
+    name = str(getattr(spec, "name", "") or "")
+    return name if name.startswith(f"{model_type}.") else f"{model_type}.{name.removeprefix(model_type).strip('._-')}"
+
+
+def output_error(index: int, got, eager, reference) -> dict:
+    """One output held against eager float64: max abs error (and relative to the output's
+    largest magnitude) of the program and of eager float32; ok iff NaN only where eager is NaN
+    and the program's error is at most twice eager's plus ABSOLUTE_FLOOR x max(1, magnitude).
+    Non-floating outputs must equal eager's."""
+    import torch
+
+    row: dict = {"index": index, "shape": list(getattr(got, "shape", [])),
+                 "dtype": str(getattr(got, "dtype", "")).removeprefix("torch.")}
+    if not isinstance(got, torch.Tensor) or not got.is_floating_point():
+        same = isinstance(got, torch.Tensor) and isinstance(eager, torch.Tensor) and torch.equal(got, eager)
+        same = same or (not isinstance(got, torch.Tensor) and got == eager)
+        return {**row, "ok": bool(same), **({} if same else {"why": "differs from eager (not floating point)"})}
+    if got.shape != eager.shape or reference.shape != eager.shape:
+        return {**row, "ok": False, "why": f"shape {list(got.shape)}, eager {list(eager.shape)}"}
+    g, e, r = (t.detach().reshape(-1).to(torch.float64) for t in (got, eager, reference))
+    if not torch.equal(torch.isnan(g), torch.isnan(e)):
+        count = int((torch.isnan(g) != torch.isnan(e)).sum())
+        return {**row, "ok": False, "why": f"NaN at {count} places where eager float32 has none or the reverse"}
+    keep = torch.isfinite(r) & torch.isfinite(e)
+    scale = float(r[keep].abs().max()) if keep.any() else 0.0
+    got_err = _max(torch.where(torch.isnan(g[keep]), math.inf, (g[keep] - r[keep]).abs()))
+    eager_err = _max((e[keep] - r[keep]).abs())
+    limit = 2 * eager_err + ABSOLUTE_FLOOR * max(1.0, scale)
+    row.update(max_abs=got_err, eager_max_abs=eager_err, relative=got_err / scale if scale else got_err,
+               eager_relative=eager_err / scale if scale else eager_err, limit=limit,
+               ratio=got_err / eager_err if eager_err else (0.0 if got_err == 0 else math.inf), ok=got_err <= limit)
+    if not row["ok"]:
+        row["why"] = f"max abs error {got_err:.3g} against float64, over {limit:.3g} (eager float32's {eager_err:.3g})"
+    return row
+
+
+def _max(values) -> float:
+    return float(values.max()) if values.numel() else 0.0
+
+
+def _leaves(outputs) -> list:
+    from torch.utils._pytree import tree_leaves
+
+    return list(tree_leaves(outputs))
+
+
+def _max_abs(outputs, reference) -> float | None:
+    """The largest difference between two runs' floating-point outputs (None when they do
+    not pair up)."""
+    import torch
+
+    outputs, reference = _leaves(outputs), _leaves(reference)
+    if len(outputs) != len(reference):
+        return None
+    worst = 0.0
+    for a, b in zip(outputs, reference):
+        if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.is_floating_point():
+            if a.shape != b.shape:
+                return None
+            diff = (a.detach().to(torch.float64) - b.detach().to(torch.float64)).abs()
+            worst = max(worst, _max(torch.nan_to_num(diff, nan=0.0)))
+    return worst
+
+
+def _describe(x) -> str:
+    shape = "x".join(str(d) for d in getattr(x, "shape", ()))
+    return f"{str(getattr(x, 'dtype', type(x).__name__)).removeprefix('torch.')}[{shape}]"
