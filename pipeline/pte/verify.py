@@ -40,8 +40,8 @@ from pipeline.pte import operators
 MAX_NUMEL = 2**48
 # How far a planned arena may reach past its last tensor (the planner's alignment padding).
 ARENA_SLACK = 4096
-# Operator arguments that are integers whatever the data's dtype (ATen's names for them).
-INDEX_ARGUMENTS = frozenset({"index", "indices"})
+# Operator arguments whose dtype is their own whatever the data's (ATen's names for them).
+OWN_DTYPE_ARGUMENTS = frozenset({"index", "indices", "exponent"})
 
 
 class CheckError(ValueError):
@@ -403,6 +403,7 @@ def check_shapes(plan: schema.ExecutionPlan, delegates: Delegates,
     loops = any(isinstance(i.instr_args, schema.JumpFalseCall) and i.instr_args.destination_instruction <= pc
                 for pc, i in enumerate(instructions))
     placed = _planned(plan)
+    unread = _unread(plan, delegates)
     written = _Written(placed)
     written.update(plan.inputs)
     with warnings.catch_warnings():
@@ -413,7 +414,7 @@ def check_shapes(plan: schema.ExecutionPlan, delegates: Delegates,
                 if not loops:
                     _check_written(plan, a, written, delegates)
                 if isinstance(a, schema.KernelCall):
-                    _check_kernel(plan, a, values)
+                    _check_kernel(plan, a, values, unread)
                 elif isinstance(a, schema.DelegateCall):
                     _check_delegate(plan, a, values, delegates)
                 elif isinstance(a, schema.MoveCall):
@@ -564,7 +565,8 @@ def gather(val, values: list) -> list:
     return [values[j] for j in val.items]
 
 
-def _check_kernel(plan: schema.ExecutionPlan, a: schema.KernelCall, values: list) -> None:
+def _check_kernel(plan: schema.ExecutionPlan, a: schema.KernelCall, values: list,
+                  unread: frozenset[int] = frozenset()) -> None:
     op = plan.operators[a.op_index]
     ids = list(a.args)
     for j in ids:  # lists of values that instructions change (sizes) are gathered again
@@ -575,7 +577,9 @@ def _check_kernel(plan: schema.ExecutionPlan, a: schema.KernelCall, values: list
     functional = _functional(overload) if overload is not None else None
     if overload is not None:
         # Every argument, then the return: one value, a tensor list when there are several.
-        expected = len(overload._schema.arguments) + (1 if overload._schema.returns else 0)
+        # ExecuTorch's emitter passes an out variant's outs as its return even where the
+        # schema returns nothing (`split_with_sizes_copy.out(...) -> ()`).
+        expected = len(overload._schema.arguments) + (1 if overload._schema.returns or _is_out(overload) else 0)
         if len(ids) != expected:
             raise CheckError(f"{len(ids)} arguments, the operator takes {expected} (its return included)")
         written = [ids[i] for i, arg in enumerate(overload._schema.arguments)
@@ -600,6 +604,9 @@ def _check_kernel(plan: schema.ExecutionPlan, a: schema.KernelCall, values: list
         if len(results) != len(targets):
             raise CheckError(f"the operator produces {len(results)} tensors, the file declares {len(targets)}")
         for j, got in zip(targets, results):
+            if _left_empty(plan, j, got, unread):
+                values[j] = torch.empty(list(plan.values[j].val.sizes), dtype=got.dtype, device="meta")
+                continue
             _hold(plan, j, got)
             values[j] = got
         _check_constant_dtypes(plan, fn, [args[i] for i in keep], [ids[i] for i in keep], vals, results)
@@ -616,6 +623,27 @@ def _check_kernel(plan: schema.ExecutionPlan, a: schema.KernelCall, values: list
             _hold(plan, j, values[j])
 
 
+def _left_empty(plan: schema.ExecutionPlan, j: int, got: torch.Tensor, unread: frozenset[int]) -> bool:
+    """Whether value `j` is an output the file declares empty and nothing reads: ExecuTorch's
+    kernels leave such an output as declared (the statistics of
+    `_native_batch_norm_legit_no_training.out`, which exported graphs declare [0])."""
+    declared = plan.values[j].val
+    return (j in unread and isinstance(declared, schema.Tensor) and 0 in list(declared.sizes)
+            and got.dtype == operators.DTYPES[int(declared.scalar_type)] and got.dim() == len(declared.sizes))
+
+
+def _unread(plan: schema.ExecutionPlan, delegates: Delegates) -> frozenset[int]:
+    """The values no instruction reads and the program does not return."""
+    read = set(plan.outputs)
+    for instruction in plan.chains[0].instructions:
+        found = accesses(plan, instruction.instr_args, delegates)
+        if found is None:  # another backend's delegate: all its values may be read
+            read.update(_items(plan, list(instruction.instr_args.args)))
+        else:
+            read.update(found[0])
+    return frozenset(set(range(len(plan.values))) - read)
+
+
 def _is_constant(val) -> bool:
     return isinstance(val, schema.Tensor) and val.allocation_info is None and val.data_buffer_idx > 0
 
@@ -630,13 +658,13 @@ def _check_constant_dtypes(plan: schema.ExecutionPlan, fn, args: list, ids: list
     float, computed from other numbers. So a constant whose dtype none of the call's other
     tensors has is refused when the operator takes it in theirs just as well. An argument
     the operator holds to a dtype of its own (the meta kernel refuses it in theirs: a mask,
-    a condition; or an index, by its schema name) keeps it, as does an operator given a
-    `dtype`.
+    a condition; or by its schema name, an index or an exponent: bloom's ALiBi raises float
+    to an int32 constant exponent) keeps it, as does an operator given a `dtype`.
     """
     if any(str(arg.type).rstrip("?") == "ScalarType" and v is not None for arg, v in zip(args, vals)):
         return
     for k, (arg, j) in enumerate(zip(args, ids)):
-        if arg.name in INDEX_ARGUMENTS:
+        if arg.name in OWN_DTYPE_ARGUMENTS:
             continue
         val = plan.values[j].val
         if isinstance(val, schema.Tensor):
@@ -710,6 +738,11 @@ def _signature(value) -> object:
         return tuple(_signature(v) for v in value)
     hash(value)
     return (type(value), value)
+
+
+def _is_out(overload) -> bool:
+    """Whether the overload is an out variant: it writes keyword-only arguments."""
+    return any(a.kwarg_only and a.alias_info is not None and a.alias_info.is_write for a in overload._schema.arguments)
 
 
 @cache
