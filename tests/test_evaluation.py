@@ -338,3 +338,26 @@ def test_scripts_exit_2_on_bad_usage(script):
     done = subprocess.run([sys.executable, str(path), "llama"], capture_output=True, text=True)
     assert done.returncode == 2
     assert "invalid choice: 'llama'" in done.stderr
+
+
+class UnusedNorm(nn.Module):
+    """One LayerNorm whose output nothing uses (pegasus_x, lilt): lowering removes it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.used, self.unused, self.proj = nn.LayerNorm(8), nn.LayerNorm(8), nn.Linear(8, 8)
+
+    def forward(self, x):
+        self.proj(self.unused(x))
+        return self.used(x)
+
+
+def test_a_norm_removed_as_dead_code_is_reported_dead_not_missed():
+    module, inputs = UnusedNorm().eval(), (torch.randn(2, 8),)
+    prog = pipeline.lower(module, inputs)
+    assert (prog.coverage.total, prog.coverage.delegated, prog.coverage.not_delegated) == (1, 1, [])
+    assert [path for _, path in prog.coverage.dead] == ["unused"]
+    audit = audit_coverage(module, inputs, prog).as_dict()
+    assert audit["verdict"] == "complete", audit
+    assert (audit["missing_from_graph"], audit["dead_code"]) == ([], ["unused (layer_norm)"])
+    assert audit["coverage"]["eager_calls"] == 1

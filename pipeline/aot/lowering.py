@@ -48,6 +48,26 @@ def count_layer_norms(program: ExportedProgram) -> int:
                if n.op == "call_function" and n.target in _EXPORTED_LAYER_NORMS)
 
 
+def dead_layer_norms(program: ExportedProgram) -> list[tuple[str, str]]:
+    """The top-level LayerNorms of an exported graph whose value reaches no output, as
+    (node, module path): lowering removes them as dead code, so they run nowhere, neither
+    delegated nor missed."""
+    graph = program.graph_module.graph
+    live: set[torch.fx.Node] = set()
+    pending = [n for n in graph.nodes if n.op == "output"]
+    while pending:
+        node = pending.pop()
+        if node not in live:
+            live.add(node)
+            pending.extend(node.all_input_nodes)
+    dead = []
+    for n in graph.nodes:
+        if n.op == "call_function" and n.target in _EXPORTED_LAYER_NORMS and n not in live:
+            stack = n.meta.get("nn_module_stack") or {}
+            dead.append((n.name, list(stack.values())[-1][0] if stack else ""))
+    return dead
+
+
 def _graphs(gm: torch.fx.GraphModule, name: str = "") -> list[tuple[str, torch.fx.GraphModule]]:
     """`gm` and the subgraphs its control flow calls (torch.cond branches, map bodies, ...),
     recursively, each with the name of the top-level subgraph it lies in ("" for `gm`); a
@@ -67,7 +87,8 @@ def _delegate_nodes(edge: EdgeProgramManager) -> list[tuple[str, LoweredBackendM
             for n in gm.graph.nodes if n.op == "call_function" and n.target is _CALL_DELEGATE]
 
 
-def _coverage(edge: EdgeProgramManager, total: int, rejected: Sequence[tuple[str, str]]) -> Coverage:
+def _coverage(edge: EdgeProgramManager, total: int, rejected: Sequence[tuple[str, str]],
+              dead: list[tuple[str, str]]) -> Coverage:
     gm = edge.exported_program().graph_module
     delegated = sum(
         1
@@ -100,7 +121,7 @@ def _coverage(edge: EdgeProgramManager, total: int, rejected: Sequence[tuple[str
         not_delegated.append(
             ("exported graph", f"{missing} LayerNorm(s) did not reach the edge program as native_layer_norm")
         )
-    return Coverage(total=total, delegated=delegated, not_delegated=not_delegated)
+    return Coverage(total=total, delegated=delegated, not_delegated=not_delegated, dead=dead)
 
 
 def _delegate_names(edge: EdgeProgramManager, pte: PteFile) -> list[str]:
@@ -175,10 +196,11 @@ def lower_to_edge(module: torch.nn.Module, example_inputs: tuple, dynamic_shapes
     if not isinstance(example_inputs, tuple):
         raise TypeError(f"example_inputs must be a tuple, got {type(example_inputs).__name__}")
     exported, cpu_partitioners = export_for_cpu_backend(module, example_inputs, dynamic_shapes, cpu_backend)
-    total = count_layer_norms(exported)
+    dead = dead_layer_norms(exported)
+    total = count_layer_norms(exported) - len(dead)
     partitioner = LayerNormPartitioner()
     edge = lower_exported(exported, [partitioner, *cpu_partitioners])
-    coverage = _coverage(edge, total, partitioner.rejected)
+    coverage = _coverage(edge, total, partitioner.rejected, dead)
     for name, lowered in _delegate_nodes(edge):
         if lowered.backend_id != WebGPUBackend.__name__ and any(
                 n.op == "call_function" and n.target == NATIVE_LAYER_NORM for n in lowered.original_module.graph.nodes):

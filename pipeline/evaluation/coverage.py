@@ -25,6 +25,9 @@ class CoverageAudit:
     layer_norms: list[LayerNormRecord]
     # Eager calls with no LayerNorm op at that module in the graph: "path (op)".
     missing_from_graph: list[str] = field(default_factory=list)
+    # Eager calls whose output nothing uses, which lowering removed as dead code: "path (op)".
+    # They run nowhere in the program and are not counted in eager_calls.
+    dead_code: list[str] = field(default_factory=list)
     # The lowered program's own counts, when they disagree with ours.
     notes: list[str] = field(default_factory=list)
 
@@ -44,6 +47,7 @@ class CoverageAudit:
                 "delegated": self.delegated,
             },
             "missing_from_graph": self.missing_from_graph,
+            "dead_code": self.dead_code,
             "notes": self.notes,
             "layer_norms": [r.as_dict() for r in self.layer_norms],
         }
@@ -109,6 +113,16 @@ def coverage_of(
 ) -> CoverageAudit:
     """The audit from eager calls already recorded and the program's LayerNorm records."""
     _, leftover = match_calls(records, calls)
+    # A leftover call at a module whose LayerNorm lowering removed as dead code is that one.
+    dead_at = Counter(path for _, path in program.coverage.dead)
+    dead, missing = [], []
+    for call in leftover:
+        if dead_at[call.module_path] > 0:
+            dead_at[call.module_path] -= 1
+            dead.append(call)
+        else:
+            missing.append(call)
+    ran = [c for c in calls if all(c is not d for d in dead)]
     delegated = sum(r.delegated for r in records)
     notes = []
     reported = program.coverage
@@ -120,11 +134,12 @@ def coverage_of(
     return CoverageAudit(
         model=model,
         variant=variant,
-        eager_calls=len(calls),
-        eager_by_op=dict(Counter(c.op for c in calls)),
+        eager_calls=len(ran),
+        eager_by_op=dict(Counter(c.op for c in ran)),
         graph_ops=len(records),
         delegated=delegated,
         layer_norms=list(records),
-        missing_from_graph=[f"{c.module_path or '<root>'} ({c.op})" for c in leftover],
+        missing_from_graph=[f"{c.module_path or '<root>'} ({c.op})" for c in missing],
+        dead_code=[f"{c.module_path or '<root>'} ({c.op})" for c in dead],
         notes=notes,
     )

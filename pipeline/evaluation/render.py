@@ -52,6 +52,7 @@ def _coverage_summary(data: dict) -> list[str]:
         f"delegated: {c['delegated']}",
     ]
     lines += [f"eager call missing from graph: {m}" for m in data["missing_from_graph"]]
+    lines += [f"dead code (output unused, removed by lowering): {m}" for m in data.get("dead_code", [])]
     lines += [f"note: {n}" for n in data["notes"]]
     return lines
 

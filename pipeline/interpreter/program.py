@@ -37,11 +37,16 @@ _LAYER_NORM_OPS = ("aten::native_layer_norm", "aten::layer_norm", "aten::native_
 
 @dataclass
 class Coverage:
-    """How many LayerNorms of the program (group-norm reframes included) were delegated."""
+    """How many LayerNorms of the program (group-norm reframes included) were delegated.
+
+    `total` counts the LayerNorms that run; `dead` lists, as (node, module path), those of
+    the exported graph whose output nothing uses, which lowering removes as dead code (known
+    only to the process that lowered the program)."""
 
     total: int
     delegated: int
     not_delegated: list[tuple[str, str]] = field(default_factory=list)
+    dead: list[tuple[str, str]] = field(default_factory=list)
 
     @property
     def complete(self) -> bool:
