@@ -71,6 +71,38 @@ def _int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
 
 
+def add_hf(parser: argparse.ArgumentParser) -> None:
+    """--hf DIR (any Hugging Face model directory, instead of a model name), --task, --inputs."""
+    parser.add_argument("--hf", metavar="DIR", help="a Hugging Face model directory instead of a model name: "
+                        "config.json, weights in safetensors or PyTorch's format (sharded or not; none: seeded "
+                        "random weights, and the outputs say so), tokenizer files when present; any architecture "
+                        "the installed transformers knows")
+    parser.add_argument("--task", help="with --hf: the model class, e.g. base, causal-lm, seq2seq-lm, "
+                        "image-classification (default: the config's architectures, else the base model)")
+    parser.add_argument("--inputs", metavar="FILE.pt", help="with --hf: example inputs instead of the built ones, "
+                        "torch.save'd as a dict forward argument name -> tensor")
+
+
+def check_hf(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Bad usage of --hf, --task, --inputs (exit 2): a model name or --hf, tasks by name."""
+    hf = getattr(args, "hf", None)
+    if hf is not None and getattr(args, "model", None) is not None:
+        parser.error("argument --hf: give a model name or --hf DIR, not both")
+    if hf is None and (args.task is not None or args.inputs is not None):
+        parser.error(f"argument {'--task' if args.task is not None else '--inputs'}: only with --hf DIR")
+    if hf is not None:
+        for name in ("variant", "checkpoint", "audio"):
+            if getattr(args, name, None) is not None:
+                parser.error(f"argument --{name}: not with --hf (the directory is the model)")
+        if getattr(args, "dynamic", False):
+            parser.error("argument --dynamic: not with --hf")
+    if args.task is not None:
+        from pipeline.models.hf import tasks
+
+        if args.task not in tasks():
+            parser.error(f"argument --task: invalid choice {args.task!r} (choose from {', '.join(tasks())})")
+
+
 def add_dtype(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32",
                         help="cast the model and its inputs to this dtype (default float32)")

@@ -4,9 +4,11 @@
     python scripts/export_model.py whisper --variant tiny --output-dir out/
     python scripts/export_model.py bart --checkpoint path/to/bart-base --dynamic
     python scripts/export_model.py whisper --variant tiny --dtype float16
+    python scripts/export_model.py --hf path/to/any-hf-model-dir [--task causal-lm] [--inputs inputs.pt]
 
 Writes <output-dir>/<model>-<variant>.pte and <model>-<variant>.coverage.json
-(<model>-<variant>-dynamic.* with --dynamic, <model>-<variant>-float16.* with --dtype float16).
+(<model>-<variant>-dynamic.* with --dynamic, <model>-<variant>-float16.* with --dtype float16;
+<directory name>.* with --hf).
 Exit status: 0 done, 1 failed (one line on stderr), 2 bad usage.
 """
 
@@ -27,7 +29,7 @@ from pipeline.ioutil import check_output_dir  # noqa: E402
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("model", choices=cli.MODEL_NAMES, help="which model to export")
+    parser.add_argument("model", nargs="?", choices=cli.MODEL_NAMES, help="which model to export (or --hf DIR)")
     parser.add_argument("--variant", help="bart: base, large; florence2: base, large; "
                         "whisper: tiny, tiny.en, base, base.en, small, small.en, medium, medium.en, "
                         "large-v3 (default: base)")
@@ -44,9 +46,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--audio", metavar="A.wav[,B.wav]", help="whisper: export with the log-mel of these WAV "
                         "files as the example inputs, one batch row each (default with --checkpoint: the utterances "
                         "the package ships); recorded in the coverage file")
+    cli.add_hf(parser)
     cli.add_dtype(parser)
     cli.add_verbose(parser)
     args = parser.parse_args(argv)
+    if args.model is None and args.hf is None:
+        parser.error("give a model name or --hf DIR")
     if args.audio is not None and args.model != "whisper":
         parser.error("argument --audio: only whisper takes speech")
     try:
@@ -55,19 +60,20 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"argument --output-dir: {exc}")
 
     cli.quiet_dependencies(args.verbose)
+    cli.check_hf(parser, args)
     from pipeline import models
 
     if args.variant is not None and args.variant not in models.variants(args.model):
         parser.error(f"argument --variant: invalid choice for {args.model}: {args.variant!r} "
                      f"(choose from {', '.join(models.variants(args.model))})")
-    if args.dynamic and models.family(args.model).make_dynamic_shapes is None:
+    if args.dynamic and args.hf is None and models.family(args.model).make_dynamic_shapes is None:
         parser.error(f"argument --dynamic: {args.model} has no dynamic dimension")
 
     try:
         summary = export_model(
             args.model, args.variant, args.checkpoint, args.output_dir, args.seed, args.dynamic,
             progress=lambda line: print(line, file=sys.stderr, flush=True), cpu_backend=args.cpu_backend,
-            dtype=args.dtype, audio=args.audio,
+            dtype=args.dtype, audio=args.audio, hf=args.hf, task=args.task, inputs=args.inputs,
         )
     except KeyboardInterrupt:
         print("export_model: interrupted; no file was left half-written", file=sys.stderr)

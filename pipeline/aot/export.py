@@ -42,7 +42,7 @@ def reproduces(path: Path, example_inputs: tuple, expected, load: Callable | Non
 
 
 def export_model(
-    name: str,
+    name: str | None,
     variant: str | None = None,
     checkpoint: str | os.PathLike | None = None,
     output_dir: str | os.PathLike = "out",
@@ -52,8 +52,14 @@ def export_model(
     cpu_backend: str = "portable",
     dtype: str = "float32",
     audio: str | list[str] | None = None,
+    hf: str | os.PathLike | None = None,
+    task: str | None = None,
+    inputs: str | os.PathLike | None = None,
 ) -> dict[str, Any]:
-    """Export model `name` to `<output_dir>/<name>-<variant>.pte` with its `.coverage.json`.
+    """Export model `name` to `<output_dir>/<name>-<variant>.pte` with its `.coverage.json`;
+    with `hf` (and `name` None), the Hugging Face directory `hf` (any architecture the
+    installed transformers knows: `pipeline.models.from_hf`, its class chosen by `task`, its
+    example inputs replaced by the file `inputs`) to `<output_dir>/<directory name>.pte`.
 
     Returns the coverage summary that was written. Raises ValueError for a bad name,
     variant or checkpoint (CheckpointError), and IncompleteDelegationError when a LayerNorm
@@ -85,19 +91,34 @@ def export_model(
     def stage(text: str) -> None:
         say(f"[{time.perf_counter() - start:6.1f}s] {text}")
 
-    if checkpoint is not None:
-        stage(f"building {name} from checkpoint {checkpoint}")
+    if (name is None) == (hf is None):
+        raise ValueError("give a model name or hf= (one of them)")
+    if hf is not None:
+        if variant is not None or checkpoint is not None or dynamic or audio is not None:
+            raise ValueError("hf= takes no variant, checkpoint, dynamic or audio: the directory is the model")
+        stage(f"building the Hugging Face model in {hf}")
+        spec = models.from_hf(hf, task=task, seed=seed, dtype=dtype, inputs=inputs)
+        name = spec.name
+        stage(f"built {type(spec.module.model).__name__} ({spec.name}): "
+              + ("weights from the directory" if spec.checkpoint else f"no weights in the directory: seeded random "
+                 f"weights, seed {seed}") + f"; inputs {', '.join(spec.input_names)}"
+              + (f" from {inputs}" if inputs is not None else ""))
     else:
-        stage(f"building {name} {variant or models.default_variant(name)} (seeded random weights, seed {seed})")
-    spec = models.build(name, variant=variant, checkpoint=checkpoint, seed=seed, dynamic=dynamic, dtype=dtype,
-                        audio=audio)
+        if task is not None or inputs is not None:
+            raise ValueError("task= and inputs= are for hf= directories")
+        if checkpoint is not None:
+            stage(f"building {name} from checkpoint {checkpoint}")
+        else:
+            stage(f"building {name} {variant or models.default_variant(name)} (seeded random weights, seed {seed})")
+        spec = models.build(name, variant=variant, checkpoint=checkpoint, seed=seed, dynamic=dynamic, dtype=dtype,
+                            audio=audio)
     shapes = ", ".join("x".join(map(str, t.shape)) for t in spec.example_inputs)
     stage(f"lowering {name}-{spec.variant}: torch.export ({shapes}{', dynamic' if dynamic else ''}), "
           "LayerNorm partitioning, WebGPU delegate")
     edge, coverage = lower_to_edge(spec.module, spec.example_inputs, spec.dynamic_shapes, cpu_backend)
     out_dir = Path(output_dir)
     # A dynamic export gets its own files: it must not replace the static one.
-    stem = (f"{name}-{spec.variant}" + ("-dynamic" if dynamic else "") + ("" if dtype == "float32" else f"-{dtype}")
+    stem = ((models.hf_stem(hf) if hf is not None else f"{name}-{spec.variant}") + ("-dynamic" if dynamic else "") + ("" if dtype == "float32" else f"-{dtype}")
             + ("-xnnpack" if cpu_backend == "xnnpack" else ""))
     pte_path = out_dir / f"{stem}.pte"
     coverage_path = out_dir / f"{stem}.coverage.json"
@@ -113,12 +134,19 @@ def export_model(
         # the audio the example inputs were made from (None: no audio).
         "audio": None if audio is None else list(spec.audio),
         "audio_sha256": spec.audio_sha256,
+        # A Hugging Face directory (absolute; None for the zoo's names), the task that chose its
+        # class, and the file its inputs came from (absolute, with its sha256; None: built).
+        "hf": None if hf is None else os.path.realpath(hf),
+        "task": task,
+        "inputs": None if inputs is None else os.path.realpath(inputs),
+        "inputs_sha256": None if inputs is None else hashlib.sha256(Path(inputs).read_bytes()).hexdigest(),
+        "input_names": None if spec.input_names is None else list(spec.input_names),
         "seed": seed,
         "dynamic": dynamic,
         "dtype": dtype,
         "cpu_backend": cpu_backend,
         "parameters": sum(p.numel() for p in spec.module.parameters()),
-        "hidden_size": models.family(name).hidden_size(spec.config),
+        "hidden_size": models.family(name).hidden_size(spec.config) if hf is None else _width(spec.config),
         "example_input_shapes": [list(t.shape) for t in spec.example_inputs],
         "layer_norm_ops": coverage.total,
         "delegated": coverage.delegated,
@@ -164,3 +192,12 @@ def export_model(
     summary["coverage_json"] = str(coverage_path)
     stage("done")
     return summary
+
+
+def _width(config) -> int | None:
+    """A transformers config's model width, under the names architectures give it."""
+    for key in ("hidden_size", "d_model", "n_embd", "embed_dim", "dim", "width"):
+        value = getattr(config, key, None)
+        if isinstance(value, int):
+            return value
+    return None

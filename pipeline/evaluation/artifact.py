@@ -37,6 +37,10 @@ SUMMARY_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
     "pte_bytes": ((int,), False),
     "audio": ((list, type(None)), False),
     "audio_sha256": ((str, type(None)), False),
+    "hf": ((str, type(None)), False),
+    "task": ((str, type(None)), False),
+    "inputs": ((str, type(None)), False),
+    "inputs_sha256": ((str, type(None)), False),
 }
 
 
@@ -160,6 +164,8 @@ def build_for_artifact(summary: dict[str, Any], audio: str | list[str] | None = 
 
     checkpoint = summary.get("checkpoint")
     _check_checkpoint_record(summary, "export summary")
+    if summary.get("hf") is not None:
+        return _build_hf(summary, audio)
     recorded = audio is None
     audio = summary.get("audio") if recorded else audio
     if recorded and audio is not None and not (audio and all(isinstance(p, str) and os.path.isabs(p) for p in audio)):
@@ -171,6 +177,33 @@ def build_for_artifact(summary: dict[str, Any], audio: str | list[str] | None = 
     if recorded and "audio_sha256" in summary and spec.audio_sha256 != summary["audio_sha256"]:
         raise ArtifactError(f"export summary: the inputs' audio has sha256 {spec.audio_sha256}, the export's "
                             f"{summary['audio_sha256']}: the audio changed since; export again")
+    return spec
+
+
+def _build_hf(summary: dict[str, Any], audio) -> Any:
+    """The Hugging Face directory's model an export recorded, rebuilt only from the same
+    files: its weights (the sha256 of config and weights) and its inputs file, if it had one."""
+    from pipeline import models
+
+    hf, inputs = summary["hf"], summary.get("inputs")
+    if audio is not None:
+        raise ArtifactError(f"export summary: {hf} is a Hugging Face directory; audio= is for whisper exports")
+    for key, path in (("hf", hf), ("inputs", inputs)):
+        if path is not None and not os.path.isabs(path):
+            raise ArtifactError(f"export summary: {key} {path!r} is not an absolute path; export again")
+    if inputs is not None:
+        try:
+            digest = hashlib.sha256(Path(inputs).read_bytes()).hexdigest()
+        except OSError as exc:
+            raise ArtifactError(f"export summary: the inputs file {inputs} cannot be read: {exc}") from None
+        if digest != summary.get("inputs_sha256"):
+            raise ArtifactError(f"export summary: the inputs file {inputs} changed since the export; export again")
+    spec = models.from_hf(hf, task=summary.get("task"), seed=summary.get("seed", 0),
+                          dtype=summary.get("dtype", "float32"), inputs=inputs)
+    if spec.checkpoint_sha256 != summary.get("checkpoint_sha256"):
+        had = "weights" if summary.get("checkpoint_sha256") else "no weights"
+        raise models.CheckpointError(f"{hf}: its files changed since the export (which read {had} there); "
+                                     "export again")
     return spec
 
 

@@ -67,12 +67,16 @@ def resolve_models(name: str) -> list[str]:
     return [name]
 
 
-def _build_and_lower(name: str, variant: str | None, seed: int, dtype: str = "float32", checkpoint=None,
-                     audio=None):
+def _build_and_lower(name: str | None, variant: str | None, seed: int, dtype: str = "float32", checkpoint=None,
+                     audio=None, hf=None, task=None, inputs=None):
     import pipeline
 
     torch.manual_seed(seed)
-    spec = pipeline.models.build(name, variant=variant, seed=seed, dtype=dtype, checkpoint=checkpoint, audio=audio)
+    if hf is not None:
+        spec = pipeline.models.from_hf(hf, task=task, seed=seed, dtype=dtype, inputs=inputs)
+    else:
+        spec = pipeline.models.build(name, variant=variant, seed=seed, dtype=dtype, checkpoint=checkpoint,
+                                     audio=audio)
     program = pipeline.lower(spec.module, spec.example_inputs, spec.dynamic_shapes)
     return spec, program
 
@@ -159,6 +163,9 @@ def run_reports(
     checkpoint: str | Path | None = None,
     audio: str | list[str] | None = None,
     with_coverage: bool = False,
+    hf: str | Path | None = None,
+    task: str | None = None,
+    inputs: str | Path | None = None,
 ) -> int:
     """Run the coverage audit (`kind="coverage"`) or accuracy report (`"accuracy"`) for `model` or `all`,
     or for the exported file `pte` (its model, variant and seed from the `.coverage.json` beside it).
@@ -166,6 +173,10 @@ def run_reports(
     CTranslate2 for whisper) instead of seeded random weights. `audio` (whisper; "A.wav,B.wav"
     or a list): the example inputs are the log-mel of these files (by default, with a checkpoint,
     the utterances the package ships); a whole-model checkpoint's transcripts are checked.
+
+    `hf` (with `model` None): the Hugging Face directory's model instead (`pipeline.models.from_hf`,
+    its class chosen by `task`, its example inputs replaced by the file `inputs`); reports are
+    named after the directory.
 
     `dtype` (float32, float16, bfloat16) casts the model and its inputs; the accuracy verdict
     then holds the program against eager at that dtype, both against float64.
@@ -195,7 +206,10 @@ def run_reports(
         raise ValueError("checkpoint= is for one model, not for 'all' nor with pte= (the file names its own)")
     if audio is not None and (pte is not None or model != "whisper"):
         raise ValueError("audio= is for whisper, not with pte= (the file's export names its inputs)")
-    names = [None] if pte is not None else resolve_models(model)
+    if hf is not None and (model is not None or pte is not None or checkpoint is not None or audio is not None):
+        raise ValueError("hf= is the model: not with a model name, pte=, checkpoint= or audio=")
+    names = [None] if pte is not None or hf is not None else resolve_models(model)
+    from pipeline.models import hf_stem
     lines, failed = [], []
     for name in names:
         if pte is not None:
@@ -203,6 +217,13 @@ def run_reports(
             summary, spec, program = _build_and_load(pte)
             name, seed = spec.name, summary.get("seed", 0)
             stem = f"{Path(pte).name.removesuffix('.pte')}.pte.{kind}"
+        elif hf is not None:
+            progress(f"[{hf}] building the Hugging Face model and lowering ...")
+            spec, program = _build_and_lower(None, None, seed, dtype, hf=hf, task=task, inputs=inputs)
+            name = spec.name
+            if spec.checkpoint is None:
+                progress(f"[{name}] no weights in {hf}: seeded random weights, seed {seed}")
+            stem = _stem(hf_stem(hf), None, kind, dtype)
         else:
             progress(f"[{name}] building and lowering ...")
             spec, program = _build_and_lower(name, variant, seed, dtype, checkpoint, audio)
@@ -226,7 +247,9 @@ def run_reports(
             failed.append(name)
         if audits:
             audit = {**audits[0], "program": data["program"]}
-            paths = write_report(output_dir, _stem(name, spec.variant, "coverage", dtype), audit,
+            coverage_stem = (_stem(hf_stem(hf), None, "coverage", dtype) if hf is not None
+                             else _stem(name, spec.variant, "coverage", dtype))
+            paths = write_report(output_dir, coverage_stem, audit,
                                  coverage_markdown(audit), coverage_html(audit))
             progress(f"[{name}] wrote {', '.join(str(p) for p in paths)}")
             lines.append(coverage_line(audit))
@@ -305,13 +328,16 @@ def report_main(kind: str, description: str, argv: list[str] | None = None) -> i
     parser.add_argument("--audio", metavar="A.wav[,B.wav]", help="whisper: the log-mel of these WAV files (any rate "
                         "and channel count) as the inputs, one batch row each (default with --checkpoint: the "
                         "utterances the package ships); a checkpoint with its decoder transcribes them")
+    cli.add_hf(parser)
     cli.add_dtype(parser)
     cli.add_verbose(parser)
     args = parser.parse_args(argv)
+    if args.hf is not None and args.pte is not None:
+        parser.error("argument --hf: not with --pte (the file names its model)")
     if args.audio is not None and (args.pte is not None or args.model != "whisper"):
         parser.error("argument --audio: for whisper, not with --pte (the file's export names its inputs)")
-    if (args.model is None) == (args.pte is None):
-        parser.error("give a model or --pte FILE (one of them)")
+    if (args.model is None) == (args.pte is None and args.hf is None):
+        parser.error("give a model, --hf DIR or --pte FILE (one of them)")
     if args.pte is not None and args.dtype != "float32":
         parser.error("argument --dtype: not allowed with --pte (the file's dtype is used)")
     if args.pte is not None and args.variant is not None:
@@ -329,6 +355,7 @@ def report_main(kind: str, description: str, argv: list[str] | None = None) -> i
     except ValueError as exc:
         parser.error(f"argument --output-dir: {exc}")
     cli.quiet_dependencies(args.verbose)
+    cli.check_hf(parser, args)
     if args.variant is not None:
         from pipeline import models
 
@@ -339,7 +366,8 @@ def report_main(kind: str, description: str, argv: list[str] | None = None) -> i
     try:
         return run_reports(kind, args.model, args.variant, args.output_dir, args.seed,
                            progress=cli.print_progress, pte=args.pte, dtype=args.dtype, runtime=runtime,
-                           checkpoint=args.checkpoint, audio=args.audio, with_coverage=with_coverage)
+                           checkpoint=args.checkpoint, audio=args.audio, with_coverage=with_coverage,
+                           hf=args.hf, task=args.task, inputs=args.inputs)
     except Exception as exc:  # one line for the user, status 1
         print(f"{parser.prog}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1

@@ -28,7 +28,8 @@ from pipeline.models.hf import from_hf
 from pipeline.models.spec import CheckpointError, ModelFamily, ModelSpec
 from pipeline.wgsl import DTYPES
 
-__all__ = ["NAMES", "CheckpointError", "ModelFamily", "ModelSpec", "build", "default_variant", "family", "from_hf", "variants"]
+__all__ = ["NAMES", "CheckpointError", "ModelFamily", "ModelSpec", "build", "default_variant", "family", "from_hf",
+           "hf_stem", "variants"]
 
 FAMILIES: dict[str, ModelFamily] = {f.name: f for f in (bart.FAMILY, florence2.FAMILY, whisper.FAMILY)}
 NAMES: tuple[str, ...] = tuple(FAMILIES)
@@ -207,3 +208,10 @@ def _matching_variant(fam: ModelFamily, config: PretrainedConfig) -> str:
         if fam.signature(embedded_config(fam.name, variant)) == signature:
             return variant
     return CUSTOM_VARIANT
+
+
+def hf_stem(directory: str | os.PathLike) -> str:
+    """The name a Hugging Face directory's files and reports take: its own name, with what a
+    file name cannot hold replaced ("bert-base-uncased" for ~/models/bert-base-uncased/)."""
+    name = os.path.basename(os.path.normpath(os.path.abspath(directory)))
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name).lstrip(".") or "model"

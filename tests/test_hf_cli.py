@@ -1,0 +1,108 @@
+"""`--hf DIR`: a Hugging Face directory as a user holds it through export_model, run_pte and
+the reports, the file rebuilt from its coverage file; and what the commands refuse."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from support.scripts import load_script, run_script
+
+
+@pytest.fixture(scope="module")
+def bert_dir(tmp_path_factory):
+    """A tiny BERT saved by transformers as users receive one (config.json + model.safetensors)."""
+    from pipeline.models.hf import tiny_config
+    from transformers import BertModel
+
+    torch.manual_seed(1)
+    directory = tmp_path_factory.mktemp("hf") / "my-bert"
+    BertModel(tiny_config("bert")).save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def exported(bert_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("out")
+    result = run_script("export_model", "--hf", str(bert_dir), "--output-dir", str(out))
+    assert result.returncode == 0, result.stderr
+    return out, result
+
+
+def test_export_names_files_after_the_directory_and_records_it(bert_dir, exported):
+    out, result = exported
+    assert sorted(p.name for p in out.iterdir()) == ["my-bert.coverage.json", "my-bert.pte"]
+    summary = json.loads((out / "my-bert.coverage.json").read_text())
+    assert summary["hf"] == str(bert_dir.resolve()) and summary["model"] == "bert" and summary["variant"] == "hf"
+    assert summary["checkpoint_sha256"] and summary["layer_norm_ops"] == summary["delegated"] > 0
+    assert "weights from the directory" in result.stderr
+
+
+def test_run_pte_rebuilds_the_model_from_the_coverage_file(exported):
+    out, _ = exported
+    for runtime in ("python", "executorch"):
+        result = run_script("run_pte", str(out / "my-bert.pte"), "--runtime", runtime, "--repeats", "1")
+        assert result.returncode == 0, result.stderr
+        assert "passed" in result.stdout
+
+
+def test_a_changed_directory_is_refused_when_the_file_is_rebuilt(bert_dir, exported, tmp_path):
+    out, _ = exported
+    copied = tmp_path / "copy"
+    copied.mkdir()
+    for name in ("my-bert.pte", "my-bert.coverage.json"):
+        (copied / name).write_bytes((out / name).read_bytes())
+    config = bert_dir / "config.json"
+    original = config.read_bytes()
+    try:
+        config.write_bytes(original.replace(b'"layer_norm_eps": 1e-12', b'"layer_norm_eps": 1e-06'))
+        result = run_script("run_pte", str(copied / "my-bert.pte"))
+    finally:
+        config.write_bytes(original)
+    assert result.returncode == 1 and "changed since the export" in result.stderr.strip().splitlines()[-1]
+
+
+def test_a_directory_without_weights_says_seeded_random(tmp_path):
+    from pipeline.models.hf import tiny_config
+
+    directory = tmp_path / "no-weights"
+    tiny_config("vit").save_pretrained(directory)
+    result = run_script("coverage_audit", "--hf", str(directory), "--output-dir", str(tmp_path / "reports"))
+    assert result.returncode == 0, result.stderr
+    assert "seeded random weights" in result.stdout
+    report = json.loads((tmp_path / "reports" / "no-weights.coverage.json").read_text())
+    assert report["weights"] == {"checkpoint": None} and report["verdict"] == "complete"
+    assert report["coverage"]["delegated"] > 0
+
+
+@pytest.mark.parametrize(("script", "argv", "message"), [
+    ("export_model", ["bart", "--hf", "x"], "not both"),
+    ("export_model", ["--task", "base"], "give a model name or --hf DIR"),
+    ("export_model", ["bart", "--inputs", "x.pt"], "only with --hf"),
+    ("export_model", ["--hf", "x", "--variant", "base"], "--variant: not with --hf"),
+    ("export_model", ["--hf", "x", "--task", "no-such-task"], "invalid choice 'no-such-task'"),
+    ("coverage_audit", ["--hf", "x", "--pte", "y.pte"], "not with --pte"),
+    ("accuracy_report", ["--hf", "x", "--checkpoint", "y"], "--checkpoint: not with --hf"),
+])
+def test_bad_usage_exits_2(capsys, script, argv, message):
+    with pytest.raises(SystemExit) as info:
+        main = load_script(script).main if script == "export_model" else _report_main(script)
+        main(argv)
+    assert info.value.code == 2 and message in capsys.readouterr().err
+
+
+def _report_main(script: str):
+    from pipeline.evaluation.runner import report_main
+
+    kind = "coverage" if script == "coverage_audit" else "accuracy"
+    return lambda argv: report_main(kind, script, argv)
+
+
+def test_a_missing_directory_exits_1_with_one_line(tmp_path):
+    result = run_script("export_model", "--hf", str(tmp_path / "absent"), "--output-dir", str(tmp_path / "out"))
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("export_model: ") and "absent" in last
+    assert not (tmp_path / "out").exists()
