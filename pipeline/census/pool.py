@@ -22,6 +22,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 
 from pipeline.census.stages import OUR_STAGES, split_name
+from pipeline.census.worker import FAULT_ENV, child
 
 POLL_SECONDS = 0.1
 STDERR_CHARS = 300  # of a crashed child's stderr, its last line
@@ -45,14 +46,14 @@ def _fork_server() -> multiprocessing.context.BaseContext:
         return _context
 
 
-def run_row(name: str, timeout: float, memory_gb: float | None, threads: int | None = None) -> dict:
-    """Run row `name` in a process of its own; its record, also for a timeout, a crash or a kill."""
-    from pipeline.census.worker import child
-
+def run_row(name: str, timeout: float, memory_gb: float | None, threads: int | None = None,
+            faults: str | None = None) -> dict:
+    """Run row `name` in a process of its own; its record, also for a timeout, a crash or a kill.
+    `faults`: PIPELINE_CENSUS_FAULT's value in the census's process (`pipeline.census.worker`)."""
     with tempfile.TemporaryDirectory(prefix="census-") as folder:
         progress, result, log = (str(Path(folder) / f) for f in ("progress.jsonl", "result.json", "output.txt"))
         started = time.perf_counter()
-        proc = _fork_server().Process(target=child, args=(name, progress, result, log, memory_gb, threads),
+        proc = _fork_server().Process(target=child, args=(name, progress, result, log, memory_gb, threads, faults),
                                       name=f"census {name}")
         proc.start()
         with _running_lock:
@@ -165,7 +166,7 @@ class LocalPool:
 
     def __init__(self, jobs: int, timeout: float, memory_gb: float | None, threads: int | None) -> None:
         self._executor = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="census")
-        self._args = (timeout, memory_gb, threads)
+        self._args = (timeout, memory_gb, threads, os.environ.get(FAULT_ENV))
         self._pending: set[Future] = set()
 
     def submit(self, name: str) -> None:
@@ -197,13 +198,13 @@ class RayPool:
 
         self._ray = ray
         if not ray.is_initialized():
-            options = {"include_dashboard": False, "logging_level": logging.WARNING, "log_to_driver": False}
+            options = {"include_dashboard": False, "logging_level": logging.ERROR, "log_to_driver": False}
             if address == "local":
                 ray.init(num_cpus=jobs, **options)
             else:
                 ray.init(address=address, **options)
         self._task = ray.remote(num_cpus=1, max_retries=0)(run_row)
-        self._args = (timeout, memory_gb, 1)  # a task holds one CPU
+        self._args = (timeout, memory_gb, 1, os.environ.get(FAULT_ENV))  # a task holds one CPU
         self._pending: list = []
 
     def submit(self, name: str) -> None:

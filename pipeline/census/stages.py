@@ -5,8 +5,9 @@
     export       torch.export
     executorch   the control: the same ExportedProgram lowered by ExecuTorch alone (no
                  partitioner), serialized and run in ExecuTorch's runtime
-    partitioner  our graph passes and LayerNormPartitioner
-    preprocess   WebGPUBackend.preprocess: the delegate blobs, each decoded back
+    partitioner  `pipeline.lower` up to the edge program: our graph passes, LayerNormPartitioner
+    preprocess   WebGPUBackend.preprocess (within the partitioner's call, told apart by where
+                 the failure was raised): the delegate blobs, each decoded back
     runtime      the rest of `pipeline.lower` (the program serialized, those bytes read by our
                  Python runtime) and the program run
     native       the same bytes in ExecuTorch's runtime with our native backend
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 import time
 from collections.abc import Callable
 
@@ -49,8 +51,10 @@ class AccuracyError(Exception):
 
 
 def one_line(exc: BaseException) -> str:
-    """`Type: message` on one line, trimmed to CAUSE_CHARS."""
-    text = f"{type(exc).__name__}: {' '.join(str(exc).split())}".rstrip(": ")
+    """`Type: message` on one line, trimmed to CAUSE_CHARS; the graph node and traceback that
+    torch.fx appends to an exception raised while it interprets a graph are left out."""
+    message = re.split(r"\n\s*(?:While executing|Original traceback)", str(exc), maxsplit=1)[0]
+    text = f"{type(exc).__name__}: {' '.join(message.split())}".rstrip(": ")
     return text if len(text) <= CAUSE_CHARS else text[:CAUSE_CHARS - 3] + "..."
 
 
@@ -169,30 +173,21 @@ class Census:
         self.record["control_vs_eager_max_abs"] = _max_abs(outputs, self.eager_outputs)
 
     def _partitioner(self) -> None:
-        from pipeline.aot.lowering import _coverage, count_layer_norms, lower_exported
-        from pipeline.aot.partitioner import LayerNormPartitioner
-        from pipeline.aot.passes import reframe_group_norm
+        """`pipeline.lower`'s first half (`lower_to_edge`: export, graph passes, partitioner, and
+        the preprocessing that ExecuTorch does as it makes each partition). A failure whose
+        traceback passes through WebGPUBackend.preprocess or the blob is preprocess's."""
+        from pipeline.aot.lowering import lower_to_edge
 
-        census = self
-
-        class Partitioner(LayerNormPartitioner):
-            """Ours, telling the census when partitioning is done and preprocessing begins."""
-
-            def partition(self, exported_program):
-                result = super().partition(exported_program)
-                census._enter("preprocess")
-                return result
-
-        # What `pipeline.lower` does after its export, a stage at a time.
-        reframed = reframe_group_norm(copy.deepcopy(self.exported))
-        total = count_layer_norms(reframed)
-        partitioner = Partitioner()
-        self.edge = lower_exported(reframed, [partitioner])
-        self.coverage = _coverage(self.edge, total, partitioner.rejected)
+        try:
+            self.edge, self.coverage = lower_to_edge(self.spec.module, self.inputs)
+        except Exception as exc:
+            if _raised_in(exc, _PREPROCESS_FILES):
+                self._enter("preprocess")
+            raise
 
     def _preprocess(self) -> None:
-        """WebGPUBackend.preprocess ran in the partitioner's call (ExecuTorch preprocesses each
-        partition as it is made): its blobs are checked here, decoded as both runtimes will."""
+        """WebGPUBackend.preprocess ran in the partitioner's call: its blobs are checked here,
+        decoded as both runtimes will."""
         from executorch.exir.lowered_backend_module import LoweredBackendModule
 
         from pipeline.aot.preprocess import WebGPUBackend
@@ -203,7 +198,8 @@ class Census:
                 blob.decode(lowered.processed_bytes)
 
     def _runtime(self) -> None:
-        """The rest of `pipeline.lower`: serialize, read those bytes into our runtime, run them."""
+        """The rest of `pipeline.lower` (as it does it): serialize, read those bytes into our
+        runtime, run them."""
         import torch
 
         from pipeline.aot.lowering import _delegate_names
@@ -272,6 +268,24 @@ class Census:
         if bad:
             row = bad[0]
             raise AccuracyError(f"output {row['index']}: {row['why']}")
+
+
+# Where a failure inside lowering is preprocess's: our backend's preprocess and the blob format.
+_PREPROCESS_FILES = ("pipeline/aot/preprocess.py", "pipeline/pte/blob.py")
+
+
+def _raised_in(exc: BaseException, files: tuple[str, ...]) -> bool:
+    """Whether `exc`'s traceback, or that of an exception it was raised from, passes through `files`."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        tb = exc.__traceback__
+        while tb is not None:
+            if tb.tb_frame.f_code.co_filename.replace("\\", "/").endswith(files):
+                return True
+            tb = tb.tb_next
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def tower_name(model_type: str, spec) -> str:

@@ -1,5 +1,6 @@
 """The census's child process: one row through the stages, bounded in memory and niced.
 
+`child` is what the census's pool forks for each row; by hand, the same for one row:
     python -m pipeline.census.worker NAME --progress FILE --result FILE [--memory GB]
 
 Appends each stage's name to the progress file as it starts (a line, flushed and synced),
@@ -35,10 +36,10 @@ def _limit_memory(gigabytes: float) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
 
 
-def _faults(name: str) -> dict[str, str]:
-    """{stage: action} that PIPELINE_CENSUS_FAULT asks of row `name`."""
+def _faults(name: str, faults: str | None) -> dict[str, str]:
+    """{stage: action} that `faults` (PIPELINE_CENSUS_FAULT's form) asks of row `name`."""
     found = {}
-    for entry in filter(None, os.environ.get(FAULT_ENV, "").split(",")):
+    for entry in filter(None, (faults or "").split(",")):
         row, stage, action = entry.rsplit(":", 2)
         if row == name:
             found[stage] = action
@@ -46,13 +47,14 @@ def _faults(name: str) -> dict[str, str]:
 
 
 def work(name: str, progress_path: str, result_path: str, memory_gb: float | None = None,
-         verbose: bool = False) -> None:
-    """Row `name` through the stages in this process; its record to `result_path`."""
+         verbose: bool = False, faults: str | None = None) -> None:
+    """Row `name` through the stages in this process; its record to `result_path`. `faults`:
+    PIPELINE_CENSUS_FAULT's value as the census started."""
     if memory_gb is not None:
         _limit_memory(memory_gb)
     os.nice(NICENESS)
     started = time.perf_counter()
-    faults = _faults(name)
+    faults = _faults(name, faults)
     progress = open(progress_path, "a", buffering=1)
 
     def enter(stage: str) -> None:
@@ -82,7 +84,7 @@ def work(name: str, progress_path: str, result_path: str, memory_gb: float | Non
 
 
 def child(name: str, progress_path: str, result_path: str, log_path: str, memory_gb: float | None,
-          threads: int | None) -> None:
+          threads: int | None, faults: str | None) -> None:
     """`work` as a child forked by the pool: in a session of its own (a timeout kills all of
     it), its output to `log_path`, `threads` for torch's CPU kernels."""
     os.setsid()
@@ -94,7 +96,7 @@ def child(name: str, progress_path: str, result_path: str, log_path: str, memory
         import torch
 
         torch.set_num_threads(threads)
-    work(name, progress_path, result_path, memory_gb)
+    work(name, progress_path, result_path, memory_gb, faults=faults)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -105,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--memory", type=float, default=None, help="address-space limit in GiB")
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args(argv)
-    work(args.name, args.progress, args.result, args.memory, args.verbose)
+    work(args.name, args.progress, args.result, args.memory, args.verbose, os.environ.get(FAULT_ENV))
     return 0
 
 

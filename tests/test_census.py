@@ -1,0 +1,211 @@
+"""The census (scripts/census.py, pipeline.census): rows through the stages in processes of their
+own, records resumed from census.jsonl, hangs and crashes recorded with their stage, the report,
+exit statuses, and the same rows as Ray tasks."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import json
+import math
+import signal
+
+import pytest
+import torch
+
+from pipeline.census import JSONL, OUR_STAGES, STAGES, read_records
+from pipeline.census import pool as census_pool
+from pipeline.census import run as census_run
+from pipeline.census.stages import Census, Skipped, output_error
+from pipeline.census.worker import FAULT_ENV
+from support.scripts import run_script
+
+ROWS = ("bert", "vit")
+
+
+def _census(*args: str) -> tuple[int, str]:
+    """scripts/census.py's main in this process (its fork server serves every test here):
+    (exit status, stderr)."""
+    stderr = io.StringIO()
+    with contextlib.redirect_stderr(stderr):
+        code = census_run.census_main("census", list(args))
+    return code, stderr.getvalue()
+
+
+@pytest.fixture(scope="module")
+def census(tmp_path_factory):
+    """bert and vit censused twice into one folder: (first run, second run, the folder)."""
+    out = tmp_path_factory.mktemp("census")
+    first = _census(*ROWS, "--jobs", "2", "--output-dir", str(out))
+    second = _census(*ROWS, "--jobs", "2", "--output-dir", str(out))
+    return first, second, out
+
+
+def test_rows_pass_every_stage(census):
+    (code, stderr), _, out = census
+    assert code == 0, stderr
+    records = {r["name"]: r for r in read_records(out / JSONL)}
+    assert sorted(records) == sorted(ROWS)
+    for record in records.values():
+        assert record["status"] == "ok" and record["reached"] == "accuracy", record
+        assert list(record["stages"]) == list(STAGES)
+        assert record["coverage"]["delegated"] == record["coverage"]["total"] > 0
+        assert record["coverage"]["by_kind"]["layer_norm"]["delegated"] == record["coverage"]["total"]
+        assert all(row["ok"] for row in record["accuracy"])
+        assert record["peak_rss_mb"] > 0 and record["seconds"] > 0
+    assert "[2/2]" in stderr and "LayerNorms delegated" in stderr
+
+
+def test_second_run_resumes(census):
+    _, (code, stderr), out = census
+    assert code == 0, stderr
+    assert "0 to run" in stderr
+    assert len((out / JSONL).read_text().splitlines()) == len(ROWS)
+
+
+def test_report_files(census):
+    _, _, out = census
+    data = json.loads((out / "census.json").read_text())
+    assert data["population"] == len(ROWS) and data["status"] == {"ok": len(ROWS)}
+    assert data["reached"]["accuracy"] == len(ROWS) and data["ours"] == 0
+    assert data["norms"]["layer_norm"]["delegated"] > 0
+    assert "## Stages" in (out / "census.md").read_text()
+    assert (out / "census.html").read_text().startswith("<!DOCTYPE html>")
+
+
+def test_hang_and_crash_are_recorded_with_their_stage(tmp_path, monkeypatch):
+    monkeypatch.setenv(FAULT_ENV, "albert:build:hang,vit:eager:crash")
+    code, stderr = _census("albert", "vit", "--jobs", "2", "--timeout", "10", "--output-dir", str(tmp_path))
+    assert code == 0, stderr  # neither is in our stages
+    records = {r["name"]: r for r in read_records(tmp_path / JSONL)}
+    hung, crashed = records["albert"], records["vit"]
+    assert (hung["status"], hung["failed_stage"], hung["ours"]) == ("timeout", "build", False)
+    assert hung["cause"] == "timed out after 10 s"
+    assert (crashed["status"], crashed["failed_stage"]) == ("crashed", "eager")
+    assert crashed["cause"].startswith("killed by SIGSEGV") and crashed["reached"] == "build"
+    assert "timeout at build (not ours)" in stderr
+
+
+class _Staged(Census):
+    """Stages that do nothing but what a test asks: `fail` raises in that stage, `skip` skips it."""
+
+    def __init__(self, fail: str | None = None, skip: str | None = None) -> None:
+        super().__init__("fake")
+        self.fail, self.skip = fail, skip
+        for stage in STAGES:
+            setattr(self, f"_{stage}", self._maker(stage))
+
+    def _maker(self, stage: str):
+        def work() -> None:
+            if stage == self.fail:
+                raise MemoryError() if stage == "export" else ValueError(f"{stage} broke")
+            if stage == "partitioner":
+                self._enter("preprocess")  # as ExecuTorch preprocesses within the partitioner's call
+                if self.fail == "preprocess":
+                    raise ValueError("blob")
+            if stage == self.skip:
+                raise Skipped("not here")
+
+        return work
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_first_failing_stage_is_recorded(stage):
+    record = _Staged(fail=stage).run()
+    assert record["failed_stage"] == stage and record["ours"] == (stage in OUR_STAGES)
+    assert record["status"] == ("oom" if stage == "export" else "failed")
+    assert list(record["stages"])[-1] == stage and record["stages"][stage]["status"] == "failed"
+    assert all(e["status"] == "ok" for s, e in record["stages"].items() if s != stage)
+
+
+def test_skipped_stage_is_not_a_failure():
+    record = _Staged(skip="native").run()
+    assert record["status"] == "ok" and record["reached"] == "accuracy"
+    assert record["stages"]["native"] == {"status": "skipped", "seconds": record["stages"]["native"]["seconds"],
+                                          "reason": "not here"}
+
+
+def test_output_error_rule():
+    ref = torch.tensor([1.0, 2.0, float("nan")], dtype=torch.float64)
+    eager = torch.tensor([1.0, 2.0 + 1e-3, float("nan")])
+    assert output_error(0, eager.clone(), eager, ref)["ok"]
+    assert not output_error(0, eager + torch.tensor([0.0, 3e-3, 0.0]), eager, ref)["ok"]
+    nan_row = output_error(0, torch.tensor([float("nan"), 2.0, float("nan")]), eager, ref)
+    assert not nan_row["ok"] and "NaN" in nan_row["why"]
+    exact = torch.tensor([1.0, 2.0, 3.0])
+    row = output_error(0, exact + 1e-7, exact, exact.double())  # eager exact: the floor
+    assert row["ok"] and row["eager_max_abs"] == 0.0 and math.isinf(row["ratio"])
+    ids = torch.tensor([1, 2])
+    assert output_error(0, ids, ids, ids)["ok"] and not output_error(0, ids + 1, ids, ids)["ok"]
+
+
+def test_abnormal_end_records_stage_and_signal():
+    progress = [{"stage": "build", "t": 0.0}, {"stage": "eager", "t": 1.0}, {"stage": "export", "t": 1.5}]
+    record = census_pool._abnormal("x", -signal.SIGSEGV, False, 30, progress, "boom", 4.0, 100.0)
+    assert (record["status"], record["failed_stage"], record["reached"]) == ("crashed", "export", "eager")
+    assert record["cause"] == "killed by SIGSEGV; output: boom" and record["stages"]["build"]["seconds"] == 1.0
+    record = census_pool._abnormal("x", -signal.SIGKILL, True, 30, progress[:1], "", 30.0, None)
+    assert (record["status"], record["failed_stage"], record["reached"]) == ("timeout", "build", None)
+
+
+class _FakePool:
+    def __init__(self, records: list[dict]) -> None:
+        self.records, self.pending = records, []
+
+    def submit(self, name: str) -> None:
+        self.pending.append(name)
+
+    def __len__(self) -> int:
+        return len(self.pending)
+
+    def finished(self):
+        name = self.pending.pop(0)
+        yield next(r for r in self.records if r["name"] == name)
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_failure_in_our_stages_fails_the_census(tmp_path, monkeypatch, capsys):
+    ok = {"name": "a", "status": "ok", "reached": "accuracy", "failed_stage": None, "cause": None, "ours": False,
+          "stages": {}, "towers": ["a.vision_model"], "seconds": 1.0}
+    tower = {**ok, "name": "a.vision_model", "towers": None, "status": "failed", "reached": "preprocess",
+             "failed_stage": "runtime", "cause": "CheckError: no", "ours": True}
+    monkeypatch.setattr(census_run, "make_pool", lambda *args: _FakePool([ok, tower]))
+    monkeypatch.setattr(census_run, "_native_build", lambda: None)
+    lines = []
+    assert census_run.run_census(["a"], tmp_path, progress=lines.append) == 1
+    assert [r["name"] for r in read_records(tmp_path / JSONL)] == ["a", "a.vision_model"]
+    assert "[2/2] a.vision_model: failed at runtime (ours): CheckError: no" in lines[2]
+    assert "a.vision_model (runtime)" in capsys.readouterr().err
+    data = json.loads((tmp_path / "census.json").read_text())
+    assert data["ours"] == 1 and data["causes"][0]["architectures"] == ["a.vision_model"]
+
+
+def test_a_line_cut_short_is_left_out(tmp_path):
+    path = tmp_path / JSONL
+    census_run.append_record(path, {"name": "a"})
+    with open(path, "a") as f:
+        f.write('{"name": "b", "sta')
+    census_run.append_record(path, {"name": "c"})
+    assert [r["name"] for r in read_records(path)] == ["a", "c"]
+
+
+@pytest.mark.parametrize("args", [["--sample", "bert"], ["no-such-architecture"], ["--jobs", "0"],
+                                  ["--timeout", "-1"]])
+def test_bad_usage_exits_2(args, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit:
+        census_run.census_main("census", [*args, "--output-dir", str(tmp_path)])
+    assert exit.value.code == 2
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None,
+                    reason="ray is not installed (the census extra: pip install -e '.[census]')")
+def test_rows_as_ray_tasks(tmp_path):
+    """The script itself, end to end, on a private Ray instance."""
+    result = run_script("census", "bert", "--ray", "local", "--jobs", "2", "--output-dir", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    [record] = read_records(tmp_path / JSONL)
+    assert record["status"] == "ok" and record["reached"] == "accuracy"
+    assert "Ray local" in result.stderr
