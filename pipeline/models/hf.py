@@ -168,12 +168,23 @@ def _shrink(raw: dict[str, Any]) -> dict[str, Any]:
     """A config dict with its sizes shrunk by tiny_config's rules, sub-config dicts recursed."""
     out: dict[str, Any] = {}
     layers: dict[int, int] = {}  # original -> shrunk layer count, for per-layer lists
+    # Fields named for no size but holding the width (a pooler's size defaulting to it) follow it.
+    width = next((raw[k] for k in _WIDTH_KEYS if _is_int(raw.get(k))), None)
     for key, value in raw.items():
-        if isinstance(value, dict) and ("model_type" in value or key.endswith("_config")) \
+        if isinstance(value, dict) and value.get("model_type") == "timm_backbone":
+            # timm is not a dependency (nor are its downloads): transformers' own ResNet, same stages out.
+            from transformers import ResNetConfig
+
+            out[key] = _shrink(ResNetConfig(out_indices=value.get("out_indices") or [4]).to_dict())
+        elif isinstance(value, dict) and ("model_type" in value or key.endswith("_config")) \
                 and key != "quantization_config":
             out[key] = _shrink(value)
         elif _KEEP.search(key) or _TOKEN_ID.search(key):
             out[key] = value
+        elif value is None and _kind(key) == "top_k" and any(_kind(k) == "experts" for k in raw):
+            out[key] = TARGETS["top_k"]  # mixtures of experts whose defaults leave it unset
+        elif _is_int(value) and _kind(key) is None and width is not None and value == width > TARGETS["width"]:
+            out[key] = TARGETS["width"]
         elif _is_int(value):
             out[key] = _shrunk_int(key, value)
             if _kind(key) == "layers" and out[key] != value:
@@ -192,8 +203,53 @@ def _shrink(raw: dict[str, Any]) -> dict[str, Any]:
         elif len(value) in layers:
             # One entry per layer (layer_types): one per remaining layer.
             out[key] = value[: layers[len(value)]]
-    _fix_heads(out)
+    if layers:
+        # A backbone's stages are its layers: its default outputs (the last stage) follow the new count.
+        for key in ("stage_names", "out_features", "out_indices"):
+            out.pop(key, None)
+        for key, value in out.items():
+            if "layer" in key and isinstance(value, dict) and all(_layer_key(k) is not None for k in value):
+                out[key] = {k: v for k, v in value.items() if _layer_key(k) < kept}
+    # timm and pretrained backbones are downloads (and timm is not installed): transformers' own, random.
+    for key in ("use_timm_backbone", "use_pretrained_backbone"):
+        if out.get(key) is True:
+            out[key] = False
+    _fix_heads(out, raw)
+    _fix_rope_sections(out)
     return out
+
+
+def _takes_rope_sections(model_type: Any) -> bool:
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
+        return False
+    return "mrope_section" in (getattr(CONFIG_MAPPING[model_type], "ignore_keys_at_rope_validation", None) or ())
+
+
+def _fix_rope_sections(config: dict[str, Any]) -> None:
+    """Multimodal rotary sections (temporal, height, width) that add up to half the new head dim."""
+    heads = next((config[k] for k in _HEAD_KEYS if _is_int(config.get(k)) and config[k] > 0), None)
+    width = next((config[k] for k in _WIDTH_KEYS if _is_int(config.get(k))), None)
+    head_dim = config.get("head_dim") if _is_int(config.get("head_dim")) else width // heads if width and heads else None
+    rope = config.get("rope_parameters")
+    if isinstance(rope, dict) and "mrope_section" not in rope and _takes_rope_sections(config.get("model_type")):
+        # Its model defaults them for the published head dim.
+        rope["mrope_section"] = [2, 3, 3]
+    for rope in (rope, config.get("rope_scaling")):
+        sections = rope.get("mrope_section") if isinstance(rope, dict) else None
+        if head_dim and _int_list(sections) and sum(sections) != head_dim // 2:
+            half = head_dim // 2
+            scaled = [max(1, v * half // sum(sections)) for v in sections]
+            scaled[-1] += half - sum(scaled)
+            rope["mrope_section"] = scaled
+
+
+def _layer_key(key: Any) -> int | None:
+    """A per-layer dict's key as a layer index (JSON makes them strings), or None."""
+    if _is_int(key):
+        return key
+    return int(key) if isinstance(key, str) and key.isdigit() else None
 
 
 def _is_int(value: Any) -> bool:
@@ -227,8 +283,9 @@ def _shrunk_list(key: str, value: list[int]) -> list[int]:
     return [min(v, TARGETS[kind]) for v in value]
 
 
-def _fix_heads(config: dict[str, Any]) -> None:
-    """Heads that divide the width, key/value heads that divide the heads, head dims that match."""
+def _fix_heads(config: dict[str, Any], raw: dict[str, Any]) -> None:
+    """Heads that divide the width, key/value heads that divide the heads (all of them where
+    they were all of them: multi-head latent attention expands to every head), head dims that match."""
     width = next((config[k] for k in _WIDTH_KEYS if _is_int(config.get(k))), None)
     for key in _HEAD_KEYS:
         heads = config.get(key)
@@ -237,9 +294,10 @@ def _fix_heads(config: dict[str, Any]) -> None:
                 heads -= 1
             config[key] = heads
     heads = next((config[k] for k in _HEAD_KEYS if _is_int(config.get(k)) and config[k] > 0), None)
+    raw_heads = next((raw[k] for k in _HEAD_KEYS if _is_int(raw.get(k)) and raw[k] > 0), None)
     for key in _KV_KEYS:
         if heads and _is_int(config.get(key)) and config[key] > 0:
-            config[key] = math.gcd(heads, config[key])
+            config[key] = heads if raw.get(key) == raw_heads else math.gcd(heads, config[key])
     if heads and width and _is_int(config.get("head_dim")):
         config["head_dim"] = width // heads
     if _is_int(config.get("qk_nope_head_dim")) and _is_int(config.get("qk_rope_head_dim")) and "qk_head_dim" in config:
@@ -547,7 +605,7 @@ def _input_names(model: torch.nn.Module, config: PretrainedConfig, parameters: d
                  own: dict[str, torch.Tensor]) -> list[str]:
     names = list(own)
     main = getattr(model, "main_input_name", "input_ids")
-    names += [main] if main in parameters and main not in names else []
+    names += [k for k in (main if isinstance(main, (list, tuple)) else [main]) if k in parameters and k not in names]
     names += [k for k, p in parameters.items() if p.default is inspect.Parameter.empty and k not in names]
     # Dual encoders (CLIP, CLAP) take both towers' inputs; LLaVA-like models would need their
     # media tokens laid out in the text, so they get text alone.
@@ -644,6 +702,10 @@ def _make_input(name: str, config: PretrainedConfig, batch: int, sequence: int,
     if name == "pixel_mask":
         height, width = _image_size(_image_config(config))
         return torch.ones(batch, height, width, dtype=torch.long)
+    if name == "past_values" and _is_int(getattr(config, "context_length", None)) \
+            and _is_int(getattr(config, "num_input_channels", None)):
+        # Patch-based time series (PatchTST, PatchTSMixer): (batch, context, channels).
+        return torch.randn(batch, config.context_length, config.num_input_channels, generator=generator)
     if name == "input_features":
         return _features(config, batch, generator)
     if name == "input_values":
@@ -685,8 +747,9 @@ def _waveform(config: PretrainedConfig, batch: int, generator: torch.Generator) 
     if _is_int(mels) and _is_int(length) and getattr(audio, "model_type", "") == "audio-spectrogram-transformer":
         return torch.randn(batch, length, mels, generator=generator)
     channels = getattr(audio, "audio_channels", None)
-    if _is_int(channels):
-        return torch.randn(batch, channels, WAVEFORM, generator=generator)
+    if _is_int(channels) or getattr(audio, "hop_length", None) is not None:
+        # Codecs (EnCodec, DAC): (batch, channels, samples).
+        return torch.randn(batch, channels if _is_int(channels) else 1, WAVEFORM, generator=generator)
     return torch.randn(batch, WAVEFORM, generator=generator)
 
 
