@@ -256,3 +256,17 @@ def test_inputs_file_refuses_bad_files(tmp_path, held, message):
     with pytest.raises(ValueError, match=message) as caught:
         from_config(_bert_config(), inputs=path)
     assert str(path) in str(caught.value)
+
+
+def test_from_hf_tokenizes_with_the_directory_tokenizer(tmp_path):
+    from transformers import BertTokenizer
+
+    _saved(tmp_path)
+    words = ["the", "quick", "brown", "fox", "a", "layer", "norm", "on", "graphics", "card", "."]
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]) + "\n")
+    BertTokenizer(str(vocab)).save_pretrained(tmp_path)
+    spec = from_hf(tmp_path)
+    ids = spec.example_inputs[spec.input_names.index("input_ids")]
+    assert ids[:, 0].tolist() == [2, 2] and (ids[0] == 1).sum() < ids.shape[1] // 2  # [CLS], mostly known words
+    _run(spec)

@@ -990,49 +990,64 @@ def _some(names: list[str], count: int = 4) -> str:
     return ", ".join(names[:count]) + (f" and {len(names) - count} more" if len(names) > count else "")
 
 
+_MEDIA_INPUTS = ("pixel_values", "input_features", "input_values")
+
+
 def towers(spec: ModelSpec) -> list[ModelSpec]:
     """The vision and audio towers of a multimodal spec (CLIP-like, LLaVA-like, speech-text),
     each as its own spec (name "<spec.name>.<sub-module path>", e.g. "clip.vision_model"), with
     the spec's weights: the LayerNorms a text-only input never reaches. Empty for one-tower models.
 
-    A tower is the base model of a sub-config (vision_config, audio_config...) whose weights
-    all lie, under one prefix, in the spec's model; it takes pixel_values, input_features or
-    input_values built as `example_inputs` builds them.
+    A tower is a sub-model of the spec's model that takes pixel_values, input_features or
+    input_values (BLIP's vision model, CLAP's audio model), else the base model of a sub-config
+    (vision_config, audio_config, ...) whose weights all lie under one prefix in the spec's model
+    (CLIP's vision transformer), filled from them. Inputs are built as `example_inputs` builds them.
     """
     if not isinstance(spec.module, HFModule):
         raise TypeError("towers() takes a spec from from_config or from_hf")
+    from transformers import PreTrainedModel
+
     parent = spec.module.model
     dtype = next((p.dtype for p in parent.parameters() if p.is_floating_point()), torch.float32)
+    found: dict[str, torch.nn.Module] = {}
+    covered: set[int] = set()  # ids of the sub-configs whose tower was found
+    for path, module in parent.named_modules():
+        if path and isinstance(module, PreTrainedModel) and _takes_media(module) \
+                and not any(path.startswith(f"{p}.") for p in found):
+            found[path] = module
+            covered.add(id(module.config))
     parent_state = parent.state_dict()
-    found = []
     for key in sorted(vars(spec.config)):
         sub = getattr(spec.config, key)
-        if not isinstance(sub, PretrainedConfig) or key in ("text_config", "decoder", "text_encoder"):
+        if not isinstance(sub, PretrainedConfig) or id(sub) in covered or key in ("text_config", "decoder"):
             continue
         try:
-            cls = _model_class(sub, "base")
-            model = _instantiate(cls, copy.deepcopy(sub), 0)
+            model = _instantiate(_model_class(sub, "base"), copy.deepcopy(sub), 0)
         except Exception:  # a sub-config with no model of its own (or none that builds alone)
             continue
-        if getattr(model, "main_input_name", None) not in ("pixel_values", "input_features", "input_values"):
-            continue
         state = model.state_dict()
-        prefix = _tower_prefix(state, parent_state)
-        if prefix is None:
+        prefix = _tower_prefix(state, parent_state) if _takes_media(model) else None
+        if prefix is None or any(prefix.startswith(f"{p}.") for p in found):
             continue
         model.load_state_dict({k: parent_state[prefix + k] for k in state}, strict=True)
-        model.to(dtype)
+        found[prefix.rstrip(".") or key] = model.to(dtype).eval()
+    specs = []
+    for path, model in found.items():
         inputs = example_inputs(model, model.config)
         names = tuple(inputs)
-        values = tuple(x.to(dtype) if x.is_floating_point() else x for x in inputs.values())
-        where = prefix.rstrip(".") or key
-        found.append(ModelSpec(
-            name=f"{spec.name}.{where}", variant=spec.variant, module=HFModule(model, names).eval(),
-            example_inputs=values, dynamic_shapes=None, config=model.config, checkpoint=spec.checkpoint,
+        specs.append(ModelSpec(
+            name=f"{spec.name}.{path}", variant=spec.variant, module=HFModule(model, names).eval(),
+            example_inputs=tuple(x.to(dtype) if x.is_floating_point() else x for x in inputs.values()),
+            dynamic_shapes=None, config=model.config, checkpoint=spec.checkpoint,
             checkpoint_sha256=spec.checkpoint_sha256, checkpoint_format=spec.checkpoint_format,
             checkpoint_weights=spec.checkpoint_weights, input_names=names,
         ))
-    return found
+    return specs
+
+
+def _takes_media(model: torch.nn.Module) -> bool:
+    main = getattr(model, "main_input_name", None)
+    return isinstance(main, str) and main in _MEDIA_INPUTS and main in _forward_parameters(model)
 
 
 def _tower_prefix(state: dict[str, torch.Tensor], parent: dict[str, torch.Tensor]) -> str | None:
