@@ -270,3 +270,13 @@ def test_from_hf_tokenizes_with_the_directory_tokenizer(tmp_path):
     ids = spec.example_inputs[spec.input_names.index("input_ids")]
     assert ids[:, 0].tolist() == [2, 2] and (ids[0] == 1).sum() < ids.shape[1] // 2  # [CLS], mostly known words
     _run(spec)
+
+
+def test_from_hf_reads_float32_weights_whatever_dtype_the_config_names(tmp_path):
+    model = _saved(tmp_path)
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "dtype": "bfloat16"}))
+    spec = from_hf(tmp_path)
+    assert spec.module.model.dtype == torch.float32
+    for a, b in zip(_run(spec), _reference(model, spec), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)

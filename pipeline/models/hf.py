@@ -401,14 +401,15 @@ def _configs(config: PretrainedConfig) -> Iterator[PretrainedConfig]:
 def _instantiate(cls: type, config: PretrainedConfig, seed: int) -> torch.nn.Module:
     """`cls` built from `config` with seeded random weights in eval mode: SDPA attention (one
     aten op per attention), eager where the class refuses SDPA."""
+    # Made in float32 whatever dtype config.json names: weights are read into it, then cast once.
     torch.manual_seed(seed)
     try:
-        model = cls._from_config(config, attn_implementation="sdpa")
+        model = cls._from_config(config, attn_implementation="sdpa", dtype=torch.float32)
     except ValueError as exc:
         if "attention" not in str(exc).lower() and "sdpa" not in str(exc).lower():
             raise
         torch.manual_seed(seed)
-        model = cls._from_config(config, attn_implementation="eager")
+        model = cls._from_config(config, attn_implementation="eager", dtype=torch.float32)
     return model.eval()
 
 
