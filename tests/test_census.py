@@ -204,8 +204,9 @@ def test_bad_usage_exits_2(args, tmp_path, capsys):
                     reason="ray is not installed (the census extra: pip install -e '.[census]')")
 def test_rows_as_ray_tasks(tmp_path):
     """The script itself, end to end, on a private Ray instance."""
-    result = run_script("census", "bert", "--ray", "local", "--jobs", "2", "--output-dir", str(tmp_path))
+    result = run_script("census", *ROWS, "--ray", "local", "--jobs", "2", "--output-dir", str(tmp_path))
     assert result.returncode == 0, result.stderr
-    [record] = read_records(tmp_path / JSONL)
-    assert record["status"] == "ok" and record["reached"] == "accuracy"
-    assert "Ray local" in result.stderr
+    records = read_records(tmp_path / JSONL)
+    assert sorted(r["name"] for r in records) == sorted(ROWS)
+    assert all(r["status"] == "ok" and r["reached"] == "accuracy" for r in records), records
+    assert "Ray local" in result.stderr and "[2/2]" in result.stderr

@@ -52,10 +52,10 @@ def run_row(name: str, timeout: float, memory_gb: float | None, threads: int | N
     `faults`: PIPELINE_CENSUS_FAULT's value in the census's process (`pipeline.census.worker`)."""
     with tempfile.TemporaryDirectory(prefix="census-") as folder:
         progress, result, log = (str(Path(folder) / f) for f in ("progress.jsonl", "result.json", "output.txt"))
-        started = time.perf_counter()
         proc = _fork_server().Process(target=child, args=(name, progress, result, log, memory_gb, threads, faults),
                                       name=f"census {name}")
-        proc.start()
+        proc.start()  # the first start waits for the fork server's imports: not the row's time
+        started = time.perf_counter()
         with _running_lock:
             _running[proc.pid] = proc
         try:

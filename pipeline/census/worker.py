@@ -23,6 +23,7 @@ import time
 
 FAULT_ENV = "PIPELINE_CENSUS_FAULT"
 NICENESS = 10
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def _limit_memory(gigabytes: float) -> None:
@@ -83,11 +84,23 @@ def work(name: str, progress_path: str, result_path: str, memory_gb: float | Non
     progress.close()
 
 
+def _die_with_parent() -> None:
+    """SIGKILL when the fork server ends (it ends with the census's process, however that
+    ends), so that no row outlives the census."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux: a row may outlive a census killed outright
+        pass
+
+
 def child(name: str, progress_path: str, result_path: str, log_path: str, memory_gb: float | None,
           threads: int | None, faults: str | None) -> None:
     """`work` as a child forked by the pool: in a session of its own (a timeout kills all of
     it), its output to `log_path`, `threads` for torch's CPU kernels."""
     os.setsid()
+    _die_with_parent()
     log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     os.dup2(log, 1)
     os.dup2(log, 2)
