@@ -130,17 +130,14 @@ class Census:
         model_type, tower = split_name(self.name)
         torch.manual_seed(self.seed)
         spec = hf.from_config(hf.tiny_config(model_type), seed=self.seed, name=model_type)
-        towers = getattr(hf, "towers", None)
         if tower is not None:
-            if towers is None:
-                raise ValueError(f"{self.name}: pipeline.models.hf has no towers()")
-            named = {tower_name(model_type, t): t for t in towers(spec)}
+            named = {t.name: t for t in hf.towers(spec)}  # "clip.vision_model"
             if self.name not in named:
                 raise ValueError(f"{model_type} has no tower {tower!r} (its towers: {', '.join(named) or 'none'})")
             spec = named[self.name]
-        elif towers is not None:
+        else:
             try:
-                self.record["towers"] = [tower_name(model_type, t) for t in towers(spec)]
+                self.record["towers"] = [t.name for t in hf.towers(spec)]
             except Exception as exc:  # the row itself still counts; the towers' failure is noted
                 self.record["towers_error"] = one_line(exc)
         self.spec = spec
@@ -154,7 +151,7 @@ class Census:
         from pipeline.evaluation.eager import run_eager
 
         run = run_eager(self.spec.module, self.inputs, keep_tensors=False)
-        self.eager_outputs = [t for t in tree_leaves(run.outputs)]
+        self.eager_outputs = list(tree_leaves(run.outputs))
         self.eager_calls = run.calls
         self.record["outputs"] = [_describe(x) for x in self.eager_outputs]
 
@@ -286,12 +283,6 @@ def _raised_in(exc: BaseException, files: tuple[str, ...]) -> bool:
             tb = tb.tb_next
         exc = exc.__cause__ or exc.__context__
     return False
-
-
-def tower_name(model_type: str, spec) -> str:
-    """A tower's row name: "clip.vision_model" (the spec's own name when it is already so)."""
-    name = str(getattr(spec, "name", "") or "")
-    return name if name.startswith(f"{model_type}.") else f"{model_type}.{name.removeprefix(model_type).strip('._-')}"
 
 
 def output_error(index: int, got, eager, reference) -> dict:

@@ -105,6 +105,13 @@ def child(name: str, progress_path: str, result_path: str, log_path: str, memory
     os.dup2(log, 1)
     os.dup2(log, 2)
     os.close(log)
+    # torch.fx's interpreter draws tqdm bars, and tqdm's default lock is a named semaphore,
+    # which a row killed at its timeout would leave behind: a thread lock does here.
+    import threading
+
+    from tqdm import tqdm
+
+    tqdm.set_lock(threading.RLock())
     if threads is not None:
         import torch
 
