@@ -238,8 +238,12 @@ def _fix_rope_sections(config: dict[str, Any]) -> None:
         rope["mrope_section"] = [2, 3, 3]
     for rope in (rope, config.get("rope_scaling")):
         sections = rope.get("mrope_section") if isinstance(rope, dict) else None
-        if head_dim and _int_list(sections) and sum(sections) != head_dim // 2:
-            half = head_dim // 2
+        if not head_dim or not _int_list(sections):
+            continue
+        # Partial rotary embeddings turn a fraction of each head.
+        factor = config.get("partial_rotary_factor") or rope.get("partial_rotary_factor") or 1.0
+        half = int(head_dim * factor) // 2
+        if half and sum(sections) != half:
             scaled = [max(1, v * half // sum(sections)) for v in sections]
             scaled[-1] += half - sum(scaled)
             rope["mrope_section"] = scaled
@@ -298,7 +302,10 @@ def _fix_heads(config: dict[str, Any], raw: dict[str, Any]) -> None:
     for key in _KV_KEYS:
         if heads and _is_int(config.get(key)) and config[key] > 0:
             config[key] = heads if raw.get(key) == raw_heads else math.gcd(heads, config[key])
-    if heads and width and _is_int(config.get("head_dim")):
+        elif heads and key in config and config[key] is None:
+            config[key] = heads  # unset means one per head, and some models divide by it as is
+    if heads and width and "head_dim" in config and (config["head_dim"] is None or _is_int(config["head_dim"])):
+        # An unset head dim is read as is by some models (None ** -0.5): set it.
         config["head_dim"] = width // heads
     if _is_int(config.get("qk_nope_head_dim")) and _is_int(config.get("qk_rope_head_dim")) and "qk_head_dim" in config:
         config["qk_head_dim"] = config["qk_nope_head_dim"] + config["qk_rope_head_dim"]
