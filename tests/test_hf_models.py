@@ -97,6 +97,8 @@ def test_task_picks_the_model_class():
         from_config(tiny_config("bert"), task="no-such-task")
     with pytest.raises(ValueError, match="has no such model"):
         from_config(tiny_config("vit"), task="causal-lm")
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        from_config(tiny_config("bert"), dtype="float64")
 
 
 def test_towers_are_the_media_encoders():
@@ -280,3 +282,9 @@ def test_from_hf_reads_float32_weights_whatever_dtype_the_config_names(tmp_path)
     assert spec.module.model.dtype == torch.float32
     for a, b in zip(_run(spec), _reference(model, spec), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_attention_is_sdpa_where_the_class_takes_it():
+    assert from_config(tiny_config("bert")).module.model.config._attn_implementation == "sdpa"
+    # Gemma 2 refuses SDPA (its soft-capped attention): eager.
+    assert from_config(tiny_config("gemma2")).module.model.config._attn_implementation == "eager"

@@ -370,7 +370,8 @@ def tasks() -> tuple[str, ...]:
 
 
 def _model_class(config: PretrainedConfig, task: str | None) -> type[torch.nn.Module]:
-    """The class `task` names for the config's model_type; else its `architectures[0]`; else its base class."""
+    """The class `task` names for the config's model_type; else its `architectures[0]` where
+    transformers has that class; else its base class."""
     mappings = _task_mappings()
     if task is not None:
         if task not in mappings:
@@ -379,17 +380,21 @@ def _model_class(config: PretrainedConfig, task: str | None) -> type[torch.nn.Mo
         if names is None:
             raise ValueError(f"task {task!r}: transformers {transformers.__version__} has no such model "
                              f"for model_type {config.model_type!r}")
-        return getattr(transformers, names if isinstance(names, str) else names[0])
-    for name in config.architectures or ():
-        cls = getattr(transformers, name, None)
+    else:
+        architecture = (config.architectures or [None])[0]
+        cls = getattr(transformers, architecture, None) if isinstance(architecture, str) else None
         if isinstance(cls, type) and issubclass(cls, torch.nn.Module):
             return cls
-        break
-    names = mappings["base"].get(config.model_type)
-    if names is None:
-        raise ValueError(f"model_type {config.model_type!r} has no base model class in transformers "
-                         f"{transformers.__version__}; pass task=")
-    return getattr(transformers, names if isinstance(names, str) else names[0])
+        names = mappings["base"].get(config.model_type)
+        if names is None:
+            raise ValueError(f"model_type {config.model_type!r} has no base model class in transformers "
+                             f"{transformers.__version__}; pass task=")
+    name = names if isinstance(names, str) else names[0]
+    cls = getattr(transformers, name, None)
+    if cls is None:  # a mapping entry the installed transformers does not export
+        raise ValueError(f"transformers {transformers.__version__} maps model_type {config.model_type!r} "
+                         f"to {name}, which it does not have")
+    return cls
 
 
 def _configs(config: PretrainedConfig) -> Iterator[PretrainedConfig]:
@@ -469,14 +474,13 @@ def from_config(config: PretrainedConfig, *, task: str | None = None, seed: int 
     """
     if not isinstance(config, PretrainedConfig):
         raise TypeError(f"config must be a transformers PretrainedConfig, got {type(config).__name__}")
+    _check_dtype(dtype)
     return _build(copy.deepcopy(config), task, seed, dtype, inputs, name, None)
 
 
 def _build(config: PretrainedConfig, task: str | None, seed: int, dtype: str,
            inputs: str | os.PathLike | None, name: str | None, loaded: _Loaded | None,
            directory: Path | None = None) -> ModelSpec:
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     cls = _model_class(config, task)
     for item in _configs(config):
         # Exported programs return tensors only: no key/value caches.
@@ -507,6 +511,11 @@ def _build(config: PretrainedConfig, task: str | None, seed: int, dtype: str,
         checkpoint_weights=None if loaded is None else loaded.stored,
         input_names=names,
     )
+
+
+def _check_dtype(dtype: str) -> None:
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
 
 
 def _forward_parameters(model: torch.nn.Module) -> dict[str, inspect.Parameter]:
@@ -826,6 +835,7 @@ def from_hf(directory: str | os.PathLike, *, task: str | None = None, seed: int 
     the installed transformers does not know, weights that do not fit, unreadable weight files.
     task, seed, dtype, inputs: as for `from_config`.
     """
+    _check_dtype(dtype)
     shown, root = checkpoint_root(directory)
     config_path = inside(root, CONFIG, shown)
     if not config_path.exists():
