@@ -1,6 +1,7 @@
-"""Where the census's rows run: each in its own worker process (`pipeline.census.worker`),
-bounded in time and memory, from a local pool of threads (one child each) or as Ray tasks
-(each task runs the same worker process, so the same bounds hold on the cluster).
+"""Where the census's rows run: each in a process of its own (`pipeline.census.worker.child`,
+forked from a server that has imported torch, transformers and ExecuTorch once), bounded in
+time and memory, from a local pool of threads (one child each) or as Ray tasks (each task runs
+the same child process on its node, so the same bounds hold on the cluster).
 
 `run_row` is the one unit of work: it returns the row's record whatever happens to the child
 (a hang is killed at the timeout, a crash recorded with its signal), with the stage the child
@@ -10,10 +11,9 @@ was in, read from its progress file.
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import signal
-import multiprocessing
-import sys
 import tempfile
 import threading
 import time

@@ -128,7 +128,8 @@ _NORM_HEADERS = ["kind", "architectures", "eager calls", "graph ops", "delegated
 
 
 def _norm_rows(data: dict) -> list[list[object]]:
-    return [[kind, n["architectures"], n["eager"], n["graph"], n["delegated"]] for kind, n in sorted(data["norms"].items())]
+    return [[kind, n["architectures"], n["eager"], n["graph"], n["delegated"]]
+            for kind, n in sorted(data["norms"].items())]
 
 
 _ROW_HEADERS = ["architecture", "status", "reached", "failed at", "whose", "LayerNorms delegated", "by kind",
