@@ -1016,8 +1016,8 @@ def towers(spec: ModelSpec) -> list[ModelSpec]:
     each as its own spec (name "<spec.name>.<sub-module path>", e.g. "clip.vision_model"), with
     the spec's weights: the LayerNorms a text-only input never reaches. Empty for one-tower models.
 
-    A tower is a sub-model of the spec's model that takes pixel_values, input_features or
-    input_values (BLIP's vision model, CLAP's audio model), else the base model of a sub-config
+    A tower is a sub-model of the spec's model on a sub-config of its own that takes
+    pixel_values, input_features or input_values (BLIP's vision model), else the base model of a sub-config
     (vision_config, audio_config, ...) whose weights all lie under one prefix in the spec's model
     (CLIP's vision transformer), filled from them. Inputs are built as `example_inputs` builds them.
     """
@@ -1030,8 +1030,9 @@ def towers(spec: ModelSpec) -> list[ModelSpec]:
     found: dict[str, torch.nn.Module] = {}
     covered: set[int] = set()  # ids of the sub-configs whose tower was found
     for path, module in parent.named_modules():
-        if path and isinstance(module, PreTrainedModel) and _takes_media(module) \
-                and not any(path.startswith(f"{p}.") for p in found):
+        # A sub-model on the spec's own config (Whisper's encoder) is no tower: the spec's inputs reach it.
+        if path and isinstance(module, PreTrainedModel) and module.config is not parent.config \
+                and _takes_media(module) and not any(path.startswith(f"{p}.") for p in found):
             found[path] = module
             covered.add(id(module.config))
     parent_state = parent.state_dict()
