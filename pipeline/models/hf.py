@@ -85,7 +85,8 @@ STAGE_WIDTH_STEP = 8
 # their value, as do those _KEEP names (input geometry, strides, windows, labels).
 _KEEP = re.compile(r"(^|_)(num_channels|in_channels|input_channels|num_mel_bins|mel_bins|feature_size|"
                    r"input_feat_per_channel|num_labels|sampling_rate|sample_rate|kernel_size|stride|"
-                   r"chunk_size|sliding_window|num_frames|tubelet_size|num_feat_extract_layers)$|^_|feature_layers?$|_token$|"
+                   r"chunk_size|sliding_window|num_frames|tubelet_size|num_feat_extract_layers)$|"
+                   r"^_|feature_layers?$|_token$|"
                    r"feature_layer|layer_idx|layer_index|_index_end$|_start_layer")
 _KINDS: tuple[tuple[re.Pattern[str], str], ...] = tuple((re.compile(pattern), kind) for pattern, kind in (
     (r"(^|_)(max_)?(\w+_)?positions?(_embeddings)?$|^n_positions$|^n_ctx$|^max_seq_len$", "positions"),
@@ -231,7 +232,9 @@ def _fix_rope_sections(config: dict[str, Any]) -> None:
     """Multimodal rotary sections (temporal, height, width) that add up to half the new head dim."""
     heads = next((config[k] for k in _HEAD_KEYS if _is_int(config.get(k)) and config[k] > 0), None)
     width = next((config[k] for k in _WIDTH_KEYS if _is_int(config.get(k))), None)
-    head_dim = config.get("head_dim") if _is_int(config.get("head_dim")) else width // heads if width and heads else None
+    head_dim = config.get("head_dim")
+    if not _is_int(head_dim):
+        head_dim = width // heads if width and heads else None
     rope = config.get("rope_parameters")
     if isinstance(rope, dict) and "mrope_section" not in rope and _takes_rope_sections(config.get("model_type")):
         # Its model defaults them for the published head dim.
@@ -770,7 +773,8 @@ def _waveform(config: PretrainedConfig, batch: int, generator: torch.Generator) 
     return torch.randn(batch, WAVEFORM, generator=generator)
 
 
-def _tokenized(directory: str | os.PathLike, config: PretrainedConfig, names: list[str]) -> dict[str, torch.Tensor] | None:
+def _tokenized(directory: str | os.PathLike, config: PretrainedConfig,
+               names: list[str]) -> dict[str, torch.Tensor] | None:
     """input_ids (and attention_mask) of two short sentences, from the directory's own tokenizer
     where it holds one and its ids fit the model's vocabulary; None otherwise."""
     root = Path(directory)
