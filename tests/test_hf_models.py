@@ -290,3 +290,12 @@ def test_attention_is_sdpa_where_the_class_takes_it():
     assert from_config(tiny_config("bert")).module.model.config._attn_implementation == "sdpa"
     # Gemma 2 refuses SDPA (its soft-capped attention): eager.
     assert from_config(tiny_config("gemma2")).module.model.config._attn_implementation == "eager"
+
+
+def test_patch_grid_vision_towers_get_patches_and_grids():
+    spec = from_config(tiny_config("qwen2_vl"))
+    (tower,) = towers(spec)
+    assert tower.name == "qwen2_vl.visual" and tower.input_names == ("hidden_states", "grid_thw")
+    patches, grid = tower.example_inputs
+    assert patches.shape[0] == int(grid.prod(dim=1).sum())
+    assert _run(tower)

@@ -79,6 +79,9 @@ TARGETS = {
 }
 STAGE_HEADS = 2  # per-stage head lists: 2 divides every scaled stage width (multiples of 8)
 STAGE_WIDTH_STEP = 8
+# Windows counted in patches (Swin's 7 to 24) shrink; larger ones count pixels (Qwen2.5-VL's 112)
+# and stay, since patches shrink with the image.
+WINDOW_IN_PATCHES = 32
 
 # Field name -> its kind; the first pattern that matches wins, so the specific ones (head
 # dims, rotary dims, positions) come before the generic widths. Fields that match none keep
@@ -273,7 +276,9 @@ def _kind(key: str) -> str | None:
 
 def _shrunk_int(key: str, value: int) -> int:
     kind = _kind(key)
-    return value if kind is None or value <= 0 else min(value, TARGETS[kind])
+    if kind is None or value <= 0 or (kind == "window" and value > WINDOW_IN_PATCHES):
+        return value
+    return min(value, TARGETS[kind])
 
 
 def _shrunk_list(key: str, value: list[int]) -> list[int]:
@@ -583,11 +588,14 @@ def example_inputs(model: torch.nn.Module, config: PretrainedConfig, *, seed: in
         batch, sequence = text["input_ids"].shape
     built: dict[str, torch.Tensor] = {}
     missing = []
+    patches = _patch_inputs(config, batch, generator, names)
     for name in names:
         if name in own:
             built[name] = own[name]
         elif text is not None and name in text:
             built[name] = text[name]
+        elif name in patches:
+            built[name] = patches[name]
         else:
             value = _make_input(name, config, batch, sequence, generator)
             if value is None:
@@ -731,6 +739,29 @@ def _make_input(name: str, config: PretrainedConfig, batch: int, sequence: int,
     if name == "input_values":
         return _waveform(config, batch, generator)
     return None
+
+
+_GRIDS = ("grid_thw", "image_grid_thw")
+PATCH_GRID = (1, 4, 4)  # frames, rows, columns of patches per image: rows and columns merge in pairs
+
+
+def _patch_inputs(config: PretrainedConfig, batch: int, generator: torch.Generator,
+                  names: list[str]) -> dict[str, torch.Tensor]:
+    """Qwen-VL-like vision towers take images as flattened patches, all images' in one
+    sequence ("hidden_states" or "pixel_values": patches x channels * frames * patch * patch),
+    with each image's grid of patches (frames, rows, columns)."""
+    grid_name = next((n for n in names if n in _GRIDS), None)
+    vision = _image_config(config) if grid_name else None
+    patch = getattr(vision, "patch_size", None)
+    if grid_name is None or not _is_int(patch):
+        return {}
+    channels = getattr(vision, "in_channels", None) or getattr(vision, "num_channels", None) or 3
+    frames = getattr(vision, "temporal_patch_size", None) or 1
+    grid = torch.tensor([PATCH_GRID] * batch)
+    count = batch * math.prod(PATCH_GRID)
+    values = torch.randn(count, channels * frames * patch * patch, generator=generator)
+    flat = next((n for n in ("hidden_states", "pixel_values") if n in names), None)
+    return {grid_name: grid, **({flat: values} if flat else {})}
 
 
 def _audio_config(config: PretrainedConfig) -> PretrainedConfig:
@@ -1069,8 +1100,11 @@ def towers(spec: ModelSpec) -> list[ModelSpec]:
 
 
 def _takes_media(model: torch.nn.Module) -> bool:
+    """Whether `model` takes images or sound: as its main input, or as patches with their grid."""
     main = getattr(model, "main_input_name", None)
-    return isinstance(main, str) and main in _MEDIA_INPUTS and main in _forward_parameters(model)
+    parameters = _forward_parameters(model)
+    return (isinstance(main, str) and main in parameters and main in _MEDIA_INPUTS) \
+        or any(grid in parameters for grid in _GRIDS)
 
 
 def _tower_prefix(state: dict[str, torch.Tensor], parent: dict[str, torch.Tensor]) -> str | None:
