@@ -46,6 +46,14 @@ def _fork_server() -> multiprocessing.context.BaseContext:
         return _context
 
 
+def start_fork_server() -> None:
+    """Start the fork server now (its imports take seconds) rather than at the first row."""
+    from multiprocessing import forkserver
+
+    _fork_server()
+    forkserver.ensure_running()
+
+
 def run_row(name: str, timeout: float, memory_gb: float | None, threads: int | None = None,
             faults: str | None = None) -> dict:
     """Run row `name` in a process of its own; its record, also for a timeout, a crash or a kill.

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from pipeline.census.pool import make_pool, stop_all, tower_rows
+from pipeline.census.pool import make_pool, start_fork_server, stop_all, tower_rows
 from pipeline.census.report import write_census_report
 from pipeline.census.stages import STAGES
 
@@ -104,10 +103,14 @@ def progress_line(index: int, total: int, record: dict) -> str:
 
 
 def _native_build() -> None:
-    """Build the native library once before the workers, which would otherwise race to build it;
-    a failure is each worker's to report (its native stage skipped, with the reason)."""
-    subprocess.run([sys.executable, "-m", "pipeline.native.build"], stdin=subprocess.DEVNULL,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+    """Build the native library once, before the rows (which would each build it); a failure
+    is each row's to report (its native stage skipped, with the reason)."""
+    from pipeline.native.build import BuildError, build
+
+    try:
+        build()
+    except BuildError:
+        pass
 
 
 def run_census(
@@ -140,6 +143,8 @@ def run_census(
              f"({'Ray ' + ray if ray else f'{jobs} local job(s)'}, {timeout:g} s and "
              f"{'no limit' if memory_gb is None else f'{memory_gb:g} GiB'} each)")
     started = time.perf_counter()
+    if todo and ray is None:
+        start_fork_server()  # its imports go on while the library is checked
     if todo and ray in (None, "local"):
         _native_build()
     pool = make_pool(jobs, timeout, memory_gb, ray) if todo else None
