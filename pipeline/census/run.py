@@ -19,8 +19,8 @@ DEFAULT_OUTPUT_DIR = Path("out/census")
 DEFAULT_TIMEOUT = 300.0
 DEFAULT_MEMORY_GB = 8.0
 
-# The CI sample: a few of each modality, chosen small and quick (21 rows with their towers,
-# under 3 minutes with --jobs 2 on a 2-core machine).
+# The CI sample: a few of each modality, chosen small and quick (21 rows with their towers:
+# 2 to 5 minutes with --jobs 2 on a 2-core machine, docs/usage.md).
 SAMPLE = (
     # text encoders
     "bert", "roberta", "distilbert", "albert", "electra",
@@ -209,12 +209,13 @@ def census_main(description: str, argv: list[str] | None = None) -> int:
     parser.add_argument("--only", type=_names, default=[], metavar="A,B,C", help="the same, comma-separated")
     parser.add_argument("--sample", action="store_true", help=f"the CI sample ({len(SAMPLE)} architectures of every "
                         "modality, and their towers)")
-    parser.add_argument("--jobs", type=cli.positive_int, default=1, help="rows at a time (default 1)")
-    parser.add_argument("--timeout", type=_positive_float, default=DEFAULT_TIMEOUT,
+    parser.add_argument("--jobs", type=cli.positive_int, default=1, metavar="N", help="rows at a time (default 1)")
+    parser.add_argument("--timeout", type=_positive_float, default=DEFAULT_TIMEOUT, metavar="S",
                         help=f"seconds a row may take (default {DEFAULT_TIMEOUT:g})")
-    parser.add_argument("--memory", type=_positive_float, default=DEFAULT_MEMORY_GB,
+    parser.add_argument("--memory", type=_positive_float, default=DEFAULT_MEMORY_GB, metavar="GB",
                         help=f"GiB of address space a row's process may take (default {DEFAULT_MEMORY_GB:g})")
-    parser.add_argument("--output-dir", default=str(DEFAULT_OUTPUT_DIR), help=f"default {DEFAULT_OUTPUT_DIR}")
+    parser.add_argument("--output-dir", default=str(DEFAULT_OUTPUT_DIR), metavar="DIR",
+                        help=f"default {DEFAULT_OUTPUT_DIR}")
     parser.add_argument("--fresh", action="store_true", help=f"start over (default: resume from {JSONL})")
     parser.add_argument("--ray", metavar="ADDRESS", help="run each row as a task of this Ray cluster ('auto', "
                         "an address, or 'local' for a private instance with --jobs CPUs); needs the census extra")
