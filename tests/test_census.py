@@ -10,6 +10,8 @@ import io
 import json
 import math
 import signal
+import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -117,6 +119,25 @@ def test_first_failing_stage_is_recorded(stage):
     assert record["status"] == ("oom" if stage == "export" else "failed")
     assert list(record["stages"])[-1] == stage and record["stages"][stage]["status"] == "failed"
     assert all(e["status"] == "ok" for s, e in record["stages"].items() if s != stage)
+
+
+def _raises_in(path: str):
+    """A function whose frame lies in `path`, raising there."""
+    space: dict = {}
+    exec(compile("def lower_to_edge(module, inputs):\n    raise ValueError('no blob')\n", path, "exec"), space)
+    return space["lower_to_edge"]
+
+
+@pytest.mark.parametrize("path, stage", [("/x/pipeline/aot/preprocess.py", "preprocess"),
+                                         ("/x/pipeline/pte/blob.py", "preprocess"),
+                                         ("/x/pipeline/aot/partitioner.py", "partitioner")])
+def test_a_lowering_failure_is_classed_by_where_it_was_raised(path, stage, monkeypatch):
+    monkeypatch.setitem(sys.modules, "pipeline.aot.lowering", SimpleNamespace(lower_to_edge=_raises_in(path)))
+    census = _Staged()
+    census._partitioner = Census._partitioner.__get__(census)  # the real stage, lowering faked
+    census.spec, census.inputs = SimpleNamespace(module=None), ()
+    record = census.run()
+    assert (record["failed_stage"], record["cause"]) == (stage, "ValueError: no blob")
 
 
 def test_skipped_stage_is_not_a_failure():

@@ -239,9 +239,11 @@ class Census:
             entry = kinds.setdefault(rec.origin, {"eager": 0, "graph": 0, "delegated": 0})
             entry["graph"] += 1
             entry["delegated"] += int(rec.delegated)
+        # LayerNorms whose output nothing uses: lowering removes them (where Coverage lists them).
+        dead = [f"{node} ({path or '<root>'})" for node, path in getattr(coverage, "dead", ())]
         self.record["coverage"] = {"total": coverage.total, "delegated": coverage.delegated,
                                    "not_delegated": [f"{node}: {reason}" for node, reason in coverage.not_delegated],
-                                   "eager_calls": len(self.eager_calls), "by_kind": kinds}
+                                   "dead": dead, "eager_calls": len(self.eager_calls), "by_kind": kinds}
         if not coverage.complete:
             first = coverage.not_delegated[0] if coverage.not_delegated else ("", "")
             raise CoverageError(f"{coverage.delegated}/{coverage.total} LayerNorms delegated; "
