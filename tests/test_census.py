@@ -226,7 +226,7 @@ def test_bad_usage_exits_2(args, tmp_path, capsys):
                     reason="ray is not installed (the census extra: pip install -e '.[census]')")
 def test_rows_as_ray_tasks(tmp_path):
     """The script itself, end to end, on a private Ray instance."""
-    result = run_script("census", *ROWS, "--ray", "local", "--jobs", "2", "--output-dir", str(tmp_path))
+    result = run_script("census", *ROWS, "--ray", "local", "--jobs", "1", "--output-dir", str(tmp_path))
     assert result.returncode == 0, result.stderr
     records = read_records(tmp_path / JSONL)
     assert sorted(r["name"] for r in records) == sorted(ROWS)

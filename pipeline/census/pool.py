@@ -205,7 +205,8 @@ class RayPool:
         import ray
 
         self._ray = ray
-        if not ray.is_initialized():
+        self._owned = not ray.is_initialized()  # a connection made here is closed here
+        if self._owned:
             options = {"include_dashboard": False, "logging_level": logging.ERROR, "log_to_driver": False}
             if address == "local":
                 ray.init(num_cpus=jobs, **options)
@@ -229,7 +230,8 @@ class RayPool:
     def close(self) -> None:
         for ref in self._pending:
             self._ray.cancel(ref, force=True)
-        self._ray.shutdown()
+        if self._owned:
+            self._ray.shutdown()
 
 
 def make_pool(jobs: int, timeout: float, memory_gb: float | None, ray: str | None = None) -> LocalPool | RayPool:

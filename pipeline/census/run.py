@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from pipeline.census.pool import make_pool, start_fork_server, stop_all, tower_rows
+from pipeline.census.pool import make_pool, start_fork_server, tower_rows
 from pipeline.census.report import write_census_report
 from pipeline.census.stages import STAGES
 
@@ -164,9 +164,7 @@ def run_census(
                 progress(progress_line(len([n for n in rows if n in done]), len(rows), record))
     finally:
         if pool is not None:
-            pool.close()
-        else:
-            stop_all()
+            pool.close()  # on an interrupt, the rows still running are killed
     wall = time.perf_counter() - started
     records = [done[n] for n in rows if n in done]
     paths = write_census_report(out, records, population=len(rows), jobs=jobs, ray=ray, wall_seconds=wall,
