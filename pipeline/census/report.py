@@ -43,11 +43,11 @@ def _number(value) -> float | None:
         return None
 
 
-def worst_ratio(record: dict) -> float | None:
-    """The largest error ratio (program over eager float32, against float64) over its outputs."""
-    ratios = [_number(row.get("ratio")) for row in record.get("accuracy") or [] if "ratio" in row]
-    ratios = [r for r in ratios if r is not None]
-    return max(ratios) if ratios else None
+def worst_share(record: dict) -> float | None:
+    """The largest share of the accuracy rule's limit an output's error takes (1 is the limit)."""
+    shares = [_number(row["max_abs"]) / _number(row["limit"]) for row in record.get("accuracy") or []
+              if _number(row.get("max_abs")) is not None and _number(row.get("limit"))]
+    return max(shares) if shares else None
 
 
 def summarize(records: list[dict], population: int, jobs: int, ray: str | None, wall_seconds: float,
@@ -133,7 +133,7 @@ def _norm_rows(data: dict) -> list[list[object]]:
 
 
 _ROW_HEADERS = ["architecture", "status", "reached", "failed at", "whose", "LayerNorms delegated", "by kind",
-                "worst error ratio", "seconds", "peak RSS MB", "cause"]
+                "error / limit (worst output)", "seconds", "peak RSS MB", "cause"]
 
 
 def _architecture_rows(data: dict) -> list[list[object]]:
@@ -145,7 +145,7 @@ def _architecture_rows(data: dict) -> list[list[object]]:
         whose = None if r["status"] == "ok" else (Flagged("ours") if r["ours"] else "not ours")
         rows.append([r["name"], r["status"], r.get("reached"), r.get("failed_stage"), whose,
                      f"{coverage['delegated']}/{coverage['total']}" if coverage else None, kinds or None,
-                     worst_ratio(r), _number(r.get("seconds")), _number(r.get("peak_rss_mb")), r.get("cause")])
+                     worst_share(r), _number(r.get("seconds")), _number(r.get("peak_rss_mb")), r.get("cause")])
     return rows
 
 
