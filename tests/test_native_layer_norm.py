@@ -134,6 +134,26 @@ def test_nan_and_inf_rows(width, reduction):
     assert torch.isnan(out[1:5]).all() and torch.isfinite(out[[0, 5]]).all()
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("width", [1, 2, 3, 768])
+@pytest.mark.parametrize("has_weight,has_bias", [(False, False), (True, True)])
+def test_half_rows_out_alone_with_nan_or_inf_give_nan(dtype, width, has_weight, has_bias, reduction):
+    # The delegate's launch (no mean and rstd stored) of half rows: a row holding a NaN or an
+    # inf is NaN throughout, as aten's; at width 1 it had come out as the bias (or -0.0).
+    gen = torch.Generator().manual_seed(width)
+    x = torch.randn(6, width, generator=gen).to(dtype)
+    x[0, 0], x[1, -1], x[2, 0] = float("nan"), float("inf"), float("-inf")
+    x[4] = 2.5  # constant
+    w, b = make_affine((width,), has_weight, has_bias, gen)
+    w, b = (None if t is None else t.to(dtype) for t in (w, b))
+    out, _, _ = kernel.native_layer_norm(x, [width], w, b, stats=False)
+    want = ATEN(x, [width], w, b, 1e-5)[0]
+    assert torch.equal(out.isnan(), want.isnan()) and out[:3].isnan().all(), out
+    if width == 1:  # every finite row is exactly 0 (+0.0, float64's) then the bias
+        exact = torch.zeros(3, 1, dtype=dtype) if b is None else b.expand(3, 1)
+        assert torch.equal(out[3:].view(torch.int16), exact.view(torch.int16)), out
+
+
 def near_float32_limit(width: int, gen: torch.Generator) -> torch.Tensor:
     """Rows whose squared deviations (and some sums) overflow float32 though every value is finite."""
     big = torch.finfo(torch.float32).max

@@ -112,6 +112,14 @@ fn opaque(v: f32) -> f32 {
     return bitcast<f32>(bitcast<u32>(v) ^ params.zero);
 }
 
+// The normalized values y of a row whose rstd r is NaN (a NaN or inf in the row) as NaN,
+// tested on bits. y = e * r is NaN there only as long as no compiler folds e: at width 1
+// the mean of d is d itself, and e = d - mean_d, then 0 * r, fold to 0 where NaN is assumed
+// away (lavapipe; the H200 through wgpu and Dawn), which gave the bias for a NaN row.
+fn nan_row(y: V, r: f32) -> V {
+    return select(y, V(r), (bitcast<u32>(r) & 0x7fffffffu) > 0x7f800000u);
+}
+
 // A corrected M2 that rounding took below zero becomes 0; NaN and inf (squares past
 // float32's range) stay, so the row gives NaN like aten rather than a finite wrong rstd.
 // Tested on bits: `max(0.0, NaN)` is 0 on GPUs, and compilers may assume finite floats.
@@ -361,7 +369,9 @@ fn normalize_held(tid: u32, row: u32, lanes: u32) {
 fn normalize_plain(tid: u32, row: u32, lanes: u32) {
     let lane = tid % THREADS_PER_ROW;
     let base = row_base(row);
-    let first = first_value(read_x(base));
+    // Opaque, so that no compiler folds x - first of the row's first value (read twice) to a
+    // zero of another sign than aten's: a row of one value gives +0, as aten does.
+    let first = opaque(first_value(read_x(base)));
     let i_K = lane + K * THREADS_PER_ROW;  // each plain value
     let in_K = held_in_row(i_K, K);  // each plain value
     let d_K = select(V(0.0), load_x(base, i_K, in_K) - V(first), in_K);  // each plain value
@@ -378,7 +388,7 @@ fn normalize_plain(tid: u32, row: u32, lanes: u32) {
         return;
     }
     let r = finish_row(row, lane, vec2<f32>(first + mean_d, m2)).y;
-    store_normalized(base, i_K, in_K, e_K * r, w_K, b_K);  // each plain value
+    store_normalized(base, i_K, in_K, nan_row(e_K * r, r), w_K, b_K);  // each plain value
 }
 
 // Plain rows read and written in 16-byte words (wide_words in config.py): normalize_plain's
@@ -390,7 +400,7 @@ fn normalize_plain(tid: u32, row: u32, lanes: u32) {
 fn normalize_wide(tid: u32, row: u32, lanes: u32) {
     let lane = tid % THREADS_PER_ROW;
     let base = row_base(row);
-    let first = first_value(read_x(base));
+    let first = opaque(first_value(read_x(base)));  // as in normalize_plain
     let words = base / 2u;
     let i_K = lane + K * THREADS_PER_ROW;  // each 16-byte word
     let q_K = x_words(words + i_K);  // each 16-byte word
@@ -410,8 +420,8 @@ fn normalize_wide(tid: u32, row: u32, lanes: u32) {
         return;
     }
     let r = finish_row(row, lane, vec2<f32>(first + mean_d, m2)).y;
-    let y_lo_K = affine(e_lo_K * r, lo_of(w_K), lo_of(b_K));  // each 16-byte word
-    let y_hi_K = affine(e_hi_K * r, hi_of(w_K), hi_of(b_K));  // each 16-byte word
+    let y_lo_K = affine(nan_row(e_lo_K * r, r), lo_of(w_K), lo_of(b_K));  // each 16-byte word
+    let y_hi_K = affine(nan_row(e_hi_K * r, r), hi_of(w_K), hi_of(b_K));  // each 16-byte word
     write_out_words(words + i_K, y_lo_K, y_hi_K);  // each 16-byte word
 }
 
