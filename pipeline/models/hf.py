@@ -9,10 +9,12 @@ layers, heads, vocabularies, image sizes, per-stage lists, sub-configs), `exampl
 inputs from the model's forward signature and config, and the spec's module takes them
 positionally and returns a flat tuple of tensors. Variants: "custom" for `from_config`, "hf"
 for a directory whose weights were loaded, "hf-random" for one that holds none (its spec has
-`checkpoint=None`: seeded random weights). Over the whole zoo most tiny configs build, run
-eagerly and export; what fails is mostly architectures whose inputs a signature cannot tell
-(multimodal token layouts, time series, codecs) and configs whose fields are tied by rules
-their names do not show (state-space sizes, shared-layer counts).
+`checkpoint=None`: seeded random weights). Over the whole installed zoo about two thirds of
+the base architectures build, run eagerly and export from their tiny configs; the rest fail
+mostly on config fields tied by rules their names do not show (conv channel plans, state-space
+sizes, input feature widths), forward arguments no signature explains (video frames, tracking
+sessions, query embeddings), data-dependent branches at export, and optional libraries
+(timm, natten, detectron2, torchaudio).
 """
 
 from __future__ import annotations
