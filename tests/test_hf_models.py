@@ -299,3 +299,18 @@ def test_patch_grid_vision_towers_get_patches_and_grids():
     patches, grid = tower.example_inputs
     assert patches.shape[0] == int(grid.prod(dim=1).sum())
     assert _run(tower)
+
+
+def test_a_checkpoint_saved_under_renamed_keys_loads_as_transformers_loads_it(tmp_path):
+    # transformers saves ViT under its older names (encoder.layer.N.attention...) and renames
+    # them on load; from_hf reads such a directory through that loader, equal to it.
+    import transformers
+
+    torch.manual_seed(3)
+    transformers.ViTModel(tiny_config("vit")).save_pretrained(tmp_path / "vit")
+    spec = from_hf(tmp_path / "vit")
+    reference = transformers.ViTModel.from_pretrained(tmp_path / "vit").eval()
+    with torch.no_grad():
+        got = spec.module(*spec.example_inputs)[0]
+        want = reference(pixel_values=spec.example_inputs[0]).last_hidden_state
+    assert spec.variant == "hf" and spec.checkpoint_sha256 and torch.equal(got, want)

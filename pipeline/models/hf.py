@@ -1035,10 +1035,32 @@ def _plan(cls: type, config: PretrainedConfig, root: Path, shown: str, config_pa
         if keys]
     if problems:
         close()
+        converted = _converted(cls, config, root, shown, hashed, identities, digest, dtypes)
+        if converted is not None:
+            return converted
         raise CheckpointError(f"{shown}: its weights do not match {cls.__name__} of its {CONFIG}: "
                               + "; ".join(problems))
     stored = ", ".join(sorted({dtypes[name] for name in used if dtypes[name] in FLOAT_DTYPES.values()}))
     return _Loaded(root, shown, plan, read, hashed, identities, digest, stored, close)
+
+
+def _converted(cls: type, config: PretrainedConfig, root: Path, shown: str, hashed: tuple[Path, ...],
+               identities: tuple, digest: str, dtypes: dict[str, str]) -> _Loaded | None:
+    """The weights of a checkpoint saved under the names transformers renames on load (its
+    conversion mappings: a ViT saved by `save_pretrained` holds `encoder.layer.N.attention...`
+    for the module's `layers.N.attention...`), read by transformers' own loader; None unless
+    every parameter is loaded and nothing is left over or misshapen."""
+    try:
+        model, info = cls.from_pretrained(root, config=copy.deepcopy(config), local_files_only=True,
+                                          output_loading_info=True, dtype=torch.float32)
+    except Exception:  # whatever transformers raises: the caller names the mismatch found first
+        return None
+    if any(info.get(key) for key in ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs")):
+        return None
+    state = model.state_dict()
+    stored = ", ".join(sorted({d for d in dtypes.values() if d in FLOAT_DTYPES.values()}))
+    plan = {key: key for key in state}
+    return _Loaded(root, shown, plan, state.__getitem__, hashed, identities, digest, stored, lambda: None)
 
 
 def _some(names: list[str], count: int = 4) -> str:
