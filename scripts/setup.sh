@@ -14,8 +14,8 @@ stamp=.venv/.pipeline-installed
 if [ ! -f "$stamp" ] || ! cmp -s pyproject.toml "$stamp"; then
     echo "setup: installing the package and its dependencies into .venv" >&2
     .venv/bin/python -m pip install -q --upgrade pip
-    # bench: the benchmark's ORT column, which the tests run too
-    .venv/bin/python -m pip install -q -e '.[dev,bench]'
+    # bench: the benchmark's ORT column; census: Ray, for the census's --ray; the tests run both
+    .venv/bin/python -m pip install -q -e '.[dev,bench,census]'
     cp pyproject.toml "$stamp"
 fi
 
