@@ -82,6 +82,7 @@ def export_model(
     """
     from pipeline import models
     from pipeline.interpreter import Program
+    from pipeline.models.hf import width as hf_width
     from pipeline.aot.lowering import lower_to_edge
     from pipeline.pte.file import PteFile
 
@@ -146,7 +147,7 @@ def export_model(
         "dtype": dtype,
         "cpu_backend": cpu_backend,
         "parameters": sum(p.numel() for p in spec.module.parameters()),
-        "hidden_size": models.family(name).hidden_size(spec.config) if hf is None else _width(spec.config),
+        "hidden_size": models.family(name).hidden_size(spec.config) if hf is None else hf_width(spec.config),
         "example_input_shapes": [list(t.shape) for t in spec.example_inputs],
         "layer_norm_ops": coverage.total,
         "delegated": coverage.delegated,
@@ -193,11 +194,3 @@ def export_model(
     stage("done")
     return summary
 
-
-def _width(config) -> int | None:
-    """A transformers config's model width, under the names architectures give it."""
-    for key in ("hidden_size", "d_model", "n_embd", "embed_dim", "dim", "width"):
-        value = getattr(config, key, None)
-        if isinstance(value, int):
-            return value
-    return None

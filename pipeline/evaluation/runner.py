@@ -223,11 +223,13 @@ def run_reports(
             name = spec.name
             if spec.checkpoint is None:
                 progress(f"[{name}] no weights in {hf}: seeded random weights, seed {seed}")
-            stem = _stem(hf_stem(hf), None, kind, dtype)
+            report_name, report_variant = hf_stem(hf), None
         else:
             progress(f"[{name}] building and lowering ...")
             spec, program = _build_and_lower(name, variant, seed, dtype, checkpoint, audio)
-            stem = _stem(name, spec.variant, kind, dtype)
+            report_name, report_variant = name, spec.variant
+        if pte is None:
+            stem = _stem(report_name, report_variant, kind, dtype)
         progress(f"[{name}] evaluating {kind} ...")
         audits: list | None = [] if with_coverage else None
         if kind == "coverage":
@@ -247,9 +249,7 @@ def run_reports(
             failed.append(name)
         if audits:
             audit = {**audits[0], "program": data["program"]}
-            coverage_stem = (_stem(hf_stem(hf), None, "coverage", dtype) if hf is not None
-                             else _stem(name, spec.variant, "coverage", dtype))
-            paths = write_report(output_dir, coverage_stem, audit,
+            paths = write_report(output_dir, _stem(report_name, report_variant, "coverage", dtype), audit,
                                  coverage_markdown(audit), coverage_html(audit))
             progress(f"[{name}] wrote {', '.join(str(p) for p in paths)}")
             lines.append(coverage_line(audit))

@@ -1063,6 +1063,11 @@ def _converted(cls: type, config: PretrainedConfig, root: Path, shown: str, hash
     return _Loaded(root, shown, plan, state.__getitem__, hashed, identities, digest, stored, lambda: None)
 
 
+def width(config: PretrainedConfig) -> int | None:
+    """A config's model width, under the names architectures give it; None when it has none."""
+    return next((v for k in _WIDTH_KEYS if _is_int(v := getattr(config, k, None))), None)
+
+
 def _some(names: list[str], count: int = 4) -> str:
     return ", ".join(names[:count]) + (f" and {len(names) - count} more" if len(names) > count else "")
 

@@ -403,7 +403,7 @@ def check_shapes(plan: schema.ExecutionPlan, delegates: Delegates,
     loops = any(isinstance(i.instr_args, schema.JumpFalseCall) and i.instr_args.destination_instruction <= pc
                 for pc, i in enumerate(instructions))
     placed = _planned(plan)
-    unread = _unread(plan, delegates)
+    unread = cache(lambda: _unread(plan, delegates))  # needed only by an output declared empty
     written = _Written(placed)
     written.update(plan.inputs)
     with warnings.catch_warnings():
@@ -566,7 +566,7 @@ def gather(val, values: list) -> list:
 
 
 def _check_kernel(plan: schema.ExecutionPlan, a: schema.KernelCall, values: list,
-                  unread: frozenset[int] = frozenset()) -> None:
+                  unread: Callable[[], frozenset[int]] = frozenset) -> None:
     op = plan.operators[a.op_index]
     ids = list(a.args)
     for j in ids:  # lists of values that instructions change (sizes) are gathered again
@@ -623,13 +623,13 @@ def _check_kernel(plan: schema.ExecutionPlan, a: schema.KernelCall, values: list
             _hold(plan, j, values[j])
 
 
-def _left_empty(plan: schema.ExecutionPlan, j: int, got: torch.Tensor, unread: frozenset[int]) -> bool:
+def _left_empty(plan: schema.ExecutionPlan, j: int, got: torch.Tensor, unread: Callable[[], frozenset[int]]) -> bool:
     """Whether value `j` is an output the file declares empty and nothing reads: ExecuTorch's
     kernels leave such an output as declared (the statistics of
     `_native_batch_norm_legit_no_training.out`, which exported graphs declare [0])."""
     declared = plan.values[j].val
-    return (j in unread and isinstance(declared, schema.Tensor) and 0 in list(declared.sizes)
-            and got.dtype == operators.DTYPES[int(declared.scalar_type)] and got.dim() == len(declared.sizes))
+    return (isinstance(declared, schema.Tensor) and 0 in list(declared.sizes) and got.dim() == len(declared.sizes)
+            and got.dtype == operators.DTYPES[int(declared.scalar_type)] and j in unread())
 
 
 def _unread(plan: schema.ExecutionPlan, delegates: Delegates) -> frozenset[int]:
