@@ -1,13 +1,16 @@
 """Atomic file writes: a temp file in the target's folder, then rename over the target; several
-files as a set (all written before any is renamed)."""
+files as a set (all written before any is renamed). Reads of regular files only, bounded."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import BinaryIO
 
 
 # True while a set of files takes its names: the scripts' interrupt handler
@@ -107,3 +110,69 @@ def check_output_dir(path: str | os.PathLike) -> None:
         raise ValueError(f"cannot write under {path}: {existing} is not a directory")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise ValueError(f"cannot write under {path}: {existing} is not writable")
+
+
+# --- reading ---------------------------------------------------------------------------------
+
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+class NotRegularFile(OSError):
+    """A path the product would read that is not a regular file: a directory, a named pipe,
+    a device, a socket. `kind` says which; the message is one line naming the path."""
+
+    def __init__(self, path: str | os.PathLike, mode: int) -> None:
+        self.kind = file_kind(mode)
+        what = "Is a directory" if stat.S_ISDIR(mode) else f"Not a regular file ({self.kind})"
+        super().__init__(errno.EISDIR if stat.S_ISDIR(mode) else errno.EINVAL, what, os.fspath(path))
+
+
+class FileTooLarge(OSError):
+    """A file larger than its reader's bound, refused before more than the bound is read."""
+
+    def __init__(self, path: str | os.PathLike, limit: int) -> None:
+        self.limit = limit
+        super().__init__(errno.EFBIG, f"Larger than {limit} bytes", os.fspath(path))
+
+
+def file_kind(mode: int) -> str:
+    """What a path of this `st_mode` is, for messages: "a directory", "a named pipe", ..."""
+    return next((name for test, name in _KINDS if test(mode)), "a regular file" if stat.S_ISREG(mode) else
+                "a special file")
+
+
+def open_regular(path: str | os.PathLike) -> BinaryIO:
+    """The regular file at `path`, opened for reading in binary; NotRegularFile (an OSError)
+    for a directory, a named pipe, a device or a socket, and the OSError of a path that cannot
+    be opened. Opened without blocking, so a named pipe is refused rather than waited on: every
+    file the product reads (checkpoints, vocabularies, layouts tables, audio, programs,
+    inputs) is opened here."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:  # a socket, or a device with no driver behind it
+            try:
+                mode = os.stat(path).st_mode
+            except OSError:
+                raise exc from None
+            raise NotRegularFile(path, mode) from None
+        raise
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise NotRegularFile(path, mode)
+    return open(fd, "rb")
+
+
+def read_regular(path: str | os.PathLike, limit: int) -> bytes:
+    """The bytes of the regular file at `path` (`open_regular`), at most `limit` of them:
+    FileTooLarge (an OSError) for a longer file, of which no more than `limit` + 1 bytes
+    are read (a file /proc makes claims 0 bytes, so its size is not trusted)."""
+    with open_regular(path) as f:
+        if os.fstat(f.fileno()).st_size > limit:
+            raise FileTooLarge(path, limit)
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise FileTooLarge(path, limit)
+    return data

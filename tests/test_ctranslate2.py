@@ -2,6 +2,7 @@
 where the Hugging Face model has it; int8/int16 dequantized; anything else refused by name with
 bounded memory. The files are tiny models these tests write (tests/support/ctranslate2_files)."""
 
+import os
 import struct
 import tracemalloc
 
@@ -23,6 +24,7 @@ from support.ctranslate2_files import (
     write_side_files,
 )
 from support.lowering import lower_and_compare
+from support.waits import within
 
 
 @pytest.fixture(scope="module")
@@ -287,6 +289,74 @@ def test_truncation_at_any_offset_is_refused(model, write):
         with pytest.raises(CheckpointError,
                            match=r"model.bin is truncated|model.bin: declares \d+ (variables|aliases), more than"):
             read_ctranslate2(directory)
+
+
+def test_files_that_are_not_regular_are_refused_saying_what_they_are(write, tmp_path):
+    directory = write()
+    os.mkfifo(directory / "tokenizer.json")  # hashed with the rest: opened without waiting for a writer
+    with within(20):
+        refused(directory, r"tokenizer.json is not a regular file \(a named pipe\)")
+    os.unlink(directory / "tokenizer.json")
+    (directory / "tokenizer.json").mkdir()
+    refused(directory, r"tokenizer.json is not a regular file \(a directory\)")
+    os.rmdir(directory / "tokenizer.json")
+    for make, kind in ((os.mkfifo, "a named pipe"), (os.mkdir, "a directory")):
+        path = directory / "model.bin"
+        path.unlink() if not path.is_dir() else path.rmdir()
+        make(path)  # there, so not "no model.bin"
+        with within(20):
+            refused(directory, rf"model.bin is not a regular file \({kind}\)")
+
+
+def test_aliases_do_not_make_a_matrix_serve_twice(model, write):
+    variables, aliases = ct2_variables(model)
+    # A second encoder layer built of the first one's variables: every name an alias.
+    layer = {name.replace("layer_0", "layer_1"): name for name in variables if name.startswith("encoder/layer_0/")}
+    refused(write(variables, {**aliases, **layer}),
+            "encoder/layer_1/.* names encoder/layer_0/.*, which already serves as encoder/layer_0/")
+    # The tied output projection is the one matrix that serves twice.
+    assert aliases == {"decoder/projection/weight": "decoder/embeddings/weight"}
+    read_ctranslate2(write(variables, aliases))
+
+
+def test_heads_and_positions_are_bounded_by_what_whisper_takes(model, write):
+    variables, _ = ct2_variables(model)
+    wide = {**variables, "encoder/conv1/weight": torch.zeros(64, 8, 3)}  # only the count matters here
+    refused(write({**wide, "encoder/num_heads": torch.tensor(64, dtype=torch.int16)}),
+            "encoder/num_heads is 64; at most 32 are read")
+    positions = variables["encoder/position_encodings/encodings"][:1000]
+    refused(write({**variables, "encoder/position_encodings/encodings": positions}),
+            "encoder/position_encodings/encodings has 1000 rows; Whisper's encoder takes 1500 positions")
+
+
+def test_a_config_error_is_raised_once_with_no_cause(write):
+    directory = write()
+    (directory / "config.json").write_text('{"suppress_ids_begin": [99]}')
+    message = refused(directory, "config.json: suppress_ids_begin must be a list of token ids")
+    assert "valid Whisper config" not in message
+
+
+@pytest.mark.parametrize("value", [0.0, float("nan"), float("inf")])
+def test_a_scale_that_is_zero_or_not_finite_is_refused_by_name(model, write, value):
+    variables, aliases = ct2_variables(model)
+    int8 = convert(variables, quantize="int8")
+    name = "encoder/layer_0/ffn/linear_0/weight"
+    scale = int8[f"{name}_scale"].clone()
+    scale[3] = value
+    checkpoint = read_ctranslate2(write({**int8, f"{name}_scale": scale}, aliases))
+    with pytest.raises(CheckpointError, match=f"{name}_scale holds {value}: a int8 weight is divided by finite"):
+        load_state(checkpoint)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_a_weight_that_is_not_finite_is_refused_by_name(model, write, value):
+    variables, aliases = ct2_variables(model)
+    name = "encoder/layer_0/ffn/linear_1/weight"
+    weight = variables[name].clone()
+    weight[0, 1] = value
+    checkpoint = read_ctranslate2(write({**variables, name: weight.to(torch.float16)}, aliases))
+    with pytest.raises(CheckpointError, match=f"{name} holds {value}: weights are finite"):
+        load_state(checkpoint)
 
 
 # --- the scripts ---------------------------------------------------------------------------

@@ -20,18 +20,18 @@ import copy
 import hashlib
 import json
 import os
-import stat
 from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 from huggingface_hub.errors import StrictDataclassError
 from safetensors import SafetensorError, safe_open
 from transformers import PretrainedConfig
 
+from pipeline.ioutil import FileTooLarge, NotRegularFile, open_regular, read_regular
 from pipeline.models.sizes import check_sizes, describe
 from pipeline.models.spec import CheckpointError, ModelFamily
 
@@ -123,7 +123,7 @@ def read_checkpoint(directory: str | os.PathLike, family: ModelFamily, sha256: s
     held = {config_path: config_bytes, **({} if vocabulary is None else vocabulary.files)}
     files = tuple(sorted({*weight_files, *held}, key=lambda p: p.relative_to(root).as_posix()))
     identities = tuple(file_identity(p) for p in files)
-    digest = files_sha256(root, files, held)
+    digest = files_sha256(root, files, held, shown)
     if sha256 is not None and digest != sha256:
         raise CheckpointError(f"{shown}: its files' sha256 is {digest}, not {sha256} as the export recorded: "
                               "the checkpoint changed since; export again")
@@ -187,36 +187,53 @@ def read_small_file(path: Path, where: str) -> bytes:
     """The bytes of the regular file at `path` (a config, an index, a vocabulary), refused
     (CheckpointError, `where` first) when it is not one or is larger than MAX_JSON_BYTES."""
     try:
-        # Not blocking: a FIFO would wait for a writer.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        with open(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise CheckpointError(f"{where} is not a regular file")
-            data = f.read(MAX_JSON_BYTES + 1)
+        return read_regular(path, MAX_JSON_BYTES)
+    except FileTooLarge:
+        raise CheckpointError(f"{where} is unreadable: larger than {MAX_JSON_BYTES} bytes") from None
     except OSError as exc:
-        raise CheckpointError(f"{where} is unreadable: {exc.strerror or exc}") from None
-    if len(data) > MAX_JSON_BYTES:
-        raise CheckpointError(f"{where} is unreadable: larger than {MAX_JSON_BYTES} bytes")
-    return data
+        raise file_error(exc, where) from None
 
 
-def files_sha256(root: Path, files: tuple[Path, ...], held: dict[Path, bytes] | None = None) -> str:
+def file_error(exc: OSError, where: str) -> CheckpointError:
+    """The CheckpointError (`where` first) for a checkpoint file that could not be opened or
+    read: one that is not a regular file says what it is."""
+    if isinstance(exc, NotRegularFile):
+        return CheckpointError(f"{where} is not a regular file ({exc.kind})")
+    return CheckpointError(f"{where} is unreadable: {exc.strerror or exc}")
+
+
+def open_checkpoint_file(path: Path, where: str) -> BinaryIO:
+    """`path` opened by `pipeline.ioutil.open_regular`; CheckpointError (`file_error`) if not."""
+    try:
+        return open_regular(path)
+    except OSError as exc:
+        raise file_error(exc, where) from None
+
+
+def files_sha256(root: Path, files: tuple[Path, ...], held: dict[Path, bytes] | None = None,
+                 shown: str | None = None) -> str:
     """One sha256 over `files` (config.json, the safetensors files and a vocabulary's, in
     sorted order of their paths inside `root`): for each, its relative path, NUL, its size in decimal, NUL,
     then its bytes. `held`: files already read (config.json, a vocabulary), hashed from those
-    bytes, so that the digest describes what was parsed."""
+    bytes, so that the digest describes what was parsed. A file that is not a regular one is
+    refused (CheckpointError, `shown` first: "checkpoint DIR")."""
+    shown = shown or f"checkpoint {root}"
     digest = hashlib.sha256()
     for path in files:
+        name = path.relative_to(root).as_posix()
         if held is not None and path in held:
             data = held[path]
-            digest.update(f"{path.relative_to(root).as_posix()}\0{len(data)}\0".encode())
+            digest.update(f"{name}\0{len(data)}\0".encode())
             digest.update(data)
             continue
-        with open(path, "rb") as f:
+        with open_checkpoint_file(path, f"{shown}: {name}") as f:
             size = os.fstat(f.fileno()).st_size
-            digest.update(f"{path.relative_to(root).as_posix()}\0{size}\0".encode())
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                digest.update(chunk)
+            digest.update(f"{name}\0{size}\0".encode())
+            try:
+                for chunk in iter(lambda: f.read(1 << 20), b""):
+                    digest.update(chunk)
+            except OSError as exc:
+                raise file_error(exc, f"{shown}: {name}") from None
     return digest.hexdigest()
 
 
@@ -330,7 +347,7 @@ def _tensor_table(root: Path, shown: str) -> tuple[dict[str, StoredTensor], set[
         index = inside(root, SHARD_INDEX, shown)
         weight_map = _weight_map(read_json(index, f"{shown}: {SHARD_INDEX}"), f"{shown}: {SHARD_INDEX}")
         shards = {entry: inside(root, entry, shown, SHARD_INDEX) for entry in sorted(set(weight_map.values()))}
-        absent = sorted(entry for entry, path in shards.items() if not path.is_file())
+        absent = sorted(entry for entry, path in shards.items() if not os.path.lexists(path))
         if absent:
             raise CheckpointError(f"{shown}: shard(s) listed but absent: {', '.join(absent)}")
         headers = {path: _header(path, entry, shown) for entry, path in shards.items()}
@@ -342,7 +359,7 @@ def _tensor_table(root: Path, shown: str) -> tuple[dict[str, StoredTensor], set[
             tensors[name] = stored
         return tensors, set(shards.values())
     single = inside(root, SINGLE_FILE, shown) if os.path.lexists(root / SINGLE_FILE) else None
-    if single is None or not single.is_file():
+    if single is None or not os.path.lexists(single):
         raise CheckpointError(f"{shown}: no {SINGLE_FILE} (only safetensors weights are read)")
     return _header(single, SINGLE_FILE, shown), {single}
 
@@ -362,6 +379,7 @@ def _weight_map(index: Any, where: str) -> dict[str, str]:
 
 def _header(path: Path, entry: str, shown: str) -> dict[str, StoredTensor]:
     """The tensors a safetensors file declares; safetensors checks that its data covers them."""
+    open_checkpoint_file(path, f"{shown}: {entry}").close()  # safetensors would wait on a named pipe
     try:
         tensors = {}
         with safe_open(str(path), framework="pt") as f:

@@ -28,7 +28,6 @@ from __future__ import annotations
 import math
 import os
 import re
-import stat
 import struct
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -40,9 +39,11 @@ from transformers import WhisperConfig, WhisperForConditionalGeneration
 
 from pipeline.models.checkpoint import (
     checkpoint_root,
+    file_error,
     file_identity,
     files_sha256,
     inside,
+    open_checkpoint_file,
     parse_json,
     read_config,
     read_small_file,
@@ -78,6 +79,13 @@ MAX_NAME_BYTES = 1024
 # and an alias (two bare strings): counts larger than the file could hold are refused first.
 MIN_VARIABLE_BYTES = 2 + 1 + 1 + 1 + 4
 MIN_ALIAS_BYTES = 2 * (2 + 1)
+# Published Whisper models have 6 (tiny) to 20 (large) heads; the attention's scores take
+# heads x 1500 x 1500 values a layer, so a head count is bounded by more than memory's sake.
+MAX_HEADS = 32
+# The encoder's positions: 3000 log-mel frames (30 s), halved by its second convolution.
+ENCODER_POSITIONS = 1500
+# The one alias that makes a weight serve twice: the output projection tied to the embedding.
+TIED = ("decoder/projection/weight", "decoder/embeddings/weight")
 # CTranslate2's Activation enum: Whisper's decoder runs GELU.
 GELU = 3
 END_OF_TEXT = "<|endoftext|>"
@@ -153,10 +161,10 @@ def read_ctranslate2(directory: str | os.PathLike, sha256: str | None = None) ->
     """
     shown, root = checkpoint_root(directory)
     model_path = inside(root, MODEL_FILE, shown)
-    if not model_path.is_file():
+    if not os.path.lexists(model_path):  # one that is there but not a regular file is read, and refused so
         raise CheckpointError(f"{shown}: no {MODEL_FILE}")
     config_path = inside(root, CONFIG, shown)
-    if not config_path.exists():
+    if not os.path.lexists(config_path):
         raise CheckpointError(f"{shown}: no {CONFIG}")
     variables, aliases = read_header(model_path, f"{shown}: {MODEL_FILE}")
     # config.json and the vocabulary are hashed from the bytes parsed: each file is read once.
@@ -182,7 +190,7 @@ def read_ctranslate2(directory: str | os.PathLike, sha256: str | None = None) ->
         files.append(inside(root, TOKENIZER, shown))
     ordered = tuple(sorted(files, key=lambda p: p.relative_to(root).as_posix()))
     identities = tuple(file_identity(p) for p in ordered)
-    digest = files_sha256(root, ordered, held)
+    digest = files_sha256(root, ordered, held, shown)
     if sha256 is not None and digest != sha256:
         raise CheckpointError(f"{shown}: its files' sha256 is {digest}, not {sha256} as the export recorded: "
                               "the checkpoint changed since; export again")
@@ -210,12 +218,8 @@ def load_state(checkpoint: CTranslate2Checkpoint, keys: Collection[str] | None =
         by_variable.setdefault(checkpoint.sources[key].name, []).append(key)
     state: dict[str, torch.Tensor] = {}
     model_path = checkpoint.model_file
-    try:
-        fd = os.open(model_path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        raise CheckpointError(f"{where} is unreadable: {exc.strerror or exc}") from None
-    with open(fd, "rb") as f:
-        if file_identity_of(fd) != checkpoint.identities[checkpoint.files.index(model_path)]:
+    with open_checkpoint_file(model_path, where) as f:
+        if file_identity_of(f.fileno()) != checkpoint.identities[checkpoint.files.index(model_path)]:
             raise CheckpointError(f"{checkpoint.shown}: its files changed since they were read; nothing was built")
         for bias in checkpoint.zero_biases:
             values = _part(_read_float(f, checkpoint, bias.name, where), bias)
@@ -247,18 +251,11 @@ def whole_model(checkpoint: CTranslate2Checkpoint) -> WhisperForConditionalGener
 def read_header(path: Path, where: str) -> tuple[dict[str, Variable], dict[str, str]]:
     """The variables and aliases model.bin's header declares; CheckpointError (`where` first)
     for another spec, a count its bytes cannot hold, a truncated or damaged file."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO would wait for a writer
-    except OSError as exc:
-        raise CheckpointError(f"{where} is unreadable: {exc.strerror or exc}") from None
-    with open(fd, "rb") as f:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise CheckpointError(f"{where} is not a regular file")
+    with open_checkpoint_file(path, where) as f:
         try:
-            return _parse(_Reader(f, info.st_size, where), where)
+            return _parse(_Reader(f, os.fstat(f.fileno()).st_size, where), where)
         except OSError as exc:
-            raise CheckpointError(f"{where} is unreadable: {exc.strerror or exc}") from None
+            raise file_error(exc, where) from None
 
 
 def file_identity_of(fd: int) -> tuple[int, int, int, int]:
@@ -428,6 +425,13 @@ def _whisper_config(names: _Names, tokens: tuple[str, ...], raw: dict[str, Any],
     for stack, count in heads.items():
         if count < 1 or d_model % count:
             raise CheckpointError(f"{where}: {stack}/num_heads is {count}; it must divide d_model ({d_model})")
+        if count > MAX_HEADS:
+            raise CheckpointError(f"{where}: {stack}/num_heads is {count}; at most {MAX_HEADS} are read (each head "
+                                  "holds a score matrix of the window's positions squared)")
+    positions = names.dim("encoder/position_encodings/encodings", 2, 0)
+    if positions != ENCODER_POSITIONS:
+        raise CheckpointError(f"{where}: encoder/position_encodings/encodings has {positions} rows; Whisper's "
+                              f"encoder takes {ENCODER_POSITIONS} positions (its 30 s window)")
     vocab_size = names.dim("decoder/embeddings/weight", 2, 0)
     if len(tokens) != vocab_size:
         raise CheckpointError(f"{vocabulary} holds {len(tokens)} tokens, the model's embedding {vocab_size}")
@@ -454,6 +458,8 @@ def _whisper_config(names: _Names, tokens: tuple[str, ...], raw: dict[str, Any],
         if names.has(name):
             names.scalar(name, ("int8", "int16", "int32", "float32"))
     tied = names.aliases.get("decoder/projection/weight") == "decoder/embeddings/weight"
+    suppress = list(_token_list(raw, "suppress_ids", vocab_size, config_where))
+    begin_suppress = list(_token_list(raw, "suppress_ids_begin", vocab_size, config_where))
     try:
         config = WhisperConfig(
             vocab_size=vocab_size, num_mel_bins=mel_bins, d_model=d_model,
@@ -461,13 +467,12 @@ def _whisper_config(names: _Names, tokens: tuple[str, ...], raw: dict[str, Any],
             encoder_attention_heads=heads["encoder"], decoder_attention_heads=heads["decoder"],
             encoder_ffn_dim=names.dim("encoder/layer_0/ffn/linear_0/weight", 2, 0),
             decoder_ffn_dim=names.dim("decoder/layer_0/ffn/linear_0/weight", 2, 0),
-            max_source_positions=names.dim("encoder/position_encodings/encodings", 2, 0),
+            max_source_positions=positions,
             max_target_positions=names.dim("decoder/position_encodings/encodings", 2, 0),
             activation_function="gelu", scale_embedding=False, tie_word_embeddings=tied,
             pad_token_id=special[END_OF_TEXT], bos_token_id=special[END_OF_TEXT], eos_token_id=special[END_OF_TEXT],
             decoder_start_token_id=special[START_OF_TRANSCRIPT],
-            suppress_tokens=list(_token_list(raw, "suppress_ids", vocab_size, config_where)),
-            begin_suppress_tokens=list(_token_list(raw, "suppress_ids_begin", vocab_size, config_where)),
+            suppress_tokens=suppress, begin_suppress_tokens=begin_suppress,
         )
     except (TypeError, ValueError) as exc:
         raise CheckpointError(f"{where}: its shapes make no valid Whisper config: {' '.join(str(exc).split())}") from exc
@@ -542,6 +547,7 @@ def _plan(config: WhisperConfig, names: _Names, where: str) -> tuple[dict[str, S
     if missing:
         raise CheckpointError(f"{where}: missing variable {_some(sorted(set(missing)))}")
     resolved = {key: Source(names.aliases.get(s.name, s.name), s.part, s.parts) for key, s in sources.items()}
+    _check_served_once(sources, resolved, names)
     zero_biases = tuple(Source(names.aliases.get(s.name, s.name), s.part, s.parts) for s in zeros)
     for s in (*sources.values(), *zeros):
         names.get(s.name)
@@ -567,6 +573,23 @@ def _plan(config: WhisperConfig, names: _Names, where: str) -> tuple[dict[str, S
             raise CheckpointError(f"{where}: {source.name} has shape {list(stored)}, the Whisper model its "
                                   f"other variables describe needs {list(whole)}")
     return resolved, zero_biases
+
+
+def _check_served_once(sources: dict[str, Source], resolved: dict[str, Source], names: _Names) -> None:
+    """Refuse a matrix (a variable of rank 2 or more) that aliases make serve as two weights,
+    but for the output projection tied to the embedding: CTranslate2 aliases variables of
+    equal values, which a trained model's matrices never are, and a file whose aliases repeat
+    its matrices would build a model larger than its bytes (layers of one layer's weights)."""
+    first: dict[Source, str] = {}
+    for key, source in resolved.items():
+        if len(names.variables[source.name].shape) < 2:
+            continue  # equal norms and biases are aliased by CTranslate2's converter
+        named = sources[key].name
+        if source in first and (named, source.name) != TIED:
+            raise CheckpointError(f"{names.where}: {named} names {source.name}, which already serves as "
+                                  f"{sources[first[source]].name}: a matrix of the file serves as one weight "
+                                  f"(only {TIED[0]} may name {TIED[1]})")
+        first.setdefault(source, key)
 
 
 def _check_dtype(names: _Names, name: str) -> set[str]:
@@ -596,9 +619,23 @@ def _read_float(f: BinaryIO, checkpoint: CTranslate2Checkpoint, name: str, where
     tensor = _read(f, variable, where).to(torch.float32)
     if variable.dtype in QUANTIZED:
         scale = _read(f, checkpoint.variables[f"{name}_scale"], where).to(torch.float32)
+        bad = ~torch.isfinite(scale) | (scale == 0)
+        if bool(bad.any()):
+            raise CheckpointError(f"{where}: {name}_scale holds {_first(scale, bad)}: a {variable.dtype} weight is "
+                                  "divided by finite, nonzero scales")
         rows = variable.shape[0] if variable.dtype == "int8" else 1
         tensor = (tensor.reshape(rows, -1) / scale.reshape(-1, 1)).reshape(variable.shape)
+    bad = ~torch.isfinite(tensor)
+    if bool(bad.any()):
+        raise CheckpointError(f"{where}: {name} holds {_first(tensor, bad)}" +
+                              (" once dequantized" if variable.dtype in QUANTIZED else "") + ": weights are finite")
     return tensor
+
+
+def _first(values: torch.Tensor, bad: torch.Tensor) -> str:
+    """The first of `values` where `bad` holds, and how many there are, for a message."""
+    count = int(bad.sum())
+    return f"{values[bad].flatten()[0].item()}" + (f" ({count} such values)" if count > 1 else "")
 
 
 def _read(f: BinaryIO, variable: Variable, where: str) -> torch.Tensor:

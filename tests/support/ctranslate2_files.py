@@ -117,7 +117,8 @@ def convert(variables: dict[str, torch.Tensor], dtype: torch.dtype = torch.float
             out[name] = t
         elif quantize == "int8" and quantizable(name):
             rows = t.reshape(t.shape[0], -1)
-            scale = 127.0 / rows.abs().amax(dim=1)
+            amax = rows.abs().amax(dim=1)
+            scale = 127.0 / torch.where(amax == 0, 127.0, amax)  # a zero row (padding) keeps scale 1, as CTranslate2's
             out[name] = torch.round(rows * scale[:, None]).to(torch.int8).reshape(t.shape)
             out[f"{name}_scale"] = scale.to(torch.float32)
         elif quantize == "int16" and quantizable(name):
