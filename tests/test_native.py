@@ -68,9 +68,9 @@ def test_changed_kernel_file_changes_the_build(monkeypatch):
 
 def _python_source(width: int, has_weight: bool, has_bias: bool, subgroup_size: int, dtype: str = "float32",
                    affine_dtype: str | None = None, pack2x16float: bool = False, rows: int = 0,
-                   write_stats: bool = True, compiler: str = "naga") -> str:
+                   write_stats: bool = True, compiler: str = "naga", rms: bool = False) -> str:
     return choose_config(width, has_weight, has_bias, subgroup_size, dtype, affine_dtype,
-                         pack2x16float, rows=rows, write_stats=write_stats).source(ShaderFiles(compiler))
+                         pack2x16float, rows=rows, write_stats=write_stats, rms=rms).source(ShaderFiles(compiler))
 
 
 def test_device_probes_agree_with_pythons(native):
@@ -107,6 +107,18 @@ def test_wgsl_module_by_launch_rows_and_stats_is_pythons(native, width, dtype, a
             got = native.wgsl_source(width, True, True, 32, dtype, affine_dtype, rows=rows, write_stats=write_stats)
             want = _python_source(width, True, True, 32, dtype, affine_dtype, rows=rows, write_stats=write_stats)
             assert got == want, f"width {width} {dtype}/{affine_dtype} rows {rows} write_stats {write_stats}"
+
+
+@pytest.mark.parametrize("dtype, affine_dtype", [("float32", None), ("float16", None), ("float16", "float32"),
+                                                 ("bfloat16", None), ("bfloat16", "float32")])
+@pytest.mark.parametrize("width", [1, 3, 768, 1023, 4096, 20000])
+def test_rms_norm_modules_are_pythons(native, width, dtype, affine_dtype):
+    for has_weight, subgroup_size, compiler in itertools.product((False, True), (0, 32), ("naga", "tint")):
+        got = native.wgsl_source(width, has_weight, False, subgroup_size, dtype, affine_dtype, write_stats=False,
+                                 compiler=compiler, rms=True)
+        want = _python_source(width, has_weight, False, subgroup_size, dtype, affine_dtype, write_stats=False,
+                              compiler=compiler, rms=True)
+        assert got == want and "const RMS: bool = true;" in got, (width, has_weight, subgroup_size, compiler)
 
 
 # One set of blob rules

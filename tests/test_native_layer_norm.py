@@ -1,6 +1,5 @@
 """The native_layer_norm kernel against a float64 reference, with eager float32 as the yardstick."""
 
-import dataclasses
 import importlib
 import os
 import re
@@ -19,8 +18,8 @@ from pipeline.wgsl.config import (EACH_HELD_VALUE, MAX_HOLD, MAX_THREADS_PER_ROW
                                   written_out)
 from pipeline.runtime import device as runtime_device
 from pipeline.runtime.launch import pack_params
-from support.gpu import missing_subgroups, use_merge_path
-from support.grids import AFFINE, WIDTHS
+from support.gpu import missing_subgroups, use_merge_path, use_row_path
+from support.grids import AFFINE, REDUCTIONS, WIDTHS, all_pairs
 from support.reference import ATEN, assert_close_to_reference, reference
 
 pytestmark = pytest.mark.usefixtures("gpu_info")
@@ -33,32 +32,25 @@ def make_affine(shape, has_weight, has_bias, gen):
     return weight, bias
 
 
-@pytest.fixture(params=["subgroup", "workgroup", "streamed", "streamed-workgroup"])
+F16_STORES = ["native_pack", "integer_rounding"]
+
+
+@pytest.fixture(params=REDUCTIONS)
 def reduction(request, monkeypatch):
-    """Run under each row-merge strategy: subgroup shuffles where the adapter has them, and the
-    workgroup-memory path that adapters without the `subgroup` feature take (as
-    PIPELINE_WGPU_SUBGROUPS=0 makes them); and with rows streamed, the path of rows too wide
-    to hold, forced at every width, merged either way."""
-    use_merge_path("workgroup" if request.param.endswith("workgroup") else "subgroup", monkeypatch)
-    if request.param.startswith("streamed"):
-        chosen = kernel.choose_config
-
-        def streamed(*args, **kwargs):
-            config = chosen(*args, **kwargs)
-            return dataclasses.replace(config, hold=0, unroll=STREAM_UNROLL)
-
-        monkeypatch.setattr(kernel, "choose_config", streamed)
-    return request.param
+    """Each of the kernel's row paths in turn (support.gpu.use_row_path)."""
+    return use_row_path(request.param, monkeypatch)
 
 
 # Tests that choose no `reduction` of their own, on both merge paths.
 ON_BOTH_PATHS = pytest.mark.parametrize("reduction", ["subgroup", "workgroup"], indirect=True)
 
 
-@pytest.mark.parametrize("width", WIDTHS)
-@pytest.mark.parametrize("rows", [1, 7])
-@pytest.mark.parametrize("has_weight,has_bias", AFFINE)
-def test_widths_rows_affine(width, rows, has_weight, has_bias, reduction):
+# The wide grids meet every pair of their values (each width every path and affine form,
+# ...) rather than every combination: support.grids.all_pairs.
+@pytest.mark.parametrize("width,rows,affine,reduction", all_pairs(WIDTHS, [1, 7], AFFINE, REDUCTIONS),
+                         indirect=["reduction"])
+def test_widths_rows_affine(width, rows, affine, reduction):
+    has_weight, has_bias = affine
     gen = torch.Generator().manual_seed(width * 10 + rows)
     x = torch.randn(rows, width, generator=gen) * 2 + 0.5
     weight, bias = make_affine((width,), has_weight, has_bias, gen)
@@ -619,7 +611,7 @@ def test_marked_lines_are_written_out_once_per_value():
 HALF_DTYPES = [torch.float16, torch.bfloat16]
 
 
-@pytest.fixture(params=["native_pack", "integer_rounding"])
+@pytest.fixture(params=F16_STORES)
 def f16_store(request, monkeypatch):
     """float16 stores both ways: pack2x16float where the device probe passed it, and the
     kernel's integer rounding (what every other adapter runs)."""
@@ -656,10 +648,9 @@ def assert_half_close_to_reference(x, shape, weight=None, bias=None, eps=1e-5, f
     return ours
 
 
-@pytest.mark.parametrize("dtype", HALF_DTYPES)
-@pytest.mark.parametrize("width", [6, 384, 768, 1023, 1280])
-@pytest.mark.parametrize("shift", [0.0, 30.0])
-@pytest.mark.parametrize("affine_dtype", ["same", torch.float32, None])
+@pytest.mark.parametrize("dtype,width,shift,affine_dtype,reduction,f16_store",
+                         all_pairs(HALF_DTYPES, [6, 384, 768, 1023, 1280], [0.0, 30.0], ["same", torch.float32, None],
+                                   REDUCTIONS, F16_STORES), indirect=["reduction", "f16_store"])
 def test_half_rows_against_float64(dtype, width, shift, affine_dtype, reduction, f16_store):
     gen = torch.Generator().manual_seed(width + int(shift))
     x = (torch.randn(33, width, generator=gen) * (2.0 if shift else 1.0) + shift).to(dtype)
@@ -765,10 +756,11 @@ def test_half_means_of_rows_far_from_their_first_value(dtype, width, reduction):
     assert_half_close_to_reference(x.to(dtype), (width,), weight, bias)
 
 
-@pytest.mark.parametrize("dtype", HALF_DTYPES)
-@pytest.mark.parametrize("width", [1, 2, 3, 5, 7, 132, 766, 4097, 4098])
-@pytest.mark.parametrize("has_weight,has_bias", AFFINE)
-def test_half_widths_and_affine(dtype, width, has_weight, has_bias, reduction, f16_store):
+@pytest.mark.parametrize("dtype,width,affine,reduction,f16_store",
+                         all_pairs(HALF_DTYPES, [1, 2, 3, 5, 7, 132, 766, 4097, 4098], AFFINE, REDUCTIONS, F16_STORES),
+                         indirect=["reduction", "f16_store"])
+def test_half_widths_and_affine(dtype, width, affine, reduction, f16_store):
+    has_weight, has_bias = affine
     gen = torch.Generator().manual_seed(width)
     x = (torch.randn(7, width, generator=gen) * 2 + 0.5).to(dtype)
     weight, bias = make_affine((width,), has_weight, has_bias, gen)

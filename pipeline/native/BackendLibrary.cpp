@@ -62,20 +62,23 @@ PIPELINE_EXPORT int pipeline_webgpu_pack2x16float() {
   return device ? (device->pack2x16float() ? 1 : 0) : -1;
 }
 
-// The WGSL module for a configuration, in its layout from the table in `layouts` where that
-// is not null (`layouts_size` bytes, a layouts file's text); returns its length (copy into
-// `out` when it fits `capacity` including the NUL), or -1 on failure.
+// The WGSL module for a configuration (an RMSNorm's with `rms`), in its layout from the table
+// in `layouts` where that is not null (`layouts_size` bytes, a layouts file's text; an RMSNorm
+// takes the rule); returns its length (copy into `out` when it fits `capacity` including the
+// NUL), or -1 on failure.
 PIPELINE_EXPORT long long pipeline_webgpu_wgsl_source(uint64_t width, int has_weight, int has_bias,
                                       uint32_t subgroup_size, uint32_t dtype, uint32_t affine_dtype,
-                                      int pack2x16float, uint64_t rows, int write_stats, int tint,
+                                      int pack2x16float, uint64_t rows, int write_stats, int rms, int tint,
                                       const char* layouts, size_t layouts_size, char* out, size_t capacity) {
   try {
-    if (width == 0 || dtype > webgpu::kBfloat16 || affine_dtype > webgpu::kBfloat16) {
+    if (width == 0 || dtype > webgpu::kBfloat16 || affine_dtype > webgpu::kBfloat16 ||
+        (rms != 0 && (has_bias != 0 || write_stats != 0))) {
       return -1;
     }
     webgpu::KernelConfig config = webgpu::choose_config(width, has_weight != 0, has_bias != 0, subgroup_size, dtype,
-                                                        affine_dtype, pack2x16float != 0, rows, write_stats != 0);
-    if (layouts != nullptr) {
+                                                        affine_dtype, pack2x16float != 0, rows, write_stats != 0,
+                                                        rms != 0);
+    if (layouts != nullptr && rms == 0) {
       webgpu::LayoutTable table;
       std::string why;
       if (!webgpu::parse_layouts(std::string(layouts, layouts_size), "<layouts>", &table, &why)) {

@@ -174,9 +174,10 @@ bool KernelConfig::plain_two_pass() const {
 
 KernelConfig choose_config(uint64_t width, bool has_weight, bool has_bias, uint32_t subgroup_size,
                            uint32_t dtype, uint32_t affine_dtype, bool pack2x16float,
-                           uint64_t rows, bool write_stats) {
+                           uint64_t rows, bool write_stats, bool rms) {
   KernelConfig config;
   config.write_stats = write_stats;
+  config.rms = rms;
   config.dtype = dtype;
   config.affine_dtype = affine_dtype;
   config.pack2x16float = pack2x16float && dtype == kFloat16;
@@ -339,6 +340,7 @@ std::string kernel_source(const KernelConfig& config, ShaderCompiler compiler) {
   u32_constant(&text, "HOLD", config.hold);
   u32_constant(&text, "STEP", config.unroll);
   bool_constant(&text, "WRITE_STATS", config.write_stats);
+  bool_constant(&text, "RMS", config.rms);
   if (half) {
     u32_constant(&text, "HALF", config.dtype);
     bool_constant(&text, "PARAMS_HALF", config.affine_dtype != kFloat32);

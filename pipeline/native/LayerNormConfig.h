@@ -32,6 +32,7 @@ struct KernelConfig {
   bool pack2x16float = false;  // float16 stores through pack2x16float (the device probe's verdict)
   bool write_stats = true;  // mean and rstd stored (not where the delegate returns only out)
   bool wide_words = false;  // plain half rows read in 16-byte words (a tuned layout's choice)
+  bool rms = false;  // RMSNorm: rows not centred, weight only, no mean and rstd (KernelConfig.rms)
 
   uint32_t vec() const { return width % 4 == 0 ? 4 : width % 2 == 0 ? 2 : 1; }
   uint64_t row_vecs() const { return width / vec(); }
@@ -55,7 +56,7 @@ struct KernelConfig {
 // `rows`: the launch's (0: the rule by width alone).
 KernelConfig choose_config(uint64_t width, bool has_weight, bool has_bias, uint32_t subgroup_size,
                            uint32_t dtype, uint32_t affine_dtype, bool pack2x16float,
-                           uint64_t rows = 0, bool write_stats = true);
+                           uint64_t rows = 0, bool write_stats = true, bool rms = false);
 
 // A tuned layout: threads per row, workgroup, 16-byte words or not.
 struct Layout {

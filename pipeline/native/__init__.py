@@ -73,8 +73,8 @@ def library() -> ctypes.CDLL:
             lib.pipeline_webgpu_binding_limit.restype = ctypes.c_uint64
             lib.pipeline_webgpu_wgsl_source.argtypes = [
                 ctypes.c_uint64, ctypes.c_int, ctypes.c_int, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_uint32,
-                ctypes.c_int, ctypes.c_uint64, ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t,
-                ctypes.c_char_p, ctypes.c_size_t,
+                ctypes.c_int, ctypes.c_uint64, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_char_p,
+                ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t,
             ]
             lib.pipeline_webgpu_wgsl_source.restype = ctypes.c_longlong
             lib.pipeline_webgpu_check_layouts.argtypes = [
@@ -121,17 +121,18 @@ def pack2x16float() -> int:
 
 def wgsl_source(width: int, has_weight: bool, has_bias: bool, subgroup_size: int, dtype: str = "float32",
                 affine_dtype: str | None = None, pack2x16float: bool = False, rows: int = 0,
-                write_stats: bool = True, compiler: str = "naga", layouts: str | None = None) -> str:
+                write_stats: bool = True, compiler: str = "naga", layouts: str | None = None,
+                rms: bool = False) -> str:
     """The WGSL module the backend compiles for this configuration (no device needed), as
     `compiler` ("naga" or "tint") takes it; `affine_dtype` (of weight and bias) defaults to
     `dtype`; `rows` is the launch's (0: the rule by width alone); `layouts`, a layouts
-    file's text whose layout the launch takes where it has one."""
+    file's text whose layout the launch takes where it has one; `rms`, an RMSNorm's."""
     from pipeline.pte.blob import DTYPE_CODES
 
     lib = library()
     table = None if layouts is None else layouts.encode()
     args = (width, int(has_weight), int(has_bias), subgroup_size, DTYPE_CODES[dtype], DTYPE_CODES[affine_dtype or dtype],
-            int(pack2x16float), rows, int(write_stats), int(compiler == "tint"), table, len(table or b""))
+            int(pack2x16float), rows, int(write_stats), int(rms), int(compiler == "tint"), table, len(table or b""))
     size = lib.pipeline_webgpu_wgsl_source(*args, None, 0)
     if size < 0:
         raise ValueError(f"no WGSL for width={width!r}")

@@ -1,8 +1,10 @@
-"""Launch the native_layer_norm WGSL kernel: torch tensors in, (out, mean, rstd) out.
+"""Launch the native_layer_norm WGSL kernel: torch tensors in, (out, mean, rstd) out, or
+an RMSNorm's out.
 
-Semantics, shapes and dtypes are those of torch.ops.aten.native_layer_norm.default for
-float32, float16 and bfloat16 input (weight and bias like the input, or float32 with a
-half input): the trailing `normalized_shape` dims are flattened into one row.
+Semantics, shapes and dtypes are those of torch.ops.aten.native_layer_norm.default (and
+aten.rms_norm.default) for float32, float16 and bfloat16 input (weight and bias like the
+input, or float32 with a half input): the trailing `normalized_shape` dims are flattened
+into one row.
 """
 
 from __future__ import annotations
@@ -35,13 +37,15 @@ BINDINGS = ["read-only-storage"] * 3 + ["storage"] * 3 + ["uniform"]
 
 
 def device_config(g: Gpu, width: int, has_weight: bool, has_bias: bool, dtype: str = "float32",
-                  affine_dtype: str | None = None, *, rows: int = 0, write_stats: bool = True) -> KernelConfig:
+                  affine_dtype: str | None = None, *, rows: int = 0, write_stats: bool = True,
+                  rms: bool = False) -> KernelConfig:
     """`choose_config` with what the device's probes found (subgroup size, float16 packing),
     in the layout tuned for this launch where `g`'s table has one: the configuration a
-    launch of `rows` rows on `g` uses."""
+    launch of `rows` rows on `g` uses. Layouts tables are tuned on LayerNorms: an RMSNorm
+    (`rms`) takes the rule."""
     config = choose_config(width, has_weight, has_bias, g.subgroup_size, dtype, affine_dtype, g.pack2x16float,
-                           rows=rows, write_stats=write_stats)
-    return config if g.layouts is None else g.layouts.config(config, rows)
+                           rows=rows, write_stats=write_stats, rms=rms)
+    return config if g.layouts is None or rms else g.layouts.config(config, rows)
 
 
 def compile_pipeline(g: Gpu, config: KernelConfig) -> Pipeline:
@@ -192,6 +196,37 @@ def native_layer_norm(
     )
 
 
+def rms_norm(
+    x: torch.Tensor,
+    normalized_shape: Sequence[int],
+    weight: torch.Tensor | None = None,
+    eps: float | None = None,
+    *,
+    poison: float | None = None,
+    resident: bool = False,
+) -> torch.Tensor:
+    """RMSNorm over the trailing `normalized_shape` dims of `x`, on the GPU: aten.rms_norm's
+    out, x * rsqrt(mean(x^2) + eps) * weight, shaped and typed like x. The statistic is taken
+    in float32 whatever the dtype, and each output value is rounded once. eps None is aten's
+    default, the machine epsilon of x's dtype. `poison` and `resident` as in
+    `native_layer_norm`."""
+    if eps is None and isinstance(x, torch.Tensor) and x.is_floating_point():
+        eps = torch.finfo(x.dtype).eps
+    shape, eps = check_arguments(x, normalized_shape, weight, None, eps)
+    if not isinstance(resident, bool):
+        raise TypeError(f"resident must be a bool, got {_short(resident)}")
+    width = math.prod(shape)
+    rows = math.prod(x.shape[: x.dim() - len(shape)])
+    out = np.empty((rows, width), dtype=_STORED[x.dtype])
+    if rows:
+        src = _stored(x.detach().reshape(rows, width))
+        g = gpu()
+        with g.lock:
+            _run(g, src, weight, None, eps, out, None, None, poison, resident, _name(x.dtype),
+                 _name(x.dtype if weight is None else weight.dtype), rms=True)
+    return torch.from_numpy(out).view(x.dtype).reshape(x.shape)
+
+
 # How tensors of each dtype travel as numpy arrays: float32 as is, half ones as their bits.
 _STORED = {torch.float32: np.float32, torch.float16: np.int16, torch.bfloat16: np.int16}
 
@@ -217,8 +252,10 @@ def binding_limit(g: Gpu) -> int:
     return min(g.limits["max-storage-buffer-binding-size"], g.limits["max-buffer-size"])
 
 
-def _run(g: Gpu, src, weight, bias, eps, out, mean, rstd, poison, resident, dtype, affine_dtype) -> None:
-    """Normalizes `src` into `out`, and into `mean` and `rstd` unless they are None."""
+def _run(g: Gpu, src, weight, bias, eps, out, mean, rstd, poison, resident, dtype, affine_dtype,
+         rms: bool = False) -> None:
+    """Normalizes `src` into `out`, and into `mean` and `rstd` unless they are None (an
+    RMSNorm's with `rms`)."""
     rows, width = src.shape
     row_bytes = width * src.itemsize
     limit = binding_limit(g)
@@ -243,7 +280,7 @@ def _run(g: Gpu, src, weight, bias, eps, out, mean, rstd, poison, resident, dtyp
     for start in range(0, rows, chunk):
         stop = min(rows, start + chunk)
         config = device_config(g, width, weight is not None, bias is not None, dtype, affine_dtype,
-                               rows=stop - start, write_stats=mean is not None)
+                               rows=stop - start, write_stats=mean is not None, rms=rms)
         _launch(g, config, src[start:stop], affine, eps, poison, out[start:stop],
                 None if mean is None else mean[start:stop], None if rstd is None else rstd[start:stop])
 

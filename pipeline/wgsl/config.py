@@ -135,11 +135,16 @@ class KernelConfig:
     # (normalize_wide): a tuned layout's choice (pipeline.wgsl.layouts.unusable says where
     # it fits), never the rule's.
     wide_words: bool = False
+    # RMSNorm (aten.rms_norm): rows not centred, rstd of the mean of squares; weight only, no
+    # mean and rstd stored.
+    rms: bool = False
 
     def __post_init__(self) -> None:
         why = self.wide_words and self.unfit_for_words()
         if why:
             raise ValueError(why)
+        if self.rms and (self.has_bias or self.write_stats):
+            raise ValueError("an RMSNorm launch takes no bias and stores no mean and rstd")
 
     def unfit_for_words(self) -> str | None:
         """Why these rows cannot be read in 16-byte words in this layout, or None."""
@@ -209,7 +214,7 @@ class KernelConfig:
                  ("HAS_WEIGHT", self.has_weight), ("HAS_BIAS", self.has_bias),
                  ("ROW_IN_SUBGROUP", self.row_in_subgroup), ("PARTS_TREE", self.parts_tree),
                  ("WIDTH", self.width), ("ROW_VECS", self.row_vecs), ("HOLD", self.hold), ("STEP", self.unroll),
-                 ("WRITE_STATS", self.write_stats)]
+                 ("WRITE_STATS", self.write_stats), ("RMS", self.rms)]
         if self.dtype != "float32":
             found += [("HALF", DTYPE_CODES[self.dtype]), ("PARAMS_HALF", self.affine_dtype != "float32"),
                       ("PACK2X16FLOAT", self.pack2x16float)]
@@ -319,7 +324,8 @@ def written_out(source: str, counts: dict[str, int]) -> str:
 @functools.lru_cache(maxsize=4096)  # a pure rule, asked once per launch
 def choose_config(width: int, has_weight: bool, has_bias: bool, subgroup_size: int = 0,
                   dtype: str = "float32", affine_dtype: str | None = None,
-                  pack2x16float: bool = False, *, rows: int = 0, write_stats: bool = True) -> KernelConfig:
+                  pack2x16float: bool = False, *, rows: int = 0, write_stats: bool = True,
+                  rms: bool = False) -> KernelConfig:
     """Loads as wide as the rows stay aligned (4, 2 or 1 floats). Rows held in registers
     when they fit: the most threads per row (a power of two) that leave each at least
     MIN_HOLD loads (MIN_HOLD_NARROW_LOADS for scalar float32 rows and half rows), weight and
@@ -331,6 +337,7 @@ def choose_config(width: int, has_weight: bool, has_bias: bool, subgroup_size: i
     shapes: a V of 4 half values is 8 bytes, and rows stay aligned to whole u32 pairs.
     `affine_dtype` defaults to `dtype`. `pack2x16float` (the device probe's verdict on
     pack2x16float) matters for float16 only. `write_stats` False leaves mean and rstd unwritten.
+    `rms`: an RMSNorm's launch (the same layouts: one statistic fewer to sum).
 
     Chosen from the H200 sweeps (docs/measurements.md; with v5's row sums, 3 vec4 a thread
     where the rule gave 6 took 3-11% off the 384- and 768-wide float32 shapes, while 4 instead
@@ -358,6 +365,7 @@ def choose_config(width: int, has_weight: bool, has_bias: bool, subgroup_size: i
         affine_dtype=dtype if affine_dtype is None else affine_dtype,
         pack2x16float=pack2x16float and dtype == "float16",
         write_stats=write_stats,
+        rms=rms,
     )
 
 

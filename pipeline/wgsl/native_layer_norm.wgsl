@@ -1,6 +1,7 @@
 // native_layer_norm: out, mean and rstd of every row of a row-major (rows, width) tensor
 // in one launch, matching aten.native_layer_norm for float32, float16 and bfloat16 rows
 // (statistics in f32 whatever the dtype; each output value rounded once to its dtype).
+// With RMS, the same rows give aten.rms_norm's out: x * rsqrt(mean(x^2) + eps) * weight.
 //
 // The runtime prepends the pipeline's constants (see pipeline/runtime/launch.py):
 //   alias V                 vec4<f32> when width % 4 == 0, vec2<f32> when width % 2 == 0,
@@ -18,6 +19,9 @@
 //   const HOLD: u32         0: rows streamed; k > 0: each thread holds k values of its row
 //   const STEP: u32         streamed rows: values a thread loads in one loop step
 //   const WRITE_STATS: bool mean and rstd stored (a caller that uses only out does without)
+//   const RMS: bool         RMSNorm: the row is not centred (its frame's first value, mean_d
+//                           and the mean's correction are 0), M2 is the sum of x^2, and the
+//                           row's statistics are rms_norm's (finish_row); no bias, no stats
 // and writes out the lines marked `// each held value` HOLD times, those marked `// each held
 // value, weight and bias with x` HOLD times where its config's late_affine is false and
 // those marked `... at the store` where it is true (config.py), those marked `// each held
@@ -167,6 +171,9 @@ fn normalize_rows(tid: u32, group: vec3<u32>, groups: vec3<u32>, lanes: u32) {
 // limit; rows starting below 1 keep a scale of 1, so that their squares and subnormals are
 // not pushed further toward underflow. Threads past the last row read the last row's.
 fn row_frame(base: u32) -> vec2<f32> {
+    if (RMS) {
+        return vec2<f32>(0.0, 1.0);
+    }
     let first = first_value(read_x(base));
     let scale = select(1.0, 1.0 / 256.0, abs(first) >= 1.0);
     return vec2<f32>(first * scale, scale);
@@ -204,6 +211,9 @@ fn centring(frame: vec2<f32>, centre_d: f32, stats: vec2<f32>, rstd_row: f32) ->
 
 // (count, mean, M2) of one V, exact.
 fn value_stats(v: V) -> vec3<f32> {
+    if (RMS) {
+        return vec3<f32>(f32(VEC), 0.0, hsum(v * v));
+    }
     let m = hsum(v) / f32(VEC);
     let d = v - V(m);
     return vec3<f32>(f32(VEC), m, hsum(d * d));
@@ -213,6 +223,9 @@ fn value_stats(v: V) -> vec3<f32> {
 // thread of the workgroup (row_sum may hold barriers), as the second sum is; threads past
 // the last row take part with the last row's values.
 fn row_mean(count: f32, share_mean: f32, tid: u32, lane: u32, lanes: u32) -> f32 {
+    if (RMS) {
+        return 0.0;
+    }
     return row_sum(vec2<f32>(share_mean * share_of(count), 0.0), tid, lane, 0u, lanes).x;
 }
 
@@ -220,6 +233,12 @@ fn row_mean(count: f32, share_mean: f32, tid: u32, lane: u32, lanes: u32) -> f32
 // every thread holds as many values.
 fn share_of(count: f32) -> f32 {
     return select(count * INV_WIDTH, EVEN_SHARE, EVEN_SPLIT);
+}
+
+// A thread's part of the mean's correction, its share's mean less mean_d, weighed: none
+// for RMS, whose rows are not centred.
+fn correction_part(gap: f32, count: f32) -> f32 {
+    return select(gap * share_of(count), 0.0, RMS);
 }
 
 // M2 from the row's sum of squared deviations from a center near the mean, corrected by
@@ -236,12 +255,24 @@ fn m2_about(correction: f32, squares: f32) -> f32 {
 fn finish_row(row: u32, lane: u32, stats: vec2<f32>) -> vec2<f32> {
     let var_eps = stats.y / f32(WIDTH) + params.eps;
     let finite = is_finite(stats.x) && is_finite(stats.y) && bitcast<u32>(var_eps) <= 0x7f800000u;
-    let rstd_row = select(params.nan, 1.0 / sqrt(var_eps), finite);
+    var rstd_row = select(params.nan, 1.0 / sqrt(var_eps), finite);
+    if (RMS) {
+        rstd_row = rms_rstd(var_eps);
+    }
     if (WRITE_STATS && lane == 0u) {
         mean[row] = stats.x;
         rstd[row] = rstd_row;
     }
     return vec2<f32>(stats.x, rstd_row);
+}
+
+// rms_norm's rsqrt(mean(x^2) + eps), as aten computes it in float32: a row whose squares
+// pass float32's range or hold an infinity has mean(x^2) inf and rstd 0 (out 0, NaN at the
+// infinities: inf * 0); NaN, and a mean + eps below 0 (a negative eps), give NaN. Tested on
+// bits, as in finish_row.
+fn rms_rstd(ms_eps: f32) -> f32 {
+    let bits = bitcast<u32>(ms_eps);
+    return select(select(params.nan, 1.0 / sqrt(ms_eps), bits < 0x7f800000u), 0.0, bits == 0x7f800000u);
 }
 
 // Whether the K-th held value of a thread, at index i, lies in the row: only the last can
@@ -345,7 +376,7 @@ fn normalize_held(tid: u32, row: u32, lanes: u32) {
     var squares = 0.0;
     squares += deviation_at(framed(v_K, in_K, frame), in_K, mean_d).y;  // each held value, squares after the mean
     squares = (own - count * rest * rest) + count * gap * gap;  // squares with the correction
-    let sums = row_sum(vec2<f32>(gap * share_of(count), squares), tid, lane, 1u, lanes);
+    let sums = row_sum(vec2<f32>(correction_part(gap, count), squares), tid, lane, 1u, lanes);
     let stats = unframed(frame, mean_d, sums.x, m2_about(sums.x, sums.y));
     if (row >= params.rows) {
         return;
@@ -371,6 +402,14 @@ fn normalize_held(tid: u32, row: u32, lanes: u32) {
 // mean_d's rounding moves M2 only in the second order, so M2 needs no correction; the mean
 // itself, first + mean_d, rounds at first's scale, which is why launches that store the mean
 // keep rows in their frame (the rule and its measurements: config.py).
+// The mean of d of a plain row from each thread's sum of its d (0 for RMS, not centred).
+fn plain_mean(sum: f32, tid: u32, lane: u32, lanes: u32) -> f32 {
+    if (RMS) {
+        return 0.0;
+    }
+    return row_sum(vec2<f32>(sum, 0.0), tid, lane, 0u, lanes).x * INV_WIDTH;
+}
+
 fn normalize_plain(tid: u32, row: u32, lanes: u32) {
     let lane = tid % THREADS_PER_ROW;
     let base = row_base(row);
@@ -380,6 +419,9 @@ fn normalize_plain(tid: u32, row: u32, lanes: u32) {
     if (WIDTH == 1u) {
         first = opaque(first);
     }
+    if (RMS) {
+        first = 0.0;
+    }
     let i_K = lane + K * THREADS_PER_ROW;  // each plain value
     let in_K = held_in_row(i_K, K);  // each plain value
     let d_K = select(V(0.0), load_x(base, i_K, in_K) - V(first), in_K);  // each plain value
@@ -387,7 +429,7 @@ fn normalize_plain(tid: u32, row: u32, lanes: u32) {
     let b_K = bias_at(i_K, in_K);  // each plain value
     var sum = 0.0;
     sum += hsum(d_K);  // each plain value
-    let mean_d = row_sum(vec2<f32>(sum, 0.0), tid, lane, 0u, lanes).x * INV_WIDTH;
+    let mean_d = plain_mean(sum, tid, lane, lanes);
     let e_K = select(V(0.0), d_K - V(mean_d), in_K);  // each plain value
     var squares = 0.0;
     squares += hsum(e_K * e_K);  // each plain value
@@ -408,7 +450,7 @@ fn normalize_plain(tid: u32, row: u32, lanes: u32) {
 fn normalize_wide(tid: u32, row: u32, lanes: u32) {
     let lane = tid % THREADS_PER_ROW;
     let base = row_base(row);
-    let first = first_value(read_x(base));
+    let first = select(first_value(read_x(base)), 0.0, RMS);
     let words = base / 2u;
     let i_K = lane + K * THREADS_PER_ROW;  // each 16-byte word
     let q_K = x_words(words + i_K);  // each 16-byte word
@@ -418,7 +460,7 @@ fn normalize_wide(tid: u32, row: u32, lanes: u32) {
     let hi_K = hi_of(q_K) - V(first);  // each 16-byte word
     var sum = 0.0;
     sum += hsum(lo_K) + hsum(hi_K);  // each 16-byte word
-    let mean_d = row_sum(vec2<f32>(sum, 0.0), tid, lane, 0u, lanes).x * INV_WIDTH;
+    let mean_d = plain_mean(sum, tid, lane, lanes);
     let e_lo_K = lo_K - V(mean_d);  // each 16-byte word
     let e_hi_K = hi_K - V(mean_d);  // each 16-byte word
     var squares = 0.0;
@@ -448,7 +490,8 @@ fn normalize_streamed(tid: u32, row: u32, lanes: u32) {
     let mean_d = row_mean(local.x, local.y + local.w, tid, lane, lanes);
     // The second sums: the share's mean less mean_d, weighed, and its squares of d - mean_d.
     let gap = (local.y - mean_d) + local.w;
-    let sums = row_sum(vec2<f32>(gap * share_of(local.x), local.z + local.x * gap * gap), tid, lane, 1u, lanes);
+    let sums = row_sum(vec2<f32>(correction_part(gap, local.x), local.z + local.x * gap * gap), tid, lane, 1u,
+                       lanes);
     let stats = unframed(frame, mean_d, sums.x, m2_about(sums.x, sums.y));
     if (row >= params.rows) {
         return;

@@ -34,3 +34,23 @@ def use_merge_path(path: str, monkeypatch) -> None:
         pytest.skip("adapter has no subgroup operations")
     if path == "workgroup":
         monkeypatch.setattr(g, "subgroup_size", 0)
+
+
+def use_row_path(path: str, monkeypatch) -> str:
+    """Runs the test on one of the kernel's row paths: "subgroup" or "workgroup" merges
+    (`use_merge_path`), and "streamed" or "streamed-workgroup": rows streamed, the path of rows
+    too wide to hold, forced at every width, merged either way. Returns `path`."""
+    import dataclasses
+
+    from pipeline.runtime import launch
+    from pipeline.wgsl.config import STREAM_UNROLL
+
+    use_merge_path("workgroup" if path.endswith("workgroup") else "subgroup", monkeypatch)
+    if path.startswith("streamed"):
+        chosen = launch.choose_config
+
+        def streamed(*args, **kwargs):
+            return dataclasses.replace(chosen(*args, **kwargs), hold=0, unroll=STREAM_UNROLL)
+
+        monkeypatch.setattr(launch, "choose_config", streamed)
+    return path
