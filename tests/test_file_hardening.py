@@ -12,6 +12,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import re
 import socket
 import struct
 import subprocess
@@ -28,6 +29,7 @@ from pipeline.evaluation.artifact import runtime_loader, same_outputs
 from pipeline.pte import blob, operators
 from pipeline.pte.file import PteError, PteFile
 from support.models import SmallBlock as Block
+from support.waits import within
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -486,3 +488,79 @@ def test_a_report_piped_into_head_writes_its_files_and_exits_quietly(exported, t
     kind = "coverage" if script == "coverage_audit" else "accuracy"
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         f"{pte.stem}.pte.{kind}{suffix}" for suffix in (".html", ".json", ".md"))
+
+
+# -- a layouts table that is not a regular file, or never ends ------------------------------------
+
+
+@pytest.fixture
+def special_tables(tmp_path):
+    """(path, what both readers say of it) for a named pipe, /dev/zero and a sparse file one
+    byte over the bound."""
+    from pipeline.environment import LAYOUTS_MAX_BYTES
+
+    fifo, large = tmp_path / "fifo.txt", tmp_path / "large.txt"
+    os.mkfifo(fifo)
+    with open(large, "wb") as f:
+        f.truncate(LAYOUTS_MAX_BYTES + 1)
+    return [(fifo, r"Not a regular file \(a named pipe\)"), ("/dev/zero", r"Not a regular file \(a character device\)"),
+            (large, f"Larger than {LAYOUTS_MAX_BYTES} bytes")]
+
+
+class _FakeDevice:
+    """What the device layer reads of an opened device before it checks the layouts table."""
+
+    name = "wgpu"
+    features: frozenset = frozenset()
+    info = {"adapter": "This GPU"}
+
+
+@pytest.fixture
+def fake_devices(monkeypatch):
+    """The Python runtime's device layer with no device open, opening fakes; their count."""
+    from pipeline.environment import F16_PACK_ENV
+    from pipeline.runtime import device
+
+    opened = []
+    monkeypatch.setattr(device, "_gpus", {})
+    monkeypatch.setattr(device, "_open_device", lambda name: opened.append(name) or _FakeDevice())
+    monkeypatch.setenv(F16_PACK_ENV, "0")
+    monkeypatch.delenv("PIPELINE_WEBGPU", raising=False)
+    return device, opened
+
+
+def test_the_python_runtime_refuses_a_special_layouts_file_without_waiting(fake_devices, special_tables,
+                                                                           monkeypatch):
+    from pipeline.wgsl.layouts import LayoutsError
+
+    device, opened = fake_devices
+    for path, why in special_tables:
+        monkeypatch.setenv("PIPELINE_LAYOUTS", str(path))
+        with within(20), pytest.raises(LayoutsError, match=f"{path}: cannot read the layouts file: .*{why}"):
+            device.gpu()
+    assert opened == []  # a table that cannot be read opens no device
+
+
+def test_a_table_of_another_device_opens_one_device_however_often_refused(fake_devices, tmp_path, monkeypatch):
+    from pipeline.wgsl.layouts import Layouts, LayoutsError
+
+    device, opened = fake_devices
+    table = tmp_path / "there.txt"
+    table.write_text(Layouts("Some GPU", "wgpu").text())
+    monkeypatch.setenv("PIPELINE_LAYOUTS", str(table))
+    for _ in range(3):
+        with pytest.raises(LayoutsError, match="tuned on 'Some GPU'"):
+            device.gpu()
+    assert opened == ["wgpu"]
+    monkeypatch.delenv("PIPELINE_LAYOUTS")
+    assert device.gpu().impl is not None and opened == ["wgpu"]  # the same device, once the table is gone
+
+
+def test_the_cpp_backend_refuses_a_special_layouts_file_without_waiting(special_tables, gpu_info):
+    code = ("from pipeline.runtime import native_call\ntry:\n    native_call.device_name()\n"
+            "except RuntimeError as exc:\n    print(exc)\n")
+    for path, why in special_tables:
+        env = {**os.environ, "PIPELINE_LAYOUTS": str(path)}
+        result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300,
+                                cwd=ROOT)
+        assert re.search(f"{path}: cannot read the layouts file: {why}", result.stdout), result.stdout + result.stderr

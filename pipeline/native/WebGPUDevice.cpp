@@ -11,6 +11,10 @@
 #include <thread>
 #include <vector>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include "HostCopy.h"
 #include "LayerNormConfig.h"
 #include "environment.h"
@@ -121,6 +125,15 @@ void on_uncaptured_error(WGPUDevice const*, WGPUErrorType, WGPUStringView messag
 
 void on_device_lost(WGPUDevice const*, WGPUDeviceLostReason, WGPUStringView, void*, void*) {}
 
+// What a path that is not a regular file is, in pipeline.ioutil.file_kind's words.
+const char* file_kind(mode_t mode) {
+  if (S_ISFIFO(mode)) return "a named pipe";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "a special file";
+}
+
 }  // namespace
 
 WebGPUDevice* WebGPUDevice::get(std::string* reason) {
@@ -209,25 +222,44 @@ bool WebGPUDevice::read_layouts(std::string* reason) {
   if (path == nullptr || *path == '\0') {
     return true;
   }
-  // stdio, not a stream: a folder opens, and only the read says so (EISDIR).
+  // As the Python runtime reads it: opened without blocking (a named pipe would wait for a
+  // writer), refused unless a regular file, and at most kLayoutsMaxBytes read (/dev/zero never ends).
   std::string text;
-  std::FILE* file = std::fopen(path, "rb");
-  bool failed = file == nullptr;
-  while (!failed) {
+  std::string why;
+  const int fd = ::open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  struct stat info {};
+  if (fd < 0) {
+    const int error = errno;
+    // A socket, or a device with no driver behind it, does not open: say what it is.
+    why = error == ENXIO && ::stat(path, &info) == 0 ? std::string("Not a regular file (") + file_kind(info.st_mode) + ")"
+                                                     : std::strerror(error);
+  } else if (::fstat(fd, &info) != 0) {
+    why = std::strerror(errno);
+  } else if (S_ISDIR(info.st_mode)) {
+    why = std::strerror(EISDIR);
+  } else if (!S_ISREG(info.st_mode)) {
+    why = std::string("Not a regular file (") + file_kind(info.st_mode) + ")";
+  } else {
     char chunk[4096];
-    const size_t got = std::fread(chunk, 1, sizeof chunk, file);
-    text.append(chunk, got);
-    failed = std::ferror(file) != 0;
-    if (got < sizeof chunk) {
-      break;
+    while (why.empty() && text.size() <= kLayoutsMaxBytes) {
+      const ssize_t got = ::read(fd, chunk, sizeof chunk);
+      if (got < 0 && errno != EINTR) {
+        why = std::strerror(errno);
+      } else if (got == 0) {
+        break;
+      } else if (got > 0) {
+        text.append(chunk, static_cast<size_t>(got));
+      }
+    }
+    if (why.empty() && text.size() > kLayoutsMaxBytes) {
+      why = "Larger than " + std::to_string(kLayoutsMaxBytes) + " bytes";
     }
   }
-  const int error = errno;
-  if (file != nullptr) {
-    std::fclose(file);
+  if (fd >= 0) {
+    ::close(fd);
   }
-  if (failed) {
-    *reason = std::string(path) + ": cannot read the layouts file: " + std::strerror(error);
+  if (!why.empty()) {
+    *reason = std::string(path) + ": cannot read the layouts file: " + why;
     return false;
   }
   if (!parse_layouts(text, path, &layouts_, reason)) {

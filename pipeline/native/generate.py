@@ -118,9 +118,10 @@ def kernel_header() -> str:
 
 
 def environment_header() -> str:
-    """The names of the environment variables both sides read (pipeline.environment)."""
-    names = "".join(f'constexpr const char* {cpp_name(name)} = "{getattr(environment, name)}";\n'
-                    for name in environment.SHARED)
+    """The names of the environment variables both sides read, and their bounds (pipeline.environment)."""
+    names = "".join(f"constexpr uint64_t {cpp_name(name)} = {value};\n" if isinstance(value, int)
+                    else f'constexpr const char* {cpp_name(name)} = "{value}";\n'
+                    for name, value in ((name, getattr(environment, name)) for name in environment.SHARED))
     return _preamble("pipeline/environment.py") + _NAMESPACE[0] + names + _NAMESPACE[1]
 
 

@@ -20,7 +20,8 @@ import numpy as np
 import torch
 
 from pipeline import wgsl
-from pipeline.environment import F16_PACK_ENV, LAYOUTS_ENV, SUBGROUPS_ENV
+from pipeline.environment import F16_PACK_ENV, LAYOUTS_ENV, LAYOUTS_MAX_BYTES, SUBGROUPS_ENV
+from pipeline.ioutil import read_regular
 from pipeline.runtime.webgpu import Pipeline
 from pipeline.wgsl import layouts as layouts_file
 from pipeline.wgsl.config import THREADED_COPY_BYTES
@@ -232,6 +233,9 @@ def read_bytes(impl: Any, staging: Any, size: int) -> bytes:
 
 
 _gpus: dict[str, Gpu] = {}
+# Devices opened and probed whose layouts table was refused: the next call takes the same
+# device, so that a refused table never opens more than one per implementation and process.
+_refused: dict[str, Gpu] = {}
 _lock = threading.Lock()
 
 
@@ -251,25 +255,40 @@ def gpu() -> Gpu:
     name = implementation()
     with _lock:
         if name not in _gpus:
-            g = Gpu(impl=_open_device(name))
-            if "subgroups" in g.features and os.environ.get(SUBGROUPS_ENV, "1") != "0":
-                g.subgroup_size = _probe_subgroup_size(g)
-            if os.environ.get(F16_PACK_ENV, "1") != "0":
-                g.pack2x16float = _probe_f16_pack(g)
-            g.layouts = _tuned_layouts(g)
+            table = _tuned_layouts()  # a table that cannot be read opens no device
+            g = _refused.pop(name, None) or _opened(name)
+            if table is not None:
+                try:
+                    table.check_device(g.impl.info["adapter"], g.impl.name)
+                except layouts_file.LayoutsError:
+                    _refused[name] = g
+                    raise
+            g.layouts = table
             _gpus[name] = g
         return _gpus[name]
 
 
-def _tuned_layouts(g: Gpu) -> layouts_file.Layouts | None:
-    """The table PIPELINE_LAYOUTS names, checked against this adapter and implementation
-    (LayoutsError for a file that cannot be read or was tuned elsewhere), or None."""
+def _opened(name: str) -> Gpu:
+    g = Gpu(impl=_open_device(name))
+    if "subgroups" in g.features and os.environ.get(SUBGROUPS_ENV, "1") != "0":
+        g.subgroup_size = _probe_subgroup_size(g)
+    if os.environ.get(F16_PACK_ENV, "1") != "0":
+        g.pack2x16float = _probe_f16_pack(g)
+    return g
+
+
+def _tuned_layouts() -> layouts_file.Layouts | None:
+    """The table PIPELINE_LAYOUTS names (LayoutsError for a file that cannot be read: not a
+    regular file, or larger than LAYOUTS_MAX_BYTES), or None; checked against the device by
+    the caller."""
     path = os.environ.get(LAYOUTS_ENV, "")
     if not path:
         return None
-    table = layouts_file.read(path)
-    table.check_device(g.impl.info["adapter"], g.impl.name)
-    return table
+    try:
+        text = read_regular(path, LAYOUTS_MAX_BYTES).decode("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise layouts_file.LayoutsError(f"{path}: cannot read the layouts file: {exc}") from None
+    return layouts_file.parse(text, path)
 
 
 def _run_probe(g: Gpu, shader: str, contents: list[np.ndarray], groups: int, read: int,
