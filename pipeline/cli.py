@@ -51,6 +51,14 @@ def positive_int(text: str) -> int:
     return value
 
 
+def audio_files(text: str) -> str:
+    """argparse type: a `--audio A.wav[,B.wav]` value that names at least one file (split as
+    `pipeline.models.audio.audio_paths` splits it)."""
+    if not any(item.strip() for item in text.split(",")):
+        raise argparse.ArgumentTypeError(f"names no file: {text!r}")
+    return text
+
+
 # What a benchmark shape may be: the kernel counts rows in a u32 and a row's bytes in a u32.
 U32_MAX = 2**32 - 1
 

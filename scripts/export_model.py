@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="what runs the ops that are not LayerNorms: portable (ExecuTorch's CPU kernels; "
                         "default) or xnnpack (XNNPACK delegates: for ExecuTorch's runtime, see pipeline.native); "
                         "files of the latter are named <model>-<variant>-xnnpack.*")
-    parser.add_argument("--audio", metavar="A.wav[,B.wav]", help="whisper: export with the log-mel of these WAV "
+    parser.add_argument("--audio", metavar="A.wav[,B.wav]", type=cli.audio_files, help="whisper: export with the log-mel of these WAV "
                         "files as the example inputs, one batch row each (default with --checkpoint: the utterances "
                         "the package ships); recorded in the coverage file")
     cli.add_hf(parser)

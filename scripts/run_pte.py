@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("pte", help="the .pte file")
     parser.add_argument("--inputs", metavar="FILE.pt", help="inputs saved with torch.save (default: the model's)")
-    parser.add_argument("--audio", metavar="A.wav[,B.wav]", help="whisper: run the log-mel of these WAV files "
+    parser.add_argument("--audio", metavar="A.wav[,B.wav]", type=cli.audio_files, help="whisper: run the log-mel of these WAV files "
                         "(as many as the file's batch) instead of the inputs its export recorded")
     parser.add_argument("--runtime", choices=RUNTIMES, default="python",
                         help="python: pipeline.load (default); executorch: ExecuTorch's runtime with the native backend")

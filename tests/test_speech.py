@@ -5,6 +5,7 @@ downloads (`make test` names it in PIPELINE_TRAINED_WHISPER, and then it must be
 
 import json
 import os
+import struct
 import wave
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from pipeline import models
 from pipeline.evaluation.transcripts import WhisperDecoder, agreement, check_transcripts, decoder_of
 from pipeline.models.audio import MAX_SECONDS, SAMPLING_RATE, read_wav, shipped_utterances
 from support.ctranslate2_files import listening_whisper, write_ct2
+from support.waits import within
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -312,3 +314,87 @@ def test_a_file_of_a_whole_whisper_is_transcribed_when_it_runs(checkpoint, tmp_p
     wav.write_bytes(wav.read_bytes()[:-2] + b"\x01\x02")  # the audio changed since the export
     with pytest.raises(ValueError, match="the audio changed since"):
         run_artifact(summary["pte"], repeats=1)
+
+
+# --- WAV headers checked before any sample is decoded ----------------------------------------
+
+def wav_bytes(rate: int, channels: int = 1, bits: int = 16, tag: int = 1, data: bytes = b"",
+              declared: int | None = None) -> bytes:
+    """A WAV file's bytes as its header claims them: `declared` data bytes (default: `data`'s)."""
+    size = len(data) if declared is None else declared
+    fmt = struct.pack("<HHIIHH", tag, channels, rate, rate * channels * bits // 8 % 2**32,
+                      channels * bits // 8 % 2**16, bits)
+    body = b"WAVE" + b"fmt " + struct.pack("<I", len(fmt)) + fmt + b"data" + struct.pack("<I", size) + data
+    return b"RIFF" + struct.pack("<I", len(body)) + body
+
+
+@pytest.mark.parametrize("header, message", [
+    (dict(rate=10_000_019), "sampling rate 10000019 Hz; 1000 to 384000 Hz are read"),
+    (dict(rate=2**32 - 1), "sampling rate 4294967295 Hz"),
+    (dict(rate=16_000, channels=65_535, bits=8), "65535 channels; 1 to 32 are read"),
+    (dict(rate=16_000, declared=400 << 20), "truncated: its data chunk declares 419430400 bytes, 200 are there"),
+    (dict(rate=16_000, bits=12), "PCM of 12 bits per sample is not read"),
+    (dict(rate=16_000, tag=7, bits=8), "format 7 of 8 bits per sample is not read"),
+])
+def test_a_header_out_of_bounds_is_refused_before_a_sample_is_decoded(tmp_path, monkeypatch, header, message):
+    from scipy.io import wavfile as scipy_wavfile
+
+    path = tmp_path / "a.wav"
+    path.write_bytes(wav_bytes(**header, data=b"\0" * 200))
+    monkeypatch.setattr(scipy_wavfile, "read", lambda *a, **k: pytest.fail("decoded"))
+    with pytest.raises(ValueError, match=message) as info:
+        read_wav(path)
+    assert str(info.value).startswith(f"audio {path}: ")
+
+
+def test_the_length_is_told_exactly_and_checked_from_the_header(tmp_path, monkeypatch):
+    from scipy.io import wavfile as scipy_wavfile
+
+    path = tmp_path / "long.wav"
+    path.write_bytes(wav_bytes(16_000, bits=8, data=b"\x80" * (16_000 * 30 + 1)))
+    monkeypatch.setattr(scipy_wavfile, "read", lambda *a, **k: pytest.fail("decoded"))
+    with pytest.raises(ValueError, match=r"480001 frames at 16000 Hz are 30\.0000625 s; Whisper's window is 30 s"):
+        read_wav(path)
+
+
+def test_samples_are_checked_finite_as_float32(tmp_path):
+    path = tmp_path / "huge.wav"
+    wavfile.write(path, 16_000, np.array([0.0, 1e300, 0.0], dtype=np.float64))
+    with pytest.raises(ValueError, match="holds samples that are not finite as float32"):
+        read_wav(path)
+
+
+def test_samples_whose_log_mel_is_not_finite_are_refused(tmp_path):
+    from transformers import WhisperConfig
+
+    from pipeline.models.whisper import speech_inputs
+
+    path = tmp_path / "loud.wav"
+    wavfile.write(path, 16_000, np.full(1600, 1e30, dtype=np.float32))
+    preprocessor = {"sampling_rate": 16_000, "hop_length": 160, "chunk_length": 30, "n_fft": 400,
+                    "padding_value": 0.0}
+    with pytest.raises(ValueError, match=f"audio {path}: its log-mel is not finite"):
+        speech_inputs(WhisperConfig(num_mel_bins=80), preprocessor, [str(path)])
+
+
+def test_a_wav_that_is_not_a_regular_file_is_refused_without_waiting(tmp_path):
+    fifo = tmp_path / "pipe.wav"
+    os.mkfifo(fifo)
+    with within(20), pytest.raises(ValueError, match=r"is not a regular file \(a named pipe\)"):
+        read_wav(fifo)
+
+
+def test_audio_arguments_name_one_to_16_files_and_a_name_may_hold_a_comma(tmp_path, capsys):
+    from pipeline.evaluation.runner import report_main
+    from pipeline.models.audio import MAX_FILES, audio_paths
+
+    comma = tmp_path / "a,b.wav"
+    comma.write_bytes(b"")
+    assert audio_paths(str(comma)) == (str(comma),)
+    assert audio_paths(f"{tmp_path}/x.wav,{tmp_path}/y.wav") == (f"{tmp_path}/x.wav", f"{tmp_path}/y.wav")
+    with pytest.raises(ValueError, match=f"17 files; at most {MAX_FILES}"):
+        audio_paths([f"{i}.wav" for i in range(MAX_FILES + 1)])
+    for empty in ("", " , "):
+        with pytest.raises(SystemExit) as info:
+            report_main("accuracy", "", ["whisper", "--audio", empty])
+        assert info.value.code == 2 and "argument --audio: names no file" in capsys.readouterr().err

@@ -325,7 +325,7 @@ def report_main(kind: str, description: str, argv: list[str] | None = None) -> i
         parser.add_argument("--with-coverage", action="store_true",
                             help="also write the coverage audit of the same eager run and lowering (what "
                             "coverage_audit.py writes for the model; its verdict counts too)")
-    parser.add_argument("--audio", metavar="A.wav[,B.wav]", help="whisper: the log-mel of these WAV files (any rate "
+    parser.add_argument("--audio", metavar="A.wav[,B.wav]", type=cli.audio_files, help="whisper: the log-mel of these WAV files (any rate "
                         "and channel count) as the inputs, one batch row each (default with --checkpoint: the "
                         "utterances the package ships); a checkpoint with its decoder transcribes them")
     cli.add_hf(parser)

@@ -1,8 +1,9 @@
 """Speech in: WAV files read as 16 kHz mono waveforms, and the utterances the package ships.
 
-Any WAV that scipy reads (PCM 8, 16, 24 or 32 bit, float 32 or 64, any rate, any channel
-count) is read whole, its channels averaged to mono and resampled to 16 kHz with a
-polyphase filter (`scipy.signal.resample_poly`). The log-mel of a waveform is the model's
+A WAV of PCM (8, 16, 24 or 32 bit) or float (32 or 64 bit) samples is read: its header
+first (the rate from 1 to 384 kHz, at most 32 channels, at most 30 s and MAX_SAMPLES samples),
+then its samples, as float32, their channels averaged to mono and resampled to 16 kHz
+exactly with a polyphase filter (`scipy.signal.resample_poly`), whose length bounds the rates. The log-mel of a waveform is the model's
 business (`pipeline.models.whisper.log_mel`).
 
 The shipped utterances (`utterances/*.wav`, their texts in `utterances/texts.tsv`) were
@@ -15,33 +16,55 @@ import hashlib
 import io
 import math
 import os
+import struct
 from collections.abc import Sequence
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
 import numpy as np
 
+from pipeline.ioutil import FileTooLarge, NotRegularFile, read_regular
+
 SAMPLING_RATE = 16_000
 # Whisper's encoder sees 30 s windows: a longer file would be cut, so it is refused.
 MAX_SECONDS = 30.0
-# A header can claim anything: files are read only up to this size (30 s of 8-channel float64 at 192 kHz).
-MAX_BYTES = 400 * 2**20
+# What a header may claim, checked before a sample is decoded: rates resampled exactly by a
+# polyphase filter of at most 20 x 384,000 taps (a rate of no common factor with 16 kHz needs
+# one as long as 20 x the rate), channels, and samples in all (30 s of 8 channels at 48 kHz;
+# 46 MB as float32).
+MIN_RATE, MAX_RATE = 1_000, 384_000
+MAX_CHANNELS = 32
+MAX_SAMPLES = 30 * 48_000 * 8
+# The file is read whole (it is hashed as read): its samples at 8 bytes each, and 1 MiB of
+# other chunks.
+MAX_BYTES = MAX_SAMPLES * 8 + (1 << 20)
+# Files of one call: each is decoded, resampled and run through the encoder as one batch.
+MAX_FILES = 16
 UTTERANCES = "utterances"
 TEXTS = "texts.tsv"
+# WAVE format tags: PCM, IEEE float, and the extensible header that names one of them.
+PCM, FLOAT, EXTENSIBLE = 1, 3, 0xFFFE
+READ_BITS = {PCM: (8, 16, 24, 32), FLOAT: (32, 64)}
 
 
 def read_wav(path: str | os.PathLike) -> np.ndarray:
     """The WAV file at `path` as float32 samples in [-1, 1], mono, at 16 kHz.
 
-    ValueError naming the file when it is not a WAV file scipy can read, holds no samples,
-    holds non-finite ones, or is longer than 30 s; FileNotFoundError when it is missing.
+    ValueError naming the file when it is not a regular file, not a PCM or float WAV file,
+    holds no samples, holds samples that are not finite as float32, or claims a rate, channel
+    count or length out of bounds (MIN_RATE to MAX_RATE, MAX_CHANNELS, 30 s): all checked from
+    its header before a sample is decoded. FileNotFoundError when it is missing.
     """
     return _read(path)[0]
 
 
 def read_wavs(paths: Sequence[str | os.PathLike]) -> tuple[list[np.ndarray], str]:
     """Each file as `read_wav` reads it, and one sha256 over the bytes decoded (in order: each
-    file's length and bytes): each file is read once, so what is hashed is what is heard."""
+    file's length and bytes): each file is read once, so what is hashed is what is heard. At
+    most MAX_FILES files (ValueError before any is read)."""
+    if len(paths) > MAX_FILES:
+        raise ValueError(f"audio: {len(paths)} files; at most {MAX_FILES} are read in one call")
     digest = hashlib.sha256()
     waves = []
     for path in paths:
@@ -52,49 +75,106 @@ def read_wavs(paths: Sequence[str | os.PathLike]) -> tuple[list[np.ndarray], str
     return waves, digest.hexdigest()
 
 
+@dataclass(frozen=True)
+class WavHeader:
+    """What a WAV file's `fmt ` and `data` chunks say, before its samples are decoded."""
+
+    tag: int  # PCM or FLOAT (an extensible header's sub-format)
+    channels: int
+    rate: int
+    bits: int
+    frames: int  # whole frames the data chunk holds
+
+
 def _read(path: str | os.PathLike) -> tuple[np.ndarray, bytes]:
     """read_wav's samples, and the file's bytes they were decoded from."""
     from scipy.io import wavfile
     from scipy.signal import resample_poly
 
     shown = os.fspath(path)
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"audio {shown} not found")
-    if not os.path.isfile(path):
-        raise ValueError(f"audio {shown} is not a regular file")
-    if os.path.getsize(path) > MAX_BYTES:
-        raise ValueError(f"audio {shown}: {os.path.getsize(path)} bytes, more than {MAX_SECONDS:g} s of any WAV")
-    raw = Path(path).read_bytes()
     try:
-        rate, data = wavfile.read(io.BytesIO(raw))
-    except Exception as exc:  # scipy raises ValueError, EOFError, struct.error, ... for what it cannot parse
-        raise ValueError(f"audio {shown}: not a WAV file that can be read ({' '.join(str(exc).split())[:160]})") from None
-    if rate <= 0:
-        raise ValueError(f"audio {shown}: sampling rate {rate}")
+        raw = read_regular(path, MAX_BYTES)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"audio {shown} not found") from None
+    except NotRegularFile as exc:
+        raise ValueError(f"audio {shown} is not a regular file ({exc.kind})") from None
+    except FileTooLarge:
+        raise ValueError(f"audio {shown}: larger than {MAX_BYTES} bytes, more than {MAX_SECONDS:g} s of "
+                         "any WAV this reads") from None
+    except OSError as exc:
+        raise ValueError(f"audio {shown} cannot be read: {exc.strerror or exc}") from None
+    header = wav_header(raw, shown)
+    try:
+        _, data = wavfile.read(io.BytesIO(raw))
+    except Exception:  # scipy raises ValueError, EOFError, struct.error, ... for what it cannot parse
+        raise ValueError(f"audio {shown}: not a WAV file that can be read (its samples do not decode)") from None
     samples = _as_float(data, shown)
     if samples.ndim == 2:  # (frames, channels)
-        samples = samples.mean(axis=1)
+        samples = samples.mean(axis=1, dtype=np.float64).astype(np.float32)
     if samples.size == 0:
         raise ValueError(f"audio {shown}: holds no samples")
+    if header.rate != SAMPLING_RATE:
+        step = math.gcd(header.rate, SAMPLING_RATE)
+        samples = resample_poly(samples, SAMPLING_RATE // step, header.rate // step).astype(np.float32)
     if not np.isfinite(samples).all():
-        raise ValueError(f"audio {shown}: holds non-finite samples")
-    seconds = samples.size / rate
-    if seconds > MAX_SECONDS:
-        raise ValueError(f"audio {shown}: {seconds:.1f} s long; Whisper's window is {MAX_SECONDS:g} s")
-    if rate != SAMPLING_RATE:
-        step = math.gcd(rate, SAMPLING_RATE)
-        samples = resample_poly(samples, SAMPLING_RATE // step, rate // step)
-    return samples.astype(np.float32), raw
+        raise ValueError(f"audio {shown}: holds samples that are not finite as float32")
+    return samples, raw
+
+
+def wav_header(raw: bytes, shown: str) -> WavHeader:
+    """The header of the WAV file whose bytes are `raw`; ValueError naming `shown` for one this
+    does not read, or whose rate, channels or length are out of bounds."""
+    if len(raw) < 12 or raw[:4] != b"RIFF" or raw[8:12] != b"WAVE":
+        raise ValueError(f"audio {shown}: not a WAV file that can be read (no RIFF WAVE header)")
+    fmt, data, at = None, None, 12
+    while at + 8 <= len(raw) and (fmt is None or data is None):
+        chunk, size = raw[at:at + 4], struct.unpack_from("<I", raw, at + 4)[0]
+        if chunk == b"fmt ":
+            fmt = raw[at + 8:at + 8 + size]
+        elif chunk == b"data":
+            data = (at + 8, size)
+        at += 8 + size + (size & 1)  # chunks are padded to even sizes
+    if fmt is None or len(fmt) < 16 or data is None:
+        raise ValueError(f"audio {shown}: not a WAV file that can be read (no complete fmt and data chunks)")
+    tag, channels, rate, _, block, bits = struct.unpack_from("<HHIIHH", fmt)
+    if tag == EXTENSIBLE and len(fmt) >= 26:
+        tag = struct.unpack_from("<H", fmt, 24)[0]  # the sub-format GUID's first two bytes
+    if bits not in READ_BITS.get(tag, ()):
+        kind = {PCM: "PCM", FLOAT: "float"}.get(tag, f"format {tag}")
+        raise ValueError(f"audio {shown}: {kind} of {bits} bits per sample is not read (PCM of 8, 16, 24 or "
+                         "32 bits; float of 32 or 64)")
+    if not 1 <= channels <= MAX_CHANNELS:
+        raise ValueError(f"audio {shown}: {channels} channels; 1 to {MAX_CHANNELS} are read")
+    if not MIN_RATE <= rate <= MAX_RATE:
+        raise ValueError(f"audio {shown}: sampling rate {rate} Hz; {MIN_RATE} to {MAX_RATE} Hz are read "
+                         f"(resampled exactly to {SAMPLING_RATE} Hz)")
+    if block != channels * bits // 8:
+        raise ValueError(f"audio {shown}: not a WAV file that can be read (frames of {block} bytes for "
+                         f"{channels} channels of {bits} bits)")
+    start, size = data
+    if start + size > len(raw):
+        raise ValueError(f"audio {shown}: truncated: its data chunk declares {size} bytes, {len(raw) - start} "
+                         "are there")
+    frames = size // block
+    if frames > MAX_SECONDS * rate:
+        raise ValueError(f"audio {shown}: {frames} frames at {rate} Hz are {frames / rate!r} s; Whisper's "
+                         f"window is {MAX_SECONDS:g} s")
+    if frames * channels > MAX_SAMPLES:
+        raise ValueError(f"audio {shown}: {frames * channels} samples ({channels} channels); at most "
+                         f"{MAX_SAMPLES} are read")
+    return WavHeader(tag, channels, rate, bits, frames)
 
 
 def _as_float(data: np.ndarray, shown: str) -> np.ndarray:
-    """PCM integers scaled to [-1, 1) (8-bit WAV is unsigned around 128); floats as they are."""
+    """PCM integers scaled to [-1, 1) (8-bit WAV is unsigned around 128); floats as they are;
+    float32 either way."""
     if data.dtype == np.uint8:
-        return (data.astype(np.float64) - 128.0) / 128.0
+        return (data.astype(np.float32) - 128.0) / 128.0
     if data.dtype.kind == "i":
-        return data.astype(np.float64) / float(2 ** (8 * data.dtype.itemsize - 1))
+        return (data / float(2 ** (8 * data.dtype.itemsize - 1))).astype(np.float32)
     if data.dtype.kind == "f":
-        return data.astype(np.float64)
+        with np.errstate(over="ignore"):  # a float64 beyond float32's range is inf, refused after
+            return data.astype(np.float32)
     raise ValueError(f"audio {shown}: samples of type {data.dtype} are not audio")
 
 
@@ -135,9 +215,15 @@ def read_texts(path) -> list[tuple[str, str]]:
 
 def audio_paths(argument: str | Sequence[str | os.PathLike]) -> tuple[str, ...]:
     """The files of a `--audio A.wav[,B.wav]` argument (or a sequence of paths), as absolute
-    paths; ValueError when it names none."""
-    items = argument.split(",") if isinstance(argument, str) else [os.fspath(p) for p in argument]
+    paths; ValueError when it names none, or more than MAX_FILES. An argument that names an
+    existing file as a whole is that file, commas and all."""
+    if isinstance(argument, str):
+        items = [argument] if os.path.isfile(argument) else argument.split(",")
+    else:
+        items = [os.fspath(p) for p in argument]
     paths = tuple(os.path.abspath(p) for p in (item.strip() for item in items) if p)
     if not paths:
         raise ValueError("audio: names no file")
+    if len(paths) > MAX_FILES:
+        raise ValueError(f"audio: {len(paths)} files; at most {MAX_FILES} are read in one call")
     return paths

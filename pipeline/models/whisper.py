@@ -90,7 +90,13 @@ def speech_inputs(config: WhisperConfig, preprocessor: dict[str, Any],
     if preprocessor["sampling_rate"] != audio.SAMPLING_RATE:
         raise ValueError(f"the model's features are at {preprocessor['sampling_rate']} Hz, not {audio.SAMPLING_RATE}")
     waves, sha256 = audio.read_wavs(files)
-    return (log_mel(waves, config, preprocessor),), sha256
+    features = log_mel(waves, config, preprocessor)
+    for path, wave, row in zip(files, waves, features):
+        # Samples far beyond [-1, 1] overflow the spectrogram's float32 powers: NaN throughout.
+        if not bool(torch.isfinite(row).all()):
+            raise ValueError(f"audio {path}: its log-mel is not finite (samples up to "
+                             f"{float(np.abs(wave).max()):.3g}; a WAV's are within [-1, 1])")
+    return (features,), sha256
 
 
 def whole_vocabulary(root: Path, shown: str, config: WhisperConfig, names: Collection[str]) -> Vocabulary | None:
