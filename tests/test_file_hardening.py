@@ -564,3 +564,12 @@ def test_the_cpp_backend_refuses_a_special_layouts_file_without_waiting(special_
         result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300,
                                 cwd=ROOT)
         assert re.search(f"{path}: cannot read the layouts file: {why}", result.stdout), result.stdout + result.stderr
+
+
+def test_an_inputs_file_that_is_a_named_pipe_is_refused_without_waiting(tmp_path):
+    from pipeline.evaluation.artifact import read_inputs
+
+    fifo = tmp_path / "inputs.pt"
+    os.mkfifo(fifo)
+    with within(20), pytest.raises(ValueError, match=r"inputs.pt: not a torch.save file .*Not a regular file \(a named pipe\)"):
+        read_inputs(fifo)

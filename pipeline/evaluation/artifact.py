@@ -18,6 +18,8 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
+from pipeline.ioutil import open_regular
+
 
 class ArtifactError(ValueError):
     """A `.pte` and its `.coverage.json` do not belong together, or the pair is incomplete."""
@@ -193,7 +195,8 @@ def _build_hf(summary: dict[str, Any], audio) -> Any:
             raise ArtifactError(f"export summary: {key} {path!r} is not an absolute path; export again")
     if inputs is not None:
         try:
-            digest = hashlib.sha256(Path(inputs).read_bytes()).hexdigest()
+            with open_regular(inputs) as f:
+                digest = hashlib.file_digest(f, "sha256").hexdigest()
         except OSError as exc:
             raise ArtifactError(f"export summary: the inputs file {inputs} cannot be read: {exc}") from None
         if digest != summary.get("inputs_sha256"):
@@ -259,7 +262,8 @@ def program_loader(runtime: str = "python"):
 def read_inputs(path: str | os.PathLike) -> tuple:
     """A user's inputs: a tensor, or a tuple/list of them, saved with torch.save."""
     try:
-        value = torch.load(path, weights_only=True)
+        with open_regular(path) as f:  # a named pipe is refused, not waited on
+            value = torch.load(f, weights_only=True)
     except FileNotFoundError:
         raise
     except Exception as exc:

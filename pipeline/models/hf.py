@@ -39,6 +39,7 @@ from safetensors import SafetensorError, safe_open
 from transformers import PretrainedConfig
 from transformers.utils import ModelOutput
 
+from pipeline.ioutil import open_regular
 from pipeline.models.checkpoint import (
     CONFIG,
     FLOAT_DTYPES,
@@ -540,7 +541,8 @@ def read_inputs(path: str | os.PathLike, model: torch.nn.Module) -> dict[str, to
     ValueError naming the file for anything else."""
     shown = f"inputs {path}"
     try:
-        held = torch.load(path, map_location="cpu", weights_only=True)
+        with open_regular(path) as f:  # a named pipe is refused, not waited on
+            held = torch.load(f, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise ValueError(f"{shown}: no such file") from None
     except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError, zipfile.BadZipFile) as exc:
@@ -974,7 +976,8 @@ def _pickles(root: Path, shown: str, index: Path | None, shards: dict[Path, set[
     tensors: dict[str, torch.Tensor] = {}
     for path, listed in shards.items():
         try:
-            state = torch.load(path, map_location="cpu", weights_only=True)
+            with open_regular(path) as f:  # a named pipe is refused, not waited on
+                state = torch.load(f, map_location="cpu", weights_only=True)
         except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError, zipfile.BadZipFile) as exc:
             raise CheckpointError(f"{shown}: {path.name} is unreadable: {' '.join(str(exc).split())[:300]}") from None
         if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
