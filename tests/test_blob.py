@@ -15,14 +15,14 @@ from pipeline.pte.blob import CONSTANT, INPUT, DelegateBlob, LayerNormParams, Op
 
 
 def make_blob(shape=(4, 3), weight=CONSTANT, bias=CONSTANT, outputs=(0, 1, 2), eps=1e-5, dtype="float32",
-              affine_dtype=None) -> DelegateBlob:
+              affine_dtype=None, op="native_layer_norm") -> DelegateBlob:
     rng = np.random.default_rng(0)
     next_index = iter(range(1, 3))
     operands = {r: Operand(s, next(next_index) if s == INPUT else None) for r, s in (("weight", weight), ("bias", bias))}
     params = LayerNormParams(shape, eps, 0, operands["weight"], operands["bias"], outputs,
-                             1 + sum(op.source == INPUT for op in operands.values()), dtype, affine_dtype)
+                             1 + sum(o.source == INPUT for o in operands.values()), dtype, affine_dtype, op)
     values = {r: torch.from_numpy(rng.standard_normal(shape).astype(np.float32)) for r in operands}
-    constants = {r: _stored(values[r], params.affine_dtype) for r, op in operands.items() if op.source == CONSTANT}
+    constants = {r: _stored(values[r], params.affine_dtype) for r, o in operands.items() if o.source == CONSTANT}
     return DelegateBlob(params, constants)
 
 
@@ -110,12 +110,12 @@ def test_every_eps_aten_takes_round_trips_bit_for_bit(eps):
     assert struct.pack("<d", decoded.params.eps) == struct.pack("<d", eps)
 
 
-def test_layout_matches_format_version_3():
+def test_layout_matches_format_version_4():
     data = encode(make_blob(shape=(1, 3)))
     magic, version, header_size, bom, p_off, p_size, d_off, d_size, total, crc, reserved = struct.unpack_from(
         "<4sHHIIIIIIII", data
     )
-    assert (magic, version, header_size, bom, reserved) == (b"WGLN", 3, 40, 0x01020304, 0)
+    assert (magic, version, header_size, bom, reserved) == (b"WGLN", 4, 40, 0x01020304, 0)
     assert (p_off, p_size, d_off, d_size, total) == (40, 64 + 8 * 2, 128, 16 + 16, 160) and total == len(data)
     assert crc == zlib.crc32(data[40:])
     op, dtype, eps, input_index, arguments, *rest = struct.unpack_from("<IIdIIIIIIIIIIII", data, 40)
@@ -161,13 +161,14 @@ def old_version_1_blob() -> bytes:
 def test_older_newer_foreign_and_big_endian_blobs_are_refused():
     data = encode(make_blob())
     for older in (old_version_1_blob(), old_version_1_blob()[:8], patch(data, 4, "<H", 1)):
-        with pytest.raises(ValueError, match="version 1 is older than this runtime's 3: re-export the model"):
+        with pytest.raises(ValueError, match=r"version 1 is older than this runtime's 4 \(it reads 3 and up\): "
+                                             "re-export the model"):
             decode(older)
     # A float32 blob of format version 2 differs from version 3's only in that field.
-    with pytest.raises(ValueError, match="version 2 is older than this runtime's 3: re-export the model"):
+    with pytest.raises(ValueError, match="version 2 is older than this runtime's 4"):
         decode(patch(data, 4, "<H", 2))
-    for newer in (patch(data, 4, "<H", 4), patch(data, 4, "<H", 4)[:12] + bytes(100)):
-        with pytest.raises(ValueError, match="version 4 is newer than this runtime's 3"):
+    for newer in (patch(data, 4, "<H", 5), patch(data, 4, "<H", 5)[:12] + bytes(100)):
+        with pytest.raises(ValueError, match="version 5 is newer than this runtime's 4"):
             decode(newer)
     with pytest.raises(ValueError, match="not a WebGPU delegate blob"):
         decode(b"XNNP" + data[4:])
@@ -175,6 +176,29 @@ def test_older_newer_foreign_and_big_endian_blobs_are_refused():
         decode(patch(data, 8, ">I", blob.BYTE_ORDER_MARK))
     with pytest.raises(TypeError, match="blob must be bytes"):
         decode("WGLN")
+
+
+def test_version_3_files_still_load_and_hold_layer_norms_only():
+    # Version 3 is version 4 with op 1 alone; the version lies in the header, outside the CRC.
+    data = encode(make_blob())
+    old, new = decode(patch(data, 4, "<H", 3)), decode(data)
+    assert old.params == new.params and all(np.array_equal(old.constants[r], new.constants[r]) for r in new.constants)
+    rms = encode(make_blob(bias=blob.NONE, outputs=(0,), op="rms_norm"))
+    with pytest.raises(ValueError, match="op 2, expected 1 \\(native_layer_norm\\) in version 3"):
+        decode(patch(rms, 4, "<H", 3))
+
+
+def test_rms_norm_blobs_round_trip_with_weight_alone_and_out_alone():
+    for weight in (CONSTANT, INPUT, blob.NONE):
+        made = make_blob(weight=weight, bias=blob.NONE, outputs=(0,), op="rms_norm", dtype="bfloat16",
+                         affine_dtype="float32" if weight != blob.NONE else None)
+        decoded = decode(encode(made))
+        assert decoded.params == made.params and decoded.params.op == "rms_norm"
+        assert struct.unpack_from("<I", encode(made), P)[0] == blob.OP_RMS_NORM
+    with pytest.raises(ValueError, match="an rms_norm has no bias and returns out alone"):
+        make_blob(op="rms_norm", outputs=(0,))
+    with pytest.raises(ValueError, match="an rms_norm has no bias and returns out alone"):
+        make_blob(bias=blob.NONE, op="rms_norm", outputs=(0, 2))
 
 
 P = 40  # where the params start
@@ -195,7 +219,8 @@ HALF = make_blob(shape=(1, 3), dtype="float16")  # float16 x, weight and bias
         (BASE, 24, "<I", 16, "data_size 16"),
         (BASE, 28, "<I", 144, "total_size says 144"),
         (BASE, 36, "<I", 1, "reserved"),
-        (BASE, P + 0, "<I", 2, "op 2"),
+        (BASE, P + 0, "<I", 3, "op 3"),
+        (BASE, P + 0, "<I", 2, "an rms_norm has no bias"),
         (BASE, P + 4, "<I", 3, "dtype 3"),
         (BARE, P + 4, "<I", 1, "affine_dtype must be float16"),  # neither weight nor bias: x's dtype
         (HALF, P + 4, "<I", 0, "affine_dtype must be float32"),  # float32 x with float16 weight
@@ -339,9 +364,9 @@ class TwoNorms(nn.Module):
 def test_preprocess_raises_on_what_it_cannot_serialize():
     from pipeline.aot.preprocess import WebGPUBackend
 
-    with pytest.raises(ValueError, match="exactly one native_layer_norm, got 2"):
+    with pytest.raises(ValueError, match="exactly one native_layer_norm or rms_norm, got 2"):
         WebGPUBackend.preprocess(edge_program(TwoNorms(), torch.randn(2, 4)), [])
-    with pytest.raises(ValueError, match="exactly one native_layer_norm, got 0"):
+    with pytest.raises(ValueError, match="exactly one native_layer_norm or rms_norm, got 0"):
         WebGPUBackend.preprocess(edge_program(nn.ReLU(), torch.randn(2, 4)), [])
     with pytest.raises(ValueError, match="cannot serialize node"):
         WebGPUBackend.preprocess(edge_program(nn.Sequential(nn.LayerNorm(4), nn.ReLU()), torch.randn(2, 4)), [])

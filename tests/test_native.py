@@ -174,6 +174,17 @@ def _valid_blobs() -> list[tuple[str, bytes]]:
     # Every eps aten takes: negative, infinite, NaN.
     for eps in (-0.5, float("inf"), float("-inf"), float("nan")):
         blobs.append((f"eps {eps}", blob.encode(DelegateBlob(LayerNormParams((7,), eps)))))
+    # RMSNorms: weight constant, input or none, in each dtype; out alone (kept last).
+    for dtype, affine_dtype in DTYPE_PAIRS:
+        for weight in (NONE, INPUT, CONSTANT):
+            affine = affine_dtype if weight != NONE else dtype
+            params = LayerNormParams((6,), 1e-6, 0, Operand(weight, 1 if weight == INPUT else None), Operand(NONE),
+                                     (0,), 1 + (weight == INPUT), dtype, affine, op="rms_norm")
+            values = rng.standard_normal(6).astype(np.float32)
+            if affine == "bfloat16":
+                values = torch.from_numpy(values).bfloat16().view(torch.int16).numpy().view(np.uint16)
+            constants = {"weight": values.astype(blob.CONSTANT_ARRAYS[affine])} if weight == CONSTANT else {}
+            blobs.append((f"rms_norm {dtype}/{affine} {weight}", blob.encode(DelegateBlob(params, constants))))
     return blobs
 
 
@@ -208,7 +219,7 @@ def test_both_decide_alike_on_fields_past_the_checksum(native):
     values = [0, 1, 2, 3, 4, 16, 17, 2**31, 2**32 - 1]
     for what in ("constant/input (4, 3)", "input/input (2, 3, 4)", "dynamic (3, -1)", "none/none (5,)",
                  "float16/float16 constant (5,)", "bfloat16/float32 constant (4, 3)", "bfloat16 dynamic",
-                 "float16/float32 input"):
+                 "float16/float32 input", "rms_norm float16/float32 constant", "rms_norm bfloat16/bfloat16 input"):
         data = base[what]
         for off, fmt in fields:
             if off + struct.calcsize(fmt) > len(data):
@@ -257,8 +268,13 @@ def test_refusals_name_the_field(native):
     for older in (1, 2):
         struct.pack_into("<H", data, 4, older)
         assert "re-export" in native.check_blob(bytes(data))
-    struct.pack_into("<H", data, 4, 4)
+    struct.pack_into("<H", data, 4, 5)
     assert "newer" in native.check_blob(bytes(data))
+    # Version 3 files still load (LayerNorms); an RMSNorm is version 4's.
+    assert native.check_blob(bytes(_valid_blobs()[0][1][:4]) + struct.pack("<H", 3) + _valid_blobs()[0][1][6:]) is None
+    rms = _valid_blobs()[-1][1]
+    assert native.check_blob(rms) is None
+    assert "op 2" in native.check_blob(rms[:4] + struct.pack("<H", 3) + rms[6:])
     data = bytearray(_valid_blobs()[0][1])
     data[-1] ^= 1
     assert "checksum" in native.check_blob(bytes(data))
@@ -510,21 +526,21 @@ def test_whisper_tiny_runs_in_executorch_runtime(native_runtime, tmp_path, cpu_b
 # Damaged files fail with an error, never a crash
 
 
-@pytest.mark.parametrize("damage", ["bit flip in params", "foreign magic", "version 2", "version 4", "bit flip in data"])
+@pytest.mark.parametrize("damage", ["bit flip in params", "foreign magic", "version 2", "version 5", "bit flip in data"])
 def test_damaged_blob_fails_load_method(native_runtime, small_model, damage):
     from executorch.runtime import Runtime
 
     data = bytearray(small_model[3].read_bytes())
     at = data.find(b"WGLN")
-    assert at >= 0 and struct.unpack_from("<H", data, at + 4)[0] == 3
+    assert at >= 0 and struct.unpack_from("<H", data, at + 4)[0] == 4
     if damage == "bit flip in params":
         data[at + 60] ^= 0x10
     elif damage == "foreign magic":
         data[at : at + 4] = b"XGLN"
     elif damage == "version 2":
         struct.pack_into("<H", data, at + 4, 2)
-    elif damage == "version 4":
-        struct.pack_into("<H", data, at + 4, 4)
+    elif damage == "version 5":
+        struct.pack_into("<H", data, at + 4, 5)
     else:
         data[at + struct.unpack_from("<I", data, at + 20)[0] + 5] ^= 0x01
     program = Runtime.get().load_program(bytes(data))

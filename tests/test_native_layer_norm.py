@@ -454,6 +454,14 @@ def test_non_tensor_input_is_a_type_error():
         pipeline.layer_norm(np.zeros((2, 4), dtype=np.float32), [4])
 
 
+def test_a_normalized_shape_nested_thousands_deep_is_a_type_error_not_a_recursion():
+    shape = [4]
+    for _ in range(5000):
+        shape = [shape]
+    with pytest.raises(TypeError, match=r"normalized_shape must hold ints, got \[\[\[\[\[\[\[\.\.\.\]"):
+        pipeline.layer_norm(torch.randn(2, 4), shape)
+
+
 @ON_BOTH_PATHS
 def test_empty_input(reduction):
     out, mean, rstd = pipeline.layer_norm(torch.randn(0, 16), [16])

@@ -19,7 +19,7 @@ from executorch.exir.passes.constant_prop_pass import constant_prop_pass, get_de
 from torch.export import ExportedProgram
 
 from pipeline.aot.preprocess import WebGPUBackend
-from pipeline.aot.preprocess import NATIVE_LAYER_NORM
+from pipeline.aot.preprocess import NATIVE_LAYER_NORM, NORM_OPS
 from pipeline.interpreter.program import Coverage, Program
 from pipeline.pte.file import PteFile
 from pipeline.aot.partitioner import LayerNormPartitioner
@@ -95,7 +95,7 @@ def _coverage(edge: EdgeProgramManager, total: int, rejected: Sequence[tuple[str
         for _, lowered in _delegate_nodes(edge)
         if lowered.backend_id == WebGPUBackend.__name__
         for n in lowered.original_module.graph.nodes
-        if n.op == "call_function" and n.target == NATIVE_LAYER_NORM
+        if n.op == "call_function" and n.target in NORM_OPS
     )
     reasons = dict(rejected)
     not_delegated = [

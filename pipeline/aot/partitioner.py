@@ -1,4 +1,6 @@
-"""LayerNormPartitioner: one WebGPU partition per native_layer_norm the kernel can run."""
+"""LayerNormPartitioner: one WebGPU partition per norm the kernel can run: each
+native_layer_norm, and each rms_norm, which it keeps from decomposing on the way to the edge
+program (`ops_to_not_decompose`)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
 from pipeline.aot.preprocess import WebGPUBackend
-from pipeline.aot.preprocess import NATIVE_LAYER_NORM, layer_norm_args
+from pipeline.aot.preprocess import NORM_OPS, norm_args
 from pipeline.wgsl import DTYPES
 
 logger = logging.getLogger(__name__)
@@ -21,11 +23,15 @@ logger = logging.getLogger(__name__)
 MAX_ROW_BYTES = 128 * 1024 * 1024
 TAG_PREFIX = "webgpu_layer_norm_"
 KERNEL_DTYPES = tuple(getattr(torch, name) for name in DTYPES)
+# aten's RMSNorm as export gives it (F.rms_norm, nn.RMSNorm, and the chains the norm pass
+# matches): kept whole for the partitioner where the kernel runs it.
+ATEN_RMS_NORM = torch.ops.aten.rms_norm.default
 
 
 def unsupported_reason(node: torch.fx.Node) -> str | None:
-    """Why the WGSL kernel cannot run this native_layer_norm node, or None when it can."""
-    x, shape, weight, bias, eps = layer_norm_args(node)
+    """Why the WGSL kernel cannot run this norm node (native_layer_norm or rms_norm), or None
+    when it can."""
+    x, shape, weight, bias, eps = norm_args(node)
     x_val = x.meta.get("val") if isinstance(x, torch.fx.Node) else None
     if not isinstance(x_val, torch.Tensor):
         return "input has no tensor metadata"
@@ -67,7 +73,8 @@ def unsupported_reason(node: torch.fx.Node) -> str | None:
 
 
 class LayerNormPartitioner(Partitioner):
-    """Tags every native_layer_norm the kernel supports for `WebGPUBackend`, one partition each.
+    """Tags every native_layer_norm and rms_norm the kernel supports for `WebGPUBackend`, one
+    partition each.
 
     The LayerNorm's getitem outputs and its constant weight/bias (parameters, buffers or
     lifted constants used by no other node) join its partition, so the blob carries them.
@@ -77,18 +84,37 @@ class LayerNormPartitioner(Partitioner):
     def __init__(self) -> None:
         self.delegation_spec = DelegationSpec(WebGPUBackend.__name__, [])
         self.rejected: list[tuple[str, str]] = []
+        # RMSNorms the kernel cannot run, found before decomposition (where they are decomposed).
+        self.rejected_rms: list[tuple[str, str]] = []
         super().__init__()
+
+    def ops_to_not_decompose(self, ep: ExportedProgram):
+        """aten.rms_norm, kept whole where the kernel runs it (each one kept must be tagged,
+        which `partition` does); the others decompose for the CPU, their reasons in
+        `rejected_rms`."""
+        self.rejected_rms = []
+
+        def keep(node: torch.fx.Node) -> bool:
+            if node.op != "call_function" or node.target != ATEN_RMS_NORM:
+                return False
+            reason = unsupported_reason(node)
+            if reason is not None:
+                logger.warning("RMSNorm %s not delegated to WebGPU: %s", node.name, reason)
+                self.rejected_rms.append((node.name, reason))
+            return reason is None
+
+        return [ATEN_RMS_NORM], keep
 
     def partition(self, exported_program: ExportedProgram) -> PartitionResult:
         """Tag `exported_program` (an edge program) in place; `rejected` lists what was refused."""
-        self.rejected = []
+        self.rejected = list(self.rejected_rms)
         tags: dict[str, DelegationSpec] = {}
         for node in exported_program.graph.nodes:
-            if node.op != "call_function" or node.target != NATIVE_LAYER_NORM:
+            if node.op != "call_function" or node.target not in NORM_OPS:
                 continue
             reason = unsupported_reason(node)
             if reason is not None:
-                logger.warning("LayerNorm %s not delegated to WebGPU: %s", node.name, reason)
+                logger.warning("%s %s not delegated to WebGPU: %s", NORM_OPS[node.target], node.name, reason)
                 self.rejected.append((node.name, reason))
                 continue
             tag = f"{TAG_PREFIX}{len(tags)}"
@@ -107,7 +133,7 @@ def _tag_constants(exported_program: ExportedProgram, node: torch.fx.Node, tag: 
     kinds = {spec.arg.name: spec.kind for spec in sig.input_specs}
     mutated = set(sig.buffers_to_mutate.values())
     constant_kinds = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
-    _, _, weight, bias, _ = layer_norm_args(node)
+    _, _, weight, bias, _ = norm_args(node)
     for t in (weight, bias):
         if (
             isinstance(t, torch.fx.Node)

@@ -1,4 +1,5 @@
-"""WebGPUBackend.preprocess: one native_layer_norm partition -> a `pipeline.pte.blob` delegate blob."""
+"""WebGPUBackend.preprocess: one norm's partition (a native_layer_norm or an rms_norm) -> a
+`pipeline.pte.blob` delegate blob."""
 
 from __future__ import annotations
 
@@ -15,10 +16,14 @@ from torch.export.graph_signature import InputKind
 from pipeline.pte import blob as blob_format
 
 NATIVE_LAYER_NORM = exir_ops.edge.aten.native_layer_norm.default
+# An RMSNorm reaches the edge program whole where the partitioner keeps it from decomposing.
+RMS_NORM = exir_ops.edge.aten.rms_norm.default
+# The blob's op of each norm the backend serializes.
+NORM_OPS = {NATIVE_LAYER_NORM: "native_layer_norm", RMS_NORM: "rms_norm"}
 
 
 class WebGPUBackend(BackendDetails):
-    """Serializes a partition holding exactly one native_layer_norm for the WGSL kernel."""
+    """Serializes a partition holding exactly one norm (native_layer_norm or rms_norm) for the WGSL kernel."""
 
     @staticmethod
     def preprocess(edge_program: ExportedProgram, compile_specs: list[CompileSpec]) -> PreprocessResult:
@@ -29,12 +34,13 @@ class WebGPUBackend(BackendDetails):
 
 
 def describe_partition(edge_program: ExportedProgram) -> blob_format.DelegateBlob:
-    """The blob contents for `edge_program`: its one LayerNorm, where each operand comes from."""
+    """The blob contents for `edge_program`: its one norm, where each operand comes from."""
     graph = edge_program.graph
-    norms = [n for n in graph.nodes if n.op == "call_function" and n.target == NATIVE_LAYER_NORM]
+    norms = [n for n in graph.nodes if n.op == "call_function" and n.target in NORM_OPS]
     if len(norms) != 1:
-        raise ValueError(f"WebGPUBackend partitions hold exactly one native_layer_norm, got {len(norms)}")
+        raise ValueError(f"WebGPUBackend partitions hold exactly one native_layer_norm or rms_norm, got {len(norms)}")
     norm = norms[0]
+    op = NORM_OPS[norm.target]
     for node in graph.nodes:
         known = node.op in ("placeholder", "output") or node is norm or (
             node.op == "call_function" and node.target is operator.getitem and node.args[0] is norm
@@ -48,7 +54,7 @@ def describe_partition(edge_program: ExportedProgram) -> blob_format.DelegateBlo
     user_inputs = [n for n in graph.nodes if n.op == "placeholder" and kinds[n.name].kind == InputKind.USER_INPUT]
     arg_index = {n: i for i, n in enumerate(user_inputs)}
 
-    x, shape, weight, bias, eps = layer_norm_args(norm)
+    x, shape, weight, bias, eps = norm_args(norm)
     if x not in arg_index:
         raise ValueError(f"{norm.name}: input {x.name} must be a runtime input of the partition")
     # Symbolic dims (a dynamic length) are read from the input at run time.
@@ -73,9 +79,12 @@ def describe_partition(edge_program: ExportedProgram) -> blob_format.DelegateBlo
 
     outputs = []
     for out in graph.output_node().args[0]:
-        if not (isinstance(out, torch.fx.Node) and out.target is operator.getitem and out.args[0] is norm):
-            raise ValueError(f"{norm.name}: partition output {out} is not an output of the LayerNorm")
-        outputs.append(int(out.args[1]))
+        if op == "rms_norm" and out is norm:
+            outputs.append(0)
+        elif isinstance(out, torch.fx.Node) and out.target is operator.getitem and out.args[0] is norm:
+            outputs.append(int(out.args[1]))
+        else:
+            raise ValueError(f"{norm.name}: partition output {out} is not an output of the norm")
     params = blob_format.LayerNormParams(
         normalized_shape=shape,
         eps=float(eps),
@@ -86,6 +95,7 @@ def describe_partition(edge_program: ExportedProgram) -> blob_format.DelegateBlo
         arguments=len(user_inputs),
         dtype=dtype,
         affine_dtype=affine_dtype,
+        op=op,
     )
     return blob_format.DelegateBlob(params, constants)
 
@@ -108,6 +118,23 @@ def layer_norm_args(node: torch.fx.Node) -> tuple:
         if name in node.kwargs:
             args[i] = node.kwargs[name]
     return tuple(args)
+
+
+def norm_args(node: torch.fx.Node) -> tuple:
+    """(x, normalized_shape, weight, bias, eps) of a native_layer_norm node, or of an
+    rms_norm node (aten's or the edge's) with bias None and eps, where not given, aten's
+    default: the machine epsilon of x's dtype."""
+    if node.target not in (RMS_NORM, torch.ops.aten.rms_norm.default):
+        return layer_norm_args(node)
+    args = list(node.args) + [None] * (4 - len(node.args))
+    for i, name in enumerate(("input", "normalized_shape", "weight", "eps")):
+        if name in node.kwargs:
+            args[i] = node.kwargs[name]
+    x, shape, weight, eps = args
+    val = x.meta.get("val") if isinstance(x, torch.fx.Node) else None
+    if eps is None and isinstance(val, torch.Tensor) and val.is_floating_point():
+        eps = torch.finfo(val.dtype).eps
+    return x, shape, weight, None, eps
 
 
 def _constant(edge_program: ExportedProgram, spec, shape: tuple[int, ...], what: str) -> np.ndarray:

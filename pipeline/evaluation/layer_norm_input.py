@@ -91,6 +91,13 @@ class LayerNormInput:
     outlier_row_eager_fp32_vs_fp64: float | None
 
 
+def _norm(op: str, x: torch.Tensor, shape: list[int], weight, bias, eps: float) -> torch.Tensor:
+    """aten's output of the delegate's norm (`op`, a blob's) at x's dtype."""
+    if op == "rms_norm":
+        return torch.ops.aten.rms_norm(x, shape, weight, eps)
+    return torch.ops.aten.native_layer_norm(x, shape, weight, bias, eps)[0]
+
+
 def check_layer_norm_input(delegate, args: Sequence[torch.Tensor],
                            outputs: Sequence[torch.Tensor | None]) -> LayerNormInput:
     """The input statistics and same-input errors of one call of `delegate` (a
@@ -104,8 +111,8 @@ def check_layer_norm_input(delegate, args: Sequence[torch.Tensor],
         return None if t is None else t.detach().to(torch.float64)
 
     with torch.no_grad():
-        exact = torch.ops.aten.native_layer_norm(wide(x), list(shape), wide(weight), wide(bias), eps)[0]
-        eager = torch.ops.aten.native_layer_norm(x.detach(), list(shape), weight, bias, eps)[0]
+        exact = _norm(delegate.params.op, wide(x), list(shape), wide(weight), wide(bias), eps)
+        eager = _norm(delegate.params.op, x.detach(), list(shape), weight, bias, eps)
     check = LayerNormInput(stats, None, max_abs_error(eager, exact), None, None)
     if got is not None and got.numel() == exact.numel():
         check.delegated_vs_fp64 = max_abs_error(got, exact)

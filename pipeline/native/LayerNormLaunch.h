@@ -101,6 +101,7 @@ class LayerNormLaunch {
   WebGPUDevice* device_;
   bool has_weight_ = false;
   bool has_bias_ = false;
+  bool rms_ = false;  // an rms_norm's launches (the blob's op)
   uint32_t dtype_ = kFloat32;
   uint32_t affine_dtype_ = kFloat32;
   float eps_ = 0.0f;

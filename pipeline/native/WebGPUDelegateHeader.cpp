@@ -57,6 +57,7 @@ struct Sections {
   uint32_t ndim = 0;
   const uint8_t* data = nullptr;
   uint64_t data_size = 0;
+  uint16_t version = 0;
 };
 
 // The header: identity, version, fixed sizes, the CRC of everything after it, and sections
@@ -70,9 +71,9 @@ bool check_framing(const uint8_t* data, size_t size, Sections* sections, std::st
                 data[2], data[3], layout::kMagic);
   }
   const uint16_t version = read(data, header::kVersion);
-  if (version < layout::kVersion) {
-    return fail(reason, "version %u is older than this runtime's %u, re-export the model", version,
-                layout::kVersion);
+  if (version < layout::kOldestVersion) {
+    return fail(reason, "version %u is older than this runtime's %u (it reads %u and up), re-export the model",
+                version, layout::kVersion, layout::kOldestVersion);
   }
   if (version > layout::kVersion) {
     return fail(reason, "version %u is newer than this runtime's %u", version, layout::kVersion);
@@ -127,7 +128,7 @@ bool check_framing(const uint8_t* data, size_t size, Sections* sections, std::st
       return fail(reason, "padding byte %llu before the data section is not 0", ull(at));
     }
   }
-  *sections = Sections{data + params_offset, ndim, data + data_offset, data_size};
+  *sections = Sections{data + params_offset, ndim, data + data_offset, data_size, version};
   return true;
 }
 
@@ -147,11 +148,16 @@ bool decode_operand(const uint8_t* section, layout::Field<uint32_t> source_field
 }
 
 // The params' fields, each against its own rule, then aten's rules between them.
-bool decode_params(const uint8_t* section, uint32_t ndim, LayerNormBlob* blob, std::string* reason) {
-  if (read(section, params::kOp) != layout::kOpNativeLayerNorm) {
-    return fail(reason, "op %u is not %u (native_layer_norm)", read(section, params::kOp),
-                layout::kOpNativeLayerNorm);
+bool decode_params(uint16_t version, const uint8_t* section, uint32_t ndim, LayerNormBlob* blob,
+                   std::string* reason) {
+  const uint32_t op = read(section, params::kOp);
+  // Version 3 is version 4 with native_layer_norm alone.
+  if (op != layout::kOpNativeLayerNorm && (version == 3 || op != layout::kOpRmsNorm)) {
+    return fail(reason, version == 3 ? "op %u is not %u (native_layer_norm) in version 3"
+                                     : "op %u is not %u (native_layer_norm) or %u (rms_norm)",
+                op, layout::kOpNativeLayerNorm, layout::kOpRmsNorm);
   }
+  blob->rms = op == layout::kOpRmsNorm;
   blob->dtype = read(section, params::kDtype);
   blob->affine_dtype = read(section, params::kAffineDtype);
   for (const auto& [name, code] : {std::pair{"dtype", blob->dtype}, std::pair{"affine_dtype", blob->affine_dtype}}) {
@@ -183,6 +189,9 @@ bool decode_params(const uint8_t* section, uint32_t ndim, LayerNormBlob* blob, s
     if (i < n_outputs) {
       blob->outputs.push_back(output);
     }
+  }
+  if (blob->rms && (blob->bias.source != OperandSource::kNone || blob->outputs != std::vector<uint32_t>{kOut})) {
+    return fail(reason, "an rms_norm has no bias and returns out alone");
   }
   blob->dims.clear();
   bool dynamic = false;
@@ -301,7 +310,7 @@ uint32_t crc32(const uint8_t* data, size_t size) {
 
 bool decode_blob(const uint8_t* data, size_t size, LayerNormBlob* blob, std::string* reason) {
   Sections sections;
-  return check_framing(data, size, &sections, reason) && decode_params(sections.params, sections.ndim, blob, reason) &&
+  return check_framing(data, size, &sections, reason) && decode_params(sections.version, sections.params, sections.ndim, blob, reason) &&
          check_arguments(*blob, reason) && decode_width(blob, reason) && decode_constants(sections, blob, reason);
 }
 

@@ -28,6 +28,7 @@ struct Operand {
 
 // One native_layer_norm: everything fixed ahead of time (rows come from the input).
 struct LayerNormBlob {
+  bool rms = false;  // op: an rms_norm (no bias, out alone), else a native_layer_norm
   uint32_t dtype = kFloat32;  // of x and out
   uint32_t affine_dtype = kFloat32;  // of weight, bias, mean and rstd
   double eps = 0.0;

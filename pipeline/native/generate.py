@@ -146,7 +146,9 @@ def blob_header() -> str:
             + f'constexpr char kMagic[] = "{blob.MAGIC.decode("ascii")}";\n'
             + f"constexpr uint16_t kVersion = {blob.VERSION};\n"
             + f"constexpr uint32_t kByteOrderMark = 0x{blob.BYTE_ORDER_MARK:08x};\n"
+            + f"constexpr uint16_t kOldestVersion = {blob.OLDEST_VERSION};  // version 3: op native_layer_norm only\n"
             + f"constexpr uint32_t kOpNativeLayerNorm = {blob.OP_NATIVE_LAYER_NORM};\n"
+            + f"constexpr uint32_t kOpRmsNorm = {blob.OP_RMS_NORM};\n"
             + f"constexpr uint64_t kAlign = {blob.ALIGN};  // of the data section and each constant in it\n"
             + f"constexpr uint32_t kHeaderSize = {blob.HEADER.size};\n"
             + f"constexpr uint32_t kParamsSize = {blob.PARAMS.size};  // the fixed fields; ndim dims follow\n"

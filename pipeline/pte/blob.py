@@ -3,12 +3,12 @@
 Imports only the standard library and numpy, so both the ahead-of-time side (which has
 ExecuTorch) and the runtime side (which has wgpu) can load it.
 
-Format version 3, all integers little-endian; a blob is exactly `total_size` bytes:
+Format version 4, all integers little-endian; a blob is exactly `total_size` bytes:
 
-    header   40 bytes at 0     magic b"WGLN", version 3, header size 40, byte-order mark
+    header   40 bytes at 0     magic b"WGLN", version 4, header size 40, byte-order mark
                                0x01020304, params (offset, size), data (offset, size),
                                total size, CRC-32 of everything after the header, reserved 0
-    params   64 + 8*ndim bytes op 1 (native_layer_norm), dtype of x and out, eps (f64),
+    params   64 + 8*ndim bytes op (1 native_layer_norm, 2 rms_norm), dtype of x and out, eps (f64),
              at 40               input index, argument count, weight and bias (source, index),
                                outputs (count, 3 slots), ndim, affine dtype, then ndim i64 dims
     padding  zeros up to the next multiple of 16
@@ -18,16 +18,18 @@ Format version 3, all integers little-endian; a blob is exactly `total_size` byt
 Dtype codes: 0 float32, 1 float16, 2 bfloat16 (its bits: the top half of a float32's).
 The affine dtype is that of weight and bias, and of mean and rstd as aten returns them:
 x's dtype, or float32 when x is half and weight or bias is float32 (aten's mixed case);
-with neither weight nor bias it is x's dtype. Version 2 (float32 only, the affine dtype
-field a zero pad) is refused: re-export.
+with neither weight nor bias it is x's dtype. An rms_norm (aten.rms_norm) has no bias and
+returns out alone; its weight follows the same dtype rule. Version 3 is version 4 with op 1
+only: its files still load. Version 2 (float32 only, the affine dtype field a zero pad) is
+refused: re-export.
 
 Every field but eps (any float64, as aten takes it) has one valid value or a checked
 range, and the CRC covers params, padding and data, so a blob that decodes is the blob
 that was encoded; anything else is a ValueError naming the field. The byte-level
 contract (shared with the C++ backend) is written out in `docs/blob_format.md`.
 
-One blob describes one `native_layer_norm`: the partitioner makes one partition per
-LayerNorm. Row counts are not stored; the runtime reads them from the input tensor. A
+One blob describes one norm, a `native_layer_norm` or an `rms_norm`: the partitioner makes
+one partition per norm. Row counts are not stored; the runtime reads them from the input tensor. A
 normalized dim stored as DYNAMIC (-1) is read from the input too: that is how a
 weight-less LayerNorm over a dynamic length (a GroupNorm reframed over a dynamic time
 or spatial dim) runs at any size.
@@ -43,7 +45,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 MAGIC = b"WGLN"
-VERSION = 3
+VERSION = 4
+# The oldest version this runtime reads: version 3's blobs are version 4's of op 1.
+OLDEST_VERSION = 3
 BYTE_ORDER_MARK = 0x01020304
 # The sections' fields in order, as struct formats: what this module packs and unpacks, and
 # what the C++ backend's decoder reads (its offsets are generated from these at build time).
@@ -61,6 +65,9 @@ MAX_NDIM = 16
 U32_MAX = 2**32 - 1
 
 OP_NATIVE_LAYER_NORM = 1
+OP_RMS_NORM = 2
+# The norm each blob runs, by its op code (`LayerNormParams.op`).
+OP_CODES = {"native_layer_norm": OP_NATIVE_LAYER_NORM, "rms_norm": OP_RMS_NORM}
 # The delegate id of our blobs in a program: the name of the backend class that wrote them
 # (pipeline.aot.preprocess.WebGPUBackend), as ExecuTorch records it.
 BACKEND_ID = "WebGPUBackend"
@@ -116,9 +123,9 @@ class Header:
             if version > VERSION:
                 raise ValueError(f"delegate blob format version {version} is newer than this runtime's "
                                  f"{VERSION}: update the runtime")
-            if version < VERSION:
+            if version < OLDEST_VERSION:
                 raise ValueError(f"delegate blob format version {version} is older than this runtime's "
-                                 f"{VERSION}: re-export the model")
+                                 f"{VERSION} (it reads {OLDEST_VERSION} and up): re-export the model")
         if len(blob) < HEADER.size:
             raise ValueError(f"delegate blob truncated: {len(blob)} bytes, the header alone is {HEADER.size}")
         (_, version, header_size, _, p_off, p_size, d_off, d_size, total, checksum,
@@ -155,7 +162,8 @@ class Operand:
 
 @dataclass(frozen=True)
 class LayerNormParams:
-    """What is fixed about one native_layer_norm: everything but the row count."""
+    """What is fixed about one norm, a native_layer_norm or (`op` "rms_norm") an rms_norm:
+    everything but the row count."""
 
     normalized_shape: tuple[int, ...]
     eps: float
@@ -170,8 +178,14 @@ class LayerNormParams:
     # Of weight, bias, mean and rstd: dtype, or float32 with a half dtype and weight or
     # bias present (aten's mixed case). None: the same as dtype.
     affine_dtype: str | None = None
+    op: str = "native_layer_norm"  # a key of OP_CODES
 
     def __post_init__(self) -> None:
+        if self.op not in OP_CODES:
+            raise ValueError(f"op must be one of {sorted(OP_CODES)}, got {self.op!r}")
+        if self.op == "rms_norm" and (self.bias.source != NONE or self.outputs != (0,)):
+            raise ValueError(f"an rms_norm has no bias and returns out alone, got bias source "
+                             f"{self.bias.source!r} and outputs {self.outputs!r}")
         if self.dtype not in DTYPE_CODES:
             raise ValueError(f"dtype must be one of {sorted(DTYPE_CODES)}, got {self.dtype!r}")
         if self.affine_dtype is None:
@@ -271,7 +285,7 @@ def encode(blob: DelegateBlob) -> bytes:
     p = blob.params
     outputs = list(p.outputs) + [0] * (3 - len(p.outputs))
     params = PARAMS.pack(
-        OP_NATIVE_LAYER_NORM, DTYPE_CODES[p.dtype], p.eps, p.input_index, p.arguments,
+        OP_CODES[p.op], DTYPE_CODES[p.dtype], p.eps, p.input_index, p.arguments,
         SOURCE_CODES[p.weight.source], p.weight.index or 0,
         SOURCE_CODES[p.bias.source], p.bias.index or 0,
         len(p.outputs), *outputs, len(p.normalized_shape), DTYPE_CODES[p.affine_dtype],
@@ -304,7 +318,7 @@ def decode(blob: bytes | bytearray | memoryview) -> DelegateBlob:
         raise ValueError(f"delegate blob truncated: total_size {header.total_size} leaves no room for params")
     (op, dtype, eps, input_index, arguments, w_source, w_index, b_source, b_index, n_outputs,
      *outputs, ndim, affine_dtype) = PARAMS.unpack_from(blob, HEADER.size)
-    _check_params_fields(op, dtype, affine_dtype, n_outputs, outputs, ndim)
+    _check_params_fields(header.version, op, dtype, affine_dtype, n_outputs, outputs, ndim)
     if header.params_size != PARAMS.size + DIM.size * ndim:
         raise ValueError(f"delegate blob params_size {header.params_size}, expected "
                          f"{PARAMS.size + DIM.size * ndim} for ndim {ndim}")
@@ -326,6 +340,7 @@ def decode(blob: bytes | bytearray | memoryview) -> DelegateBlob:
         arguments=arguments,
         dtype=_DTYPE_NAMES[dtype],
         affine_dtype=_DTYPE_NAMES[affine_dtype],
+        op=_OP_NAMES[op],
     )
     roles = [role for role in ("weight", "bias") if getattr(params, role).source == CONSTANT]
     kind = CONSTANT_ARRAYS[params.affine_dtype]
@@ -348,13 +363,16 @@ def decode(blob: bytes | bytearray | memoryview) -> DelegateBlob:
 
 
 _DTYPE_NAMES = {code: name for name, code in DTYPE_CODES.items()}
+_OP_NAMES = {code: name for name, code in OP_CODES.items()}
 
 
-def _check_params_fields(op: int, dtype: int, affine_dtype: int, n_outputs: int, outputs: list[int],
-                         ndim: int) -> None:
+def _check_params_fields(version: int, op: int, dtype: int, affine_dtype: int, n_outputs: int,
+                         outputs: list[int], ndim: int) -> None:
     """The params fields that have no counterpart in `LayerNormParams` (codes, counts)."""
-    if op != OP_NATIVE_LAYER_NORM:
-        raise ValueError(f"delegate blob op {op}, expected {OP_NATIVE_LAYER_NORM} (native_layer_norm)")
+    ops = {OP_NATIVE_LAYER_NORM} if version == 3 else set(_OP_NAMES)
+    if op not in ops:
+        expected = " or ".join(f"{code} ({_OP_NAMES[code]})" for code in sorted(ops))
+        raise ValueError(f"delegate blob op {op}, expected {expected} in version {version}")
     for name, code in (("dtype", dtype), ("affine_dtype", affine_dtype)):
         if code not in _DTYPE_NAMES:
             raise ValueError(f"delegate blob {name} {code}, expected 0 (float32), 1 (float16) or 2 (bfloat16)")

@@ -1,4 +1,5 @@
-"""Run a WebGPU delegate blob: decode once, then each call launches the native_layer_norm kernel.
+"""Run a WebGPU delegate blob: decode once, then each call launches the native_layer_norm kernel
+(a LayerNorm's, or an RMSNorm's).
 
 On wgpu the call crosses into C++ once (native_call: the native backend's launch, built
 without ExecuTorch); on Dawn, or with PIPELINE_NATIVE_CALL=0, it launches from Python
@@ -15,7 +16,7 @@ import torch
 
 from pipeline.pte import blob as blob_format
 from pipeline.runtime import device, native_call
-from pipeline.runtime.launch import _STORED, DTYPES, binding_limit, check_arguments, native_layer_norm
+from pipeline.runtime.launch import _STORED, DTYPES, binding_limit, check_arguments, native_layer_norm, rms_norm
 
 
 class LayerNormDelegate:
@@ -62,6 +63,8 @@ class LayerNormDelegate:
         # mean and rstd are computed on the GPU either way; stored and read back only if returned.
         # Weight and bias from the blob are the delegate's own constants: kept on the device.
         resident = all(getattr(p, role).source != blob_format.INPUT for role in ("weight", "bias"))
+        if p.op == "rms_norm":
+            return (rms_norm(x, p.resolve(tuple(x.shape)), self._operand("weight", args), p.eps, resident=resident),)
         results = native_layer_norm(
             x, p.resolve(tuple(x.shape)), self._operand("weight", args), self._operand("bias", args), p.eps,
             stats=p.stats, resident=resident,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import numbers
 import operator
+import reprlib
 from collections.abc import Sequence
 
 import numpy as np
@@ -137,8 +138,14 @@ def _ints(normalized_shape: Sequence[int]) -> tuple[int, ...]:
     return tuple(dims)
 
 
+# Values in messages: nesting cut at 6 levels (a list nested thousands deep is shown, not
+# recursed into) and the text at 60 characters.
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother = 6, 60, 60
+
+
 def _short(value: object) -> str:
-    text = repr(value)
+    text = _SHORT.repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
 
