@@ -37,8 +37,8 @@ from pathlib import Path
 
 from pipeline.native import generate
 
-# The wheels this build was written and tested against (RUNTIME_NOTES, issue 12): which
-# library exports the registry and which exports resize_tensor_impl is not an API promise.
+# The wheels this build was written and tested against: which of their libraries exports the
+# backend registry and which exports resize_tensor_impl is not an API promise.
 PINNED_VERSIONS = {"executorch": "1.4.1", "wgpu": "0.32.0"}
 
 SOURCE_DIR = Path(__file__).resolve().parent

@@ -30,7 +30,7 @@ MIN_HOLD_NARROW_LOADS = 4
 # A float32 launch whose rows split into exactly 4 vec4 loads a thread, and that has
 # at least this many threads at that rule, takes twice the threads per row, 2 loads each:
 # 1-8% faster on the H200 from 3 x 2^16 threads, 2-8% slower at 2^17 and fewer
-# (docs/measurements.md, "Threads by the launch's size").
+# (docs/measurements.md, "How the kernel got here").
 WIDE_LAUNCH_THREADS = 3 << 16
 # Values a streaming thread loads in one loop step.
 STREAM_UNROLL = 4

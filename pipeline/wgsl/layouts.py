@@ -8,8 +8,9 @@ or implementation. A launch without an entry keeps the rule.
 Why a table and not a rule: on the H200 the fastest layout of a float16 launch follows how
 full the GPU's last wave of workgroups is, and wgpu and Dawn disagree on it with the same
 WGSL; a rule fitted to the launch's size lost up to 12% on shapes it was not fitted to
-(docs/measurements.md, runs 15-16). Layouts change only the order of a row's sums, so the
-values stay within the kernel's error bounds, and a given table gives the same bits every run.
+(docs/measurements.md, "Layouts tuned on the device"). Layouts change only the order of a
+row's sums, so the values stay within the kernel's error bounds, and a given table gives the
+same bits every run.
 
 The file is lines of text, blank lines and lines from `#` skipped:
 
