@@ -264,7 +264,7 @@ def plan_weights(checkpoint: Checkpoint, family: ModelFamily) -> dict[str, str]:
     if needed > held:
         # Where the sizes are right but weights are missing or smaller (a whole model's counts
         # match exactly), the message names them.
-        unfit = [f"weights missing for {_some(missing)}"] if missing else []
+        unfit = [f"weights missing for {some(missing)}"] if missing else []
         unfit += [f"{name} has shape {checkpoint.tensors[name].shape}, the config implies {wanted[key]}"
                   for key, name in found.items()
                   if name is not None and checkpoint.tensors[name].shape != wanted[key]]
@@ -283,7 +283,7 @@ def plan_weights(checkpoint: Checkpoint, family: ModelFamily) -> dict[str, str]:
             raise CheckpointError(f"{shown}: {found[key]} has shape {stored.shape}, the config implies {shape}")
         plan[key] = found[key]
     if missing:
-        raise CheckpointError(f"{shown}: weights missing for {_some(missing)}")
+        raise CheckpointError(f"{shown}: weights missing for {some(missing)}")
     parts = {name for name, _ in module.named_children()}
     inner = {name for name, _ in module.get_submodule(NESTED[:-1]).named_children()} if NESTED[:-1] in parts else set()
     used = set(plan.values())
@@ -291,7 +291,7 @@ def plan_weights(checkpoint: Checkpoint, family: ModelFamily) -> dict[str, str]:
     if unused:
         raise CheckpointError(f"{where}: its sizes ({describe(checkpoint.config, family)}) leave {len(unused)} of the "
                               f"checkpoint's {'/'.join(sorted(parts))} weights without a place in the module: "
-                              f"{_some(unused)}")
+                              f"{some(unused)}")
     return plan
 
 
@@ -440,5 +440,13 @@ def _under(name: str, parts: set[str], inner: set[str]) -> bool:
         name.startswith(prefix) and name[len(prefix):].split(".", 1)[0] in parts for prefix in KEY_PREFIXES)
 
 
-def _some(names: list[str]) -> str:
+def printable(value: Any, quoted: bool = False) -> str:
+    """A name or value from a file, for a message, at most 80 characters: a printable string as
+    it is, anything else (and anything `quoted`) as Python writes it."""
+    text = value if isinstance(value, str) and value.isprintable() and not quoted else repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def some(names: list[str]) -> str:
+    """The first three of `names`, for a message, and how many more."""
     return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")

@@ -45,8 +45,10 @@ from pipeline.models.checkpoint import (
     inside,
     open_checkpoint_file,
     parse_json,
+    printable,
     read_config,
     read_small_file,
+    some,
 )
 from pipeline.models.spec import CheckpointError
 
@@ -316,7 +318,7 @@ def _parse(r: _Reader, where: str) -> tuple[dict[str, Variable], dict[str, str]]
                               f"{BINARY_VERSION} (or the file is not a CTranslate2 model.bin)")
     spec = r.string("the spec name")
     if spec != SPEC:
-        raise CheckpointError(f"{where}: holds a {_shown(spec)} model, not a {SPEC} "
+        raise CheckpointError(f"{where}: holds a {printable(spec)} model, not a {SPEC} "
                               "(only Whisper is read in CTranslate2's format)")
     revision = r.number("I", "the spec revision")
     if revision != REVISION:
@@ -328,7 +330,7 @@ def _parse(r: _Reader, where: str) -> tuple[dict[str, Variable], dict[str, str]]
     variables: dict[str, Variable] = {}
     for i in range(count):
         name = r.string(f"variable {i}'s name")
-        shown = _shown(name)
+        shown = printable(name)
         rank = r.number("B", f"{shown}'s rank")
         if rank > MAX_RANK:
             raise CheckpointError(f"{where}: {shown} has rank {rank}; at most {MAX_RANK} is read")
@@ -358,9 +360,10 @@ def _parse(r: _Reader, where: str) -> tuple[dict[str, Variable], dict[str, str]]
     for i in range(count):
         alias, target = r.string(f"alias {i}"), r.string(f"alias {i}'s target")
         if alias in variables or alias in aliases:
-            raise CheckpointError(f"{where}: alias {_shown(alias)} names a variable declared before")
+            raise CheckpointError(f"{where}: alias {printable(alias)} names a variable declared before")
         if target not in variables:
-            raise CheckpointError(f"{where}: alias {_shown(alias)} names {_shown(target)}, which it does not hold")
+            raise CheckpointError(f"{where}: alias {printable(alias)} names {printable(target)}, "
+                                  "which it does not hold")
         aliases[alias] = target
     if r.left:
         raise CheckpointError(f"{where}: {r.left} bytes follow its last alias: damaged, or not a model.bin")
@@ -545,7 +548,7 @@ def _plan(config: WhisperConfig, names: _Names, where: str) -> tuple[dict[str, S
     sources, zeros = sources_for(config)
     missing = [s.name for s in (*sources.values(), *zeros) if not names.has(s.name)]
     if missing:
-        raise CheckpointError(f"{where}: missing variable {_some(sorted(set(missing)))}")
+        raise CheckpointError(f"{where}: missing variable {some([printable(n) for n in sorted(set(missing))])}")
     resolved = {key: Source(names.aliases.get(s.name, s.name), s.part, s.parts) for key, s in sources.items()}
     _check_served_once(sources, resolved, names)
     zero_biases = tuple(Source(names.aliases.get(s.name, s.name), s.part, s.parts) for s in zeros)
@@ -556,14 +559,15 @@ def _plan(config: WhisperConfig, names: _Names, where: str) -> tuple[dict[str, S
         scales |= _check_dtype(names, name)
     unused = sorted({*names.variables, *names.aliases} - names.used - scales)
     if unused:
-        raise CheckpointError(f"{where}: unknown variable {_some(unused)}: not part of a Whisper model")
+        raise CheckpointError(f"{where}: unknown variable {some([printable(n) for n in unused])}: "
+                              "not part of a Whisper model")
     with torch.device("meta"):
         model = WhisperForConditionalGeneration(config)
     wanted = {key: tuple(t.shape) for key, t in model.state_dict().items()}
     if set(wanted) != set(resolved):
         # The Hugging Face model changed its weights' names: nothing here may guess them.
         raise CheckpointError(f"{where}: transformers' Whisper has weights this reader does not map: "
-                              f"{_some(sorted(set(wanted) ^ set(resolved)))}")
+                              f"{some(sorted(set(wanted) ^ set(resolved)))}")
     # A fused bias's k part shares the shape check of its q (self-attention) or v (cross) part.
     for key, shape in wanted.items():
         source = resolved[key]
@@ -694,13 +698,3 @@ def _alignment_heads(raw: dict[str, Any], config: WhisperConfig, where: str) -> 
         raise CheckpointError(f"{where}: alignment_heads must be a list of [decoder layer, head] pairs "
                               f"within {config.decoder_layers} layers of {config.decoder_attention_heads} heads")
     return tuple((layer, head) for layer, head in value)
-
-
-def _shown(name: str) -> str:
-    """A name from the file, for a message: printable and at most 80 characters."""
-    text = name if name.isprintable() else repr(name)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
-def _some(names: list[str]) -> str:
-    return ", ".join(_shown(n) for n in names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")

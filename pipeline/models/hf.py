@@ -55,6 +55,7 @@ from pipeline.models.checkpoint import (
     inside,
     read_config,
     read_json,
+    some,
 )
 from pipeline.models.spec import CheckpointError, ModelSpec
 from pipeline.wgsl import DTYPES
@@ -1033,7 +1034,7 @@ def _plan(cls: type, config: PretrainedConfig, root: Path, shown: str, config_pa
                  for key, name in plan.items() if tuple(state[key].shape) != shapes[name]]
     not_float = [f"{name} ({dtypes[name]})" for key, name in plan.items()
                  if state[key].is_floating_point() and dtypes[name] not in FLOAT_DTYPES.values()]
-    problems = [f"{what} ({len(keys)}): {_some(keys)}" for what, keys in (
+    problems = [f"{what} ({len(keys)}): {some(keys)}" for what, keys in (
         ("missing", missing), ("unexpected", unexpected), ("wrong shape", misshapen), ("not float", not_float))
         if keys]
     if problems:
@@ -1071,8 +1072,6 @@ def width(config: PretrainedConfig) -> int | None:
     return next((v for k in _WIDTH_KEYS if _is_int(v := getattr(config, k, None))), None)
 
 
-def _some(names: list[str], count: int = 4) -> str:
-    return ", ".join(names[:count]) + (f" and {len(names) - count} more" if len(names) > count else "")
 
 
 _MEDIA_INPUTS = ("pixel_values", "input_features", "input_values")

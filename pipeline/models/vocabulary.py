@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pipeline.models.checkpoint import CONFIG, inside, parse_json, read_small_file
+from pipeline.models.checkpoint import CONFIG, inside, parse_json, printable, read_small_file
 from pipeline.models.spec import CheckpointError, Vocabulary
 
 VOCAB = "vocab.json"
@@ -64,12 +64,12 @@ def read_vocabulary(root: Path, shown: str, vocab_size: int, tail: tuple[str, ..
         entries = _tokenizer_entries(value, where) if name == TOKENIZER else _mapping_entries(value, where, "")
         for token, i in entries:
             if not 0 <= i < vocab_size:
-                raise CheckpointError(f"{where}: {_shown(token)} has id {_shown(i)}, outside the model's vocabulary "
-                                      f"(ids 0 to {vocab_size - 1}: vocab_size of {CONFIG})")
+                raise CheckpointError(f"{where}: {printable(token, quoted=True)} has id {i}, outside the model's "
+                                      f"vocabulary (ids 0 to {vocab_size - 1}: vocab_size of {CONFIG})")
             held, source = by_id.setdefault(i, (token, name))
             if held != token:
-                raise CheckpointError(f"{where}: id {i} is given to {_shown(token)} and, in {source}, to "
-                                      f"{_shown(held)}: each id names one token")
+                raise CheckpointError(f"{where}: id {i} is given to {printable(token, quoted=True)} and, in {source}, "
+                                      f"to {printable(held, quoted=True)}: each id names one token")
     named = len(by_id)
     if tail and named + len(tail) == vocab_size and all(i < named for i in by_id):
         return Vocabulary(tuple(by_id[i][0] for i in range(named)) + tail, files)
@@ -90,7 +90,8 @@ def _mapping_entries(value: Any, where: str, key: str) -> list[tuple[str, int]]:
     for token, i in value.items():
         # bool is an int to Python, not an id.
         if type(i) is not int:
-            raise CheckpointError(f"{what}: the id of {_shown(token)} is {_shown(i)}, not an int")
+            raise CheckpointError(f"{what}: the id of {printable(token, quoted=True)} is {printable(i, quoted=True)}, "
+                                  "not an int")
     return list(value.items())
 
 
@@ -108,18 +109,13 @@ def _tokenizer_entries(value: Any, where: str) -> list[tuple[str, int]]:
             raise CheckpointError(f"{where}: added_tokens[{n}] is {_kind(item)}, not an object with id and content")
         token, i = item.get("content"), item.get("id")
         if not isinstance(token, str):
-            raise CheckpointError(f"{where}: added_tokens[{n}]'s content is {_shown(token)}, not a string")
+            raise CheckpointError(f"{where}: added_tokens[{n}]'s content is {printable(token, quoted=True)}, "
+                                  "not a string")
         if type(i) is not int:
-            raise CheckpointError(f"{where}: added_tokens[{n}]'s id is {_shown(i)}, not an int")
+            raise CheckpointError(f"{where}: added_tokens[{n}]'s id is {printable(i, quoted=True)}, not an int")
         entries.append((token, i))
     return entries
 
 
 def _kind(value: Any) -> str:
     return "null" if value is None else f"a {type(value).__name__}"
-
-
-def _shown(value: Any) -> str:
-    """A token or value from the file, for a message: as Python writes it, at most 60 characters."""
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
