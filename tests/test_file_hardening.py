@@ -25,7 +25,8 @@ from flatbuffers.table import Table
 from torch import nn
 
 import pipeline
-from pipeline.evaluation.artifact import runtime_loader, same_outputs
+from pipeline.evaluation.artifact import runtime_loader
+from pipeline.outputs import same_outputs
 from pipeline.pte import blob, operators
 from pipeline.pte.file import PteError, PteFile
 from support.models import SmallBlock as Block

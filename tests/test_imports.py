@@ -93,6 +93,19 @@ def test_no_import_cycles():
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
+def test_no_import_cycles_between_rooms():
+    """The rooms (pipeline.aot, pipeline.evaluation, ..., and each top-level module) import one
+    another one way only."""
+    def room(module: str) -> str:
+        return ".".join(module.split(".")[:2])
+
+    rooms: dict[str, set[str]] = {}
+    for module, targets in _graph().items():
+        rooms.setdefault(room(module), set()).update(room(t) for t in targets if room(t) != room(module))
+    cycle = _cycle(rooms)
+    assert cycle is None, "import cycle between rooms: " + " -> ".join(cycle)
+
+
 def test_cycle_finder_finds_a_cycle_through_a_function_level_import():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}
     assert _cycle(graph) == ["a", "b", "c", "a"]

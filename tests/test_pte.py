@@ -9,8 +9,9 @@ import pytest
 import torch
 
 import pipeline
-from pipeline.evaluation.artifact import ArtifactError, read_artifact, same_outputs
+from pipeline.evaluation.artifact import ArtifactError, read_artifact
 from pipeline.interpreter import Program
+from pipeline.outputs import same_outputs
 from pipeline.pte.file import PteError
 from pipeline.pte.file import PteFile
 from pipeline.aot.export import ArtifactCheckError, export_model

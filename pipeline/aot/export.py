@@ -13,8 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pipeline.evaluation.artifact import same_outputs
 from pipeline.ioutil import json_bytes, write_files_atomic, write_json_atomic
+from pipeline.outputs import same_outputs
 
 
 class IncompleteDelegationError(RuntimeError):

@@ -92,7 +92,7 @@ def _run(load, path: Path, inputs, reference) -> str:
 
 
 def _call(program, inputs, reference) -> str:
-    from pipeline.evaluation.artifact import same_outputs
+    from pipeline.outputs import same_outputs
 
     try:
         outputs = program(*inputs)
