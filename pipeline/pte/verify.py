@@ -607,7 +607,7 @@ def _check_kernel(plan: schema.ExecutionPlan, a: schema.KernelCall, values: list
             if _left_empty(plan, j, got, unread):
                 values[j] = torch.empty(list(plan.values[j].val.sizes), dtype=got.dtype, device="meta")
                 continue
-            _hold(plan, j, got)
+            _check_declared(plan, j, got)
             values[j] = got
         _check_constant_dtypes(plan, fn, [args[i] for i in keep], [ids[i] for i in keep], vals, results)
         return
@@ -620,7 +620,7 @@ def _check_kernel(plan: schema.ExecutionPlan, a: schema.KernelCall, values: list
         return
     for j in ids:
         if isinstance(plan.values[j].val, schema.Tensor) and isinstance(values[j], torch.Tensor):
-            _hold(plan, j, values[j])
+            _check_declared(plan, j, values[j])
 
 
 def _left_empty(plan: schema.ExecutionPlan, j: int, got: torch.Tensor, unread: Callable[[], frozenset[int]]) -> bool:
@@ -766,8 +766,9 @@ def _functional(overload) -> tuple[object, list[int], list[int]] | None:
     return None
 
 
-def _hold(plan: schema.ExecutionPlan, j: int, got: torch.Tensor) -> None:
-    """The tensor an instruction produced against value `j` as the file declares it."""
+def _check_declared(plan: schema.ExecutionPlan, j: int, got: torch.Tensor) -> None:
+    """Check the tensor an instruction produced against value `j` as the file declares it: its
+    dtype, and its shape equal to the declared one (static) or within it (upper bounds)."""
     declared = plan.values[j].val
     if not isinstance(declared, schema.Tensor):
         raise CheckError(f"value {j} receives a tensor but is a {type(declared).__name__}")
@@ -791,7 +792,7 @@ def _check_delegate(plan: schema.ExecutionPlan, a: schema.DelegateCall, values: 
     n_out = len(produced)
     out_ids = list(a.args)[len(a.args) - n_out:]
     for j, got in zip(out_ids, produced):
-        _hold(plan, j, got)
+        _check_declared(plan, j, got)
         values[j] = got
 
 
