@@ -30,9 +30,10 @@ from pipeline.ioutil import check_output_dir  # noqa: E402
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", nargs="?", choices=cli.MODEL_NAMES, help="which model to export (or --hf DIR)")
-    parser.add_argument("--variant", help="bart: base, large; florence2: base, large; "
-                        "whisper: tiny, tiny.en, base, base.en, small, small.en, medium, medium.en, "
-                        "large-v3 (default: base)")
+    # The variants are pipeline.models.variants(model)'s, which imports transformers: checked
+    # below, an unknown one refused with that list.
+    parser.add_argument("--variant", help="the model's variant (default: its default; an unknown one is refused "
+                        "with the model's variants listed)")
     parser.add_argument("--checkpoint", metavar="DIR", help="local checkpoint: a Hugging Face directory (config.json + "
                         "safetensors) or, for whisper, a CTranslate2 one (model.bin, config.json, vocabulary)")
     parser.add_argument("--output-dir", metavar="DIR", default="out", help="where to write the files (default: out/)")
