@@ -7,11 +7,33 @@ from pipeline.aot.passes.group_norm import (
     reframe_group_norm,
 )
 from pipeline.aot.passes.linear import linears_over_rows
+from pipeline.aot.passes.norms import (
+    GROUP_NORM,
+    HAND_WRITTEN,
+    KIND_KEY,
+    LAYER_NORM,
+    NORM_KINDS,
+    RMS_NORM,
+    LeftNorm,
+    NormMatches,
+    match_norms,
+    norm_kind,
+)
 
 __all__ = [
+    "GROUP_NORM",
     "GROUP_NORM_DECOMPOSITIONS",
+    "HAND_WRITTEN",
+    "KIND_KEY",
+    "LAYER_NORM",
+    "LeftNorm",
+    "NORM_KINDS",
+    "NormMatches",
+    "RMS_NORM",
     "group_norm_as_layer_norm",
     "linears_over_rows",
+    "match_norms",
     "native_group_norm_as_layer_norm",
+    "norm_kind",
     "reframe_group_norm",
 ]
