@@ -19,11 +19,13 @@ from executorch.exir.passes.constant_prop_pass import constant_prop_pass, get_de
 from torch.export import ExportedProgram
 
 from pipeline.aot.preprocess import WebGPUBackend
-from pipeline.aot.preprocess import NATIVE_LAYER_NORM, NORM_OPS
+from pipeline.aot.preprocess import NATIVE_LAYER_NORM, NORM_OPS, RMS_NORM
 from pipeline.interpreter.program import Coverage, Program
 from pipeline.pte.file import PteFile
 from pipeline.aot.partitioner import LayerNormPartitioner
-from pipeline.aot.passes import linears_over_rows, reframe_group_norm
+from pipeline.aot.passes import NORM_KINDS, RMS_NORM as RMS_KIND, NormMatches, linears_over_rows, match_norms, \
+    norm_kind, reframe_group_norm
+from pipeline.aot.passes.norms import KIND_KEY, NAME_KEY
 
 # A group norm counts as a LayerNorm: the reframe makes one of each at the top level; one
 # the reframe does not reach (inside control flow) stays a group norm.
@@ -48,10 +50,26 @@ def count_layer_norms(program: ExportedProgram) -> int:
                if n.op == "call_function" and n.target in _EXPORTED_LAYER_NORMS)
 
 
+def count_norms(program: ExportedProgram) -> dict[str, int]:
+    """The norms of an exported graph by kind (LayerNorm, GroupNorm, RMSNorm, hand-written
+    LayerNorm: `match_norms` marks the last two), those in control flow included."""
+    counts = dict.fromkeys(NORM_KINDS, 0)
+    for _, gm in _graphs(program.graph_module):
+        for n in gm.graph.nodes:
+            kind = norm_kind(n)
+            if kind is not None:
+                counts[kind] += 1
+    return counts
+
+
 def dead_layer_norms(program: ExportedProgram) -> list[tuple[str, str]]:
-    """The top-level LayerNorms of an exported graph whose value reaches no output, as
-    (node, module path): lowering removes them as dead code, so they run nowhere, neither
-    delegated nor missed."""
+    """The top-level norms (of every kind) of an exported graph whose value reaches no
+    output, as (node, module path): lowering removes them as dead code, so they run nowhere,
+    neither delegated nor missed."""
+    return [(name, path) for name, path, _ in _dead_norms(program)]
+
+
+def _dead_norms(program: ExportedProgram) -> list[tuple[str, str, str]]:
     graph = program.graph_module.graph
     live: set[torch.fx.Node] = set()
     pending = [n for n in graph.nodes if n.op == "output"]
@@ -62,9 +80,10 @@ def dead_layer_norms(program: ExportedProgram) -> list[tuple[str, str]]:
             pending.extend(node.all_input_nodes)
     dead = []
     for n in graph.nodes:
-        if n.op == "call_function" and n.target in _EXPORTED_LAYER_NORMS and n not in live:
+        kind = norm_kind(n)
+        if kind is not None and n not in live:
             stack = n.meta.get("nn_module_stack") or {}
-            dead.append((n.name, list(stack.values())[-1][0] if stack else ""))
+            dead.append((n.name, list(stack.values())[-1][0] if stack else "", kind))
     return dead
 
 
@@ -87,41 +106,65 @@ def _delegate_nodes(edge: EdgeProgramManager) -> list[tuple[str, LoweredBackendM
             for n in gm.graph.nodes if n.op == "call_function" and n.target is _CALL_DELEGATE]
 
 
-def _coverage(edge: EdgeProgramManager, total: int, rejected: Sequence[tuple[str, str]],
-              dead: list[tuple[str, str]]) -> Coverage:
+def _coverage(edge: EdgeProgramManager, totals: dict[str, int], rejected: Sequence[tuple[str, str]],
+              dead: list[tuple[str, str]], matches: NormMatches | None = None) -> Coverage:
+    """Coverage of the edge program against `totals`, the norms by kind found in the
+    exported graph (dead ones out, the chains `matches` left in)."""
     gm = edge.exported_program().graph_module
-    delegated = sum(
-        1
-        for _, lowered in _delegate_nodes(edge)
-        if lowered.backend_id == WebGPUBackend.__name__
-        for n in lowered.original_module.graph.nodes
-        if n.op == "call_function" and n.target in NORM_OPS
-    )
+    delegated = dict.fromkeys(NORM_KINDS, 0)
+    in_delegates = set()
+    for _, lowered in _delegate_nodes(edge):
+        for n in lowered.original_module.graph.nodes:
+            if n.op == "call_function" and n.target in NORM_OPS:
+                in_delegates.add(_norm_name(n))
+                if lowered.backend_id == WebGPUBackend.__name__:
+                    delegated[norm_kind(n)] += 1
     reasons = dict(rejected)
-    not_delegated = [
-        (n.name, reasons.get(n.name, "not tagged by the partitioner"))
-        for n in gm.graph.nodes
-        if n.op == "call_function" and n.target == NATIVE_LAYER_NORM
-    ]
-    # The partitioner sees the top-level graph only: LayerNorms inside control flow stay out.
-    not_delegated += [
+    left: list[tuple[str, str, str]] = []  # (node, reason, kind)
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and n.target in NORM_OPS:
+            left.append((n.name, reasons.get(n.name, reasons.get(_norm_name(n), "not tagged by the partitioner")),
+                         norm_kind(n)))
+    # An RMSNorm the partitioner did not keep whole is decomposed into CPU ops that carry its name.
+    decomposed = {}
+    for n in gm.graph.nodes:
+        custom = n.meta.get("custom") or {}
+        name = custom.get(NAME_KEY)
+        if (custom.get(KIND_KEY) == RMS_KIND and name not in in_delegates and n.op == "call_function"
+                and n.target not in NORM_OPS and n.target is not _CALL_DELEGATE):
+            decomposed.setdefault(name, n)
+    left += [(name, reasons.get(name, "decomposed into CPU ops on the way to the edge program: the partitioner "
+                                "did not keep aten.rms_norm whole"), RMS_KIND) for name in decomposed]
+    # The partitioner sees the top-level graph only: norms inside control flow stay out.
+    left += [
         (f"{n.name} (in {sub_name})", "inside control flow (torch.cond/map): the partitioner does not "
-         "delegate into control-flow subgraphs; it runs on the CPU")
+         "delegate into control-flow subgraphs; it runs on the CPU", norm_kind(n))
         for sub_name, sub in _graphs(gm)[1:]
         for n in sub.graph.nodes
-        if n.op == "call_function" and n.target in (NATIVE_LAYER_NORM, _EDGE_GROUP_NORM)
+        if n.op == "call_function" and n.target in (NATIVE_LAYER_NORM, RMS_NORM, _EDGE_GROUP_NORM)
     ]
-    not_delegated += [
-        (n.name, "a group norm the reframe did not reach; it runs on the CPU")
+    left += [
+        (n.name, "a group norm the reframe did not reach; it runs on the CPU", "GroupNorm")
         for n in gm.graph.nodes
         if n.op == "call_function" and n.target == _EDGE_GROUP_NORM
     ]
-    missing = total - delegated - len(not_delegated)
-    if missing > 0:
-        not_delegated.append(
-            ("exported graph", f"{missing} LayerNorm(s) did not reach the edge program as native_layer_norm")
-        )
-    return Coverage(total=total, delegated=delegated, not_delegated=not_delegated, dead=dead)
+    left += [(miss.node, f"a norm-like chain left on the CPU: {miss.reason}", miss.kind)
+             for miss in (matches.left if matches is not None else [])]
+    kinds = {}
+    for kind in NORM_KINDS:
+        found = [entry for entry in left if entry[2] == kind]
+        missing = totals.get(kind, 0) - delegated[kind] - len(found)
+        if missing > 0:
+            left.append(("exported graph", f"{missing} {kind}(s) did not reach the edge program as a norm op", kind))
+        if totals.get(kind, 0) or delegated[kind] or found:
+            kinds[kind] = {"total": totals.get(kind, 0), "delegated": delegated[kind]}
+    return Coverage(total=sum(totals.values()), delegated=sum(delegated.values()),
+                    not_delegated=[(name, reason) for name, reason, _ in left], dead=dead, kinds=kinds)
+
+
+def _norm_name(node: torch.fx.Node) -> str | None:
+    """The name `match_norms` gave a norm node, which it keeps through to_edge."""
+    return (node.meta.get("custom") or {}).get(NAME_KEY)
 
 
 def _delegate_names(edge: EdgeProgramManager, pte: PteFile) -> list[str]:
@@ -173,38 +216,50 @@ def export_for_cpu_backend(module: torch.nn.Module, example_inputs: tuple, dynam
     for portable) to run after ours: what `lower_to_edge` lowers, and, without our
     partitioner, the same program with no WebGPU delegate (the reference of a file run in
     ExecuTorch's runtime)."""
+    exported, partitioners, _ = _export(module, example_inputs, dynamic_shapes, cpu_backend)
+    return exported, partitioners
+
+
+def _export(module: torch.nn.Module, example_inputs: tuple, dynamic_shapes,
+            cpu_backend: str) -> tuple[ExportedProgram, list, NormMatches]:
     if cpu_backend not in CPU_BACKENDS:
         raise ValueError(f"cpu_backend must be one of {', '.join(CPU_BACKENDS)}, got {cpu_backend!r}")
     exported = reframe_group_norm(torch.export.export(module, example_inputs, dynamic_shapes=dynamic_shapes))
+    exported, matches = match_norms(exported)
     if cpu_backend == "portable":
-        return exported, []
+        return exported, [], matches
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 
     # XNNPACK's linear rule fails on a linear whose input edge's decompositions left
     # non-contiguous (Florence-2's window attention): give it 2-D linears.
-    return linears_over_rows(exported), [XnnpackPartitioner()]
+    return linears_over_rows(exported), [XnnpackPartitioner()], matches
 
 
 def lower_to_edge(module: torch.nn.Module, example_inputs: tuple, dynamic_shapes=None,
                   cpu_backend: str = "portable") -> tuple[EdgeProgramManager, Coverage]:
-    """Export, reframe group norms, delegate every supported LayerNorm to WebGPU, fold
-    constants; with `cpu_backend="xnnpack"` XNNPACK's partitioner takes what it can of the
-    rest first (the file one would deploy: LayerNorms on WebGPU, the rest on XNNPACK, for
-    ExecuTorch's runtime). Returns the edge program and its coverage."""
+    """Export, reframe group norms, match RMSNorms and hand-written LayerNorms into one op
+    each, delegate every supported norm to WebGPU, fold constants; with
+    `cpu_backend="xnnpack"` XNNPACK's partitioner takes what it can of the rest first (the
+    file one would deploy: norms on WebGPU, the rest on XNNPACK, for ExecuTorch's runtime).
+    Returns the edge program and its coverage."""
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
     if not isinstance(example_inputs, tuple):
         raise TypeError(f"example_inputs must be a tuple, got {type(example_inputs).__name__}")
-    exported, cpu_partitioners = export_for_cpu_backend(module, example_inputs, dynamic_shapes, cpu_backend)
-    dead = dead_layer_norms(exported)
-    total = count_layer_norms(exported) - len(dead)
+    exported, cpu_partitioners, matches = _export(module, example_inputs, dynamic_shapes, cpu_backend)
+    dead = _dead_norms(exported)
+    totals = count_norms(exported)
+    for _, _, kind in dead:
+        totals[kind] -= 1
+    for miss in matches.left:
+        totals[miss.kind] += 1
     partitioner = LayerNormPartitioner()
     edge = lower_exported(exported, [partitioner, *cpu_partitioners])
-    coverage = _coverage(edge, total, partitioner.rejected, dead)
+    coverage = _coverage(edge, totals, partitioner.rejected, [(name, path) for name, path, _ in dead], matches)
     for name, lowered in _delegate_nodes(edge):
         if lowered.backend_id != WebGPUBackend.__name__ and any(
-                n.op == "call_function" and n.target == NATIVE_LAYER_NORM for n in lowered.original_module.graph.nodes):
-            raise RuntimeError(f"{name}: a LayerNorm landed in a {lowered.backend_id} partition")
+                n.op == "call_function" and n.target in NORM_OPS for n in lowered.original_module.graph.nodes):
+            raise RuntimeError(f"{name}: a norm landed in a {lowered.backend_id} partition")
     return edge, coverage
 
 

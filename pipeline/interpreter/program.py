@@ -37,20 +37,29 @@ _LAYER_NORM_OPS = ("aten::native_layer_norm", "aten::layer_norm", "aten::native_
 
 @dataclass
 class Coverage:
-    """How many LayerNorms of the program (group-norm reframes included) were delegated.
+    """How many norms of the program were delegated.
 
-    `total` counts the LayerNorms that run; `dead` lists, as (node, module path), those of
-    the exported graph whose output nothing uses, which lowering removes as dead code (known
-    only to the process that lowered the program)."""
+    `total` counts the norms that run: LayerNorms, GroupNorms (reframed as LayerNorms),
+    RMSNorms and LayerNorms written by hand, and the chains that look like a norm and stay on
+    the CPU (each in `not_delegated` with its reason). `kinds` holds, where the program was
+    lowered in this process, {kind: {"total": n, "delegated": d}} for each kind found. `dead`
+    lists, as (node, module path), the norms of the exported graph whose output nothing uses,
+    which lowering removes as dead code (known only to the process that lowered the
+    program). Complete: every norm found is delegated."""
 
     total: int
     delegated: int
     not_delegated: list[tuple[str, str]] = field(default_factory=list)
     dead: list[tuple[str, str]] = field(default_factory=list)
+    kinds: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def complete(self) -> bool:
         return self.delegated == self.total and not self.not_delegated
+
+    def kinds_line(self) -> str:
+        """Delegated of total by kind, e.g. "RMSNorm 5/5, hand-written LayerNorm 0/3"; "" when not known."""
+        return ", ".join(f"{kind} {c['delegated']}/{c['total']}" for kind, c in self.kinds.items())
 
 
 @dataclass(frozen=True)

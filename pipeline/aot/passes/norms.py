@@ -612,4 +612,5 @@ def _short(anchor: torch.fx.Node) -> str:
 
 def _where(node: torch.fx.Node) -> str:
     stack = node.meta.get("nn_module_stack") or {}
-    return f" (in {list(stack.values())[-1][0]})" if stack else ""
+    path = list(stack.values())[-1][0] if stack else ""
+    return f" (in {path})" if path else ""
