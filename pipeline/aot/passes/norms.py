@@ -306,10 +306,13 @@ def _normalized(anchor: torch.fx.Node, inner: list) -> torch.fx.Node:
             return users[0]
         else:
             raise _Miss(f"{anchor.name} is not a divisor of the input")
-    if len(users) != 1 or users[0].target != aten.mul.Tensor:
+    muls = [u for u in users if u.target == aten.mul.Tensor]
+    if len(muls) != 1:
         raise _Miss(f"{anchor.name} is used by {_names(users)}, not by one multiply of the input")
-    inner.append(users[0])
-    return users[0]
+    if len(users) > 1:
+        raise _Miss(f"its intermediate {anchor.name} is also used by {_names(u for u in users if u not in muls)}")
+    inner.append(muls[0])
+    return muls[0]
 
 
 def _tail(normed: torch.fx.Node, kind: str, dims: int, x: torch.fx.Node,
