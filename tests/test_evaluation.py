@@ -361,3 +361,38 @@ def test_a_norm_removed_as_dead_code_is_reported_dead_not_missed():
     assert audit["verdict"] == "complete", audit
     assert (audit["missing_from_graph"], audit["dead_code"]) == ([], ["unused (layer_norm)"])
     assert audit["coverage"]["eager_calls"] == 1
+
+
+class EveryKind(nn.Module):
+    """A LayerNorm, an RMSNorm, a LayerNorm written by hand, and a chain that looks like an
+    RMSNorm but adds eps after the root (a near miss, left on the CPU)."""
+
+    def __init__(self, width: int = 16) -> None:
+        super().__init__()
+        self.ln, self.rms = nn.LayerNorm(width), nn.RMSNorm(width)
+        self.weight = nn.Parameter(torch.rand(width) + 0.5)
+
+    def forward(self, x):
+        mean = x.mean(-1, keepdim=True)
+        hand = (x - mean) * torch.rsqrt((x - mean).pow(2).mean(-1, keepdim=True) + 1e-5) * self.weight
+        near = x * (torch.rsqrt(x.pow(2).mean(-1, keepdim=True)) + 1e-6)
+        return self.ln(x) + self.rms(x) + hand, near
+
+
+def test_coverage_counts_every_kind_and_lists_a_norm_like_chain_left_on_the_cpu(gpu_info, tmp_path):
+    module, inputs = EveryKind().eval(), (torch.randn(2, 3, 16),)
+    program = pipeline.lower(module, inputs)
+    audit = audit_coverage(module, inputs, program).as_dict()
+    assert audit["coverage"]["by_kind"] == {
+        "LayerNorm": {"eager": 1, "graph": 1, "delegated": 1},
+        "RMSNorm": {"eager": None, "graph": 1, "delegated": 1},
+        "hand-written LayerNorm": {"eager": None, "graph": 1, "delegated": 1},
+    }
+    [chain] = audit["norm_like"]
+    assert "eps is not added" in chain and audit["verdict"] != "complete", audit
+    # Read back from its file, the program still tells its RMSNorm from its LayerNorms.
+    program.save(tmp_path / "kinds.pte")
+    loaded = pipeline.load(tmp_path / "kinds.pte")
+    assert loaded.coverage.kinds == {"LayerNorm": {"total": 2, "delegated": 2}, "RMSNorm": {"total": 1, "delegated": 1}}
+    origins = [r["origin"] for r in audit_coverage(module, inputs, loaded).as_dict()["layer_norms"]]
+    assert sorted(origins) == ["layer_norm", "layer_norm", "rms_norm"]

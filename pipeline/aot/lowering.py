@@ -148,8 +148,9 @@ def _coverage(edge: EdgeProgramManager, totals: dict[str, int], rejected: Sequen
         for n in gm.graph.nodes
         if n.op == "call_function" and n.target == _EDGE_GROUP_NORM
     ]
-    left += [(miss.node, f"a norm-like chain left on the CPU: {miss.reason}", miss.kind)
-             for miss in (matches.left if matches is not None else [])]
+    norm_like = [(miss.node, f"a norm-like chain left on the CPU: {miss.reason}", miss.kind)
+                 for miss in (matches.left if matches is not None else [])]
+    left += norm_like
     kinds = {}
     for kind in NORM_KINDS:
         found = [entry for entry in left if entry[2] == kind]
@@ -159,7 +160,8 @@ def _coverage(edge: EdgeProgramManager, totals: dict[str, int], rejected: Sequen
         if totals.get(kind, 0) or delegated[kind] or found:
             kinds[kind] = {"total": totals.get(kind, 0), "delegated": delegated[kind]}
     return Coverage(total=sum(totals.values()), delegated=sum(delegated.values()),
-                    not_delegated=[(name, reason) for name, reason, _ in left], dead=dead, kinds=kinds)
+                    not_delegated=[(name, reason) for name, reason, _ in left], dead=dead, kinds=kinds,
+                    norm_like=[(name, reason) for name, reason, _ in norm_like])
 
 
 def _norm_name(node: torch.fx.Node) -> str | None:

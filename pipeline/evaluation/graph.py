@@ -138,14 +138,17 @@ def file_records(program, calls: Sequence) -> list[LayerNormRecord]:
     """Every LayerNorm of a program loaded from a file (no edge graph), in execution order.
 
     A file does not name the modules its LayerNorms came from. The i-th LayerNorm of the
-    file is paired with the i-th eager call (`calls`, as NormCallRecorder saw them) when
-    their shapes agree, and takes that call's module path and origin; otherwise it stays
-    unattributed (module path "?").
+    file (RMSNorms aside, which eager runs as plain ops) is paired with the i-th
+    eager call (`calls`, as NormCallRecorder saw them) when their shapes agree, and takes that
+    call's module path and origin; otherwise it stays unattributed (module path "?").
     """
     reasons = dict(program.coverage.not_delegated)
     records = []
-    for i, site in enumerate(program.layer_norm_sites):
-        call = calls[i] if i < len(calls) else None
+    pending = iter(calls)
+    for site in program.layer_norm_sites:
+        rms = site.delegated and site.delegate.params.op == "rms_norm"
+        # Eager records LayerNorm and GroupNorm calls only: an RMSNorm takes none.
+        call = None if rms else next(pending, None)
         if site.delegated:
             p = site.delegate.params
             affine = _affine(p.weight.source != "none", p.bias.source != "none")
@@ -163,7 +166,7 @@ def file_records(program, calls: Sequence) -> list[LayerNormRecord]:
             input_shape=list(call.input_shape) if call is not None else [],
             row_width=width,
             affine=affine,
-            origin=call.op if call is not None else "layer_norm",
+            origin="rms_norm" if rms else call.op if call is not None else "layer_norm",
             eps=eps,
             delegated=site.delegated,
             reason=reasons.get(site.name, ""),

@@ -51,6 +51,9 @@ def _coverage_summary(data: dict) -> list[str]:
         f"eager calls: {c['eager_calls']} {c['eager_by_op']}  graph ops: {c['graph_ops']}  "
         f"delegated: {c['delegated']}",
     ]
+    if c.get("by_kind"):
+        lines.append("by kind: " + kinds_text(c["by_kind"]))
+    lines += [f"norm-like chain left on the CPU: {m}" for m in data.get("norm_like", [])]
     lines += [f"eager call missing from graph: {m}" for m in data["missing_from_graph"]]
     lines += [f"dead code (output unused, removed by lowering): {m}" for m in data.get("dead_code", [])]
     lines += [f"note: {n}" for n in data["notes"]]
@@ -80,10 +83,18 @@ def coverage_html(data: dict) -> str:
                  [html_table(_COVERAGE_HEADERS, _coverage_rows(data))])
 
 
+def kinds_text(by_kind: dict) -> str:
+    """Delegated of found, per norm kind, with eager's calls where eager runs the kind as one
+    op: "LayerNorm 3/3 (eager 3), RMSNorm 5/5"."""
+    return ", ".join(f"{kind} {c['delegated']}/{c['graph']}" + ("" if c["eager"] is None else f" (eager {c['eager']})")
+                     for kind, c in by_kind.items())
+
+
 def coverage_line(data: dict) -> str:
     c = data["coverage"]
+    kinds = f"  [{kinds_text(c['by_kind'])}]" if c.get("by_kind") else ""
     return (f"{data['model']:<10} {data['verdict']:<10} eager {c['eager_calls']:>3}  graph {c['graph_ops']:>3}  "
-            f"delegated {c['delegated']:>3}")
+            f"delegated {c['delegated']:>3}{kinds}")
 
 
 def _accuracy_headers(data: dict) -> list[str]:

@@ -52,6 +52,8 @@ class Coverage:
     not_delegated: list[tuple[str, str]] = field(default_factory=list)
     dead: list[tuple[str, str]] = field(default_factory=list)
     kinds: dict[str, dict[str, int]] = field(default_factory=dict)
+    # Chains that look like a norm and stay on the CPU, as (node, reason); in not_delegated too.
+    norm_like: list[tuple[str, str]] = field(default_factory=list)
 
     @property
     def complete(self) -> bool:
@@ -277,7 +279,15 @@ class Program:
         delegated = sum(1 for s in self.layer_norm_sites if s.delegated)
         left = [(s.name, f"{s.operator} runs on the CPU, outside the WebGPU delegate")
                 for s in self.layer_norm_sites if not s.delegated]
-        return Coverage(total=len(self.layer_norm_sites), delegated=delegated, not_delegated=left)
+        kinds: dict[str, dict[str, int]] = {}
+        for s in self.layer_norm_sites:
+            # A file tells an RMSNorm from a LayerNorm; GroupNorms and LayerNorms written by
+            # hand ran as LayerNorms and count as such.
+            kind = "RMSNorm" if s.delegated and s.delegate.params.op == "rms_norm" else "LayerNorm"
+            entry = kinds.setdefault(kind, {"total": 0, "delegated": 0})
+            entry["total"] += 1
+            entry["delegated"] += int(s.delegated)
+        return Coverage(total=len(self.layer_norm_sites), delegated=delegated, not_delegated=left, kinds=kinds)
 
     # -- running -------------------------------------------------------------------------
 
