@@ -114,17 +114,19 @@ def _check_outputs(outputs: str) -> None:
 
 def time_kernel(rows: int, width: int, configs: list[KernelConfig] | None = None, affine: bool = True,
                 warmup: int = 10, repeats: int = 100, dtype: str = "float32",
-                outputs: str = "rotating", stats: bool = False) -> tuple[list[tuple[float, float]], str]:
+                outputs: str = "rotating", stats: bool = False,
+                rms: bool = False) -> tuple[list[tuple[float, float]], str]:
     """GPU microseconds of one launch over (rows, width) for each config (default: the
     runtime's own choice for this launch at `dtype`, storing mean and rstd with `stats`: a
-    delegate that returns only the output, as the three models' do, stores none), as
-    (batched, isolated) medians; returns (times, clock)."""
+    delegate that returns only the output, as the three models' do, stores none; an
+    RMSNorm's, weight alone, with `rms`), as (batched, isolated) medians; returns (times, clock)."""
     _check_outputs(outputs)
     if not 1 <= repeats <= MAX_REPEATS:
         raise ValueError(f"repeats must be from 1 to {MAX_REPEATS}, got {repeats!r}")
     g = gpu()
     impl = g.impl
-    configs = configs or [device_config(g, width, affine, affine, dtype, rows=rows, write_stats=stats)]
+    configs = configs or [device_config(g, width, affine, affine and not rms, dtype, rows=rows,
+                                        write_stats=stats and not rms, rms=rms)]
     itemsize = DTYPES[dtype].itemsize
     nbytes = (rows * width * itemsize + 3) // 4 * 4  # whole u32 words
     copies = _copies(nbytes)
@@ -283,20 +285,33 @@ def _wall_clock(g: Gpu, pipeline, bind_groups, groups, warmup: int, repeats: int
     return us, us
 
 
+def rms_norm(x: torch.Tensor, shape: tuple[int, ...], w: torch.Tensor | None, b: torch.Tensor | None = None):
+    """F.rms_norm at eps 1e-5 with F.layer_norm's arguments (`b` unused): the torch side of an
+    RMSNorm benchmark."""
+    return torch.nn.functional.rms_norm(x, shape, w, 1e-5)
+
+
+def _torch_norm(rms: bool):
+    return rms_norm if rms else torch.nn.functional.layer_norm
+
+
 def time_torch(rows: int, width: int, affine: bool = True, warmup: int = 10, repeats: int = 100,
-               dtype: str = "float32", outputs: str = "rotating") -> tuple[float, str]:
-    """Median microseconds of torch.nn.functional.layer_norm: CUDA graph + events, else CPU."""
+               dtype: str = "float32", outputs: str = "rotating", rms: bool = False) -> tuple[float, str]:
+    """Median microseconds of torch.nn.functional.layer_norm (rms_norm with `rms`): CUDA
+    graph + events, else CPU."""
     _check_outputs(outputs)
     if torch.cuda.is_available():
-        return _time_torch_cuda(rows, width, affine, warmup, repeats, dtype=dtype, outputs=outputs), "cuda-graph-events"
+        return (_time_torch_cuda(rows, width, affine, warmup, repeats, dtype=dtype, outputs=outputs, rms=rms),
+                "cuda-graph-events")
+    norm = _torch_norm(rms)
     x = torch.randn(rows, width).to(DTYPES[dtype])
     w, b = (torch.randn(width).to(x.dtype), torch.randn(width).to(x.dtype)) if affine else (None, None)
     for _ in range(max(1, warmup // 5)):
-        torch.nn.functional.layer_norm(x, (width,), w, b)
+        norm(x, (width,), w, b)
     times = []
     for _ in range(max(3, repeats // 10)):
         start = time.perf_counter()
-        torch.nn.functional.layer_norm(x, (width,), w, b)
+        norm(x, (width,), w, b)
         times.append((time.perf_counter() - start) * 1e6)
     return statistics.median(times), "cpu-wall-clock"
 
@@ -372,17 +387,21 @@ def time_torch_copy(rows: int, width: int, warmup: int = 10, repeats: int = 100,
 
 
 def time_torch_compiled(rows: int, width: int, affine: bool = True, warmup: int = 10, repeats: int = 100,
-                        dtype: str = "float32", outputs: str = "rotating") -> float | None:
-    """Median microseconds of torch.compile(F.layer_norm) (default mode), compiled and warmed
-    first, then timed as eager is (CUDA graph + events); None without CUDA."""
+                        dtype: str = "float32", outputs: str = "rotating", rms: bool = False) -> float | None:
+    """Median microseconds of torch.compile(F.layer_norm) (F.rms_norm with `rms`; default
+    mode), compiled and warmed first, then timed as eager is (CUDA graph + events); None
+    without CUDA."""
     _check_outputs(outputs)
     if not torch.cuda.is_available():
         return None
-    return _time_torch_cuda(rows, width, affine, warmup, repeats, dtype=dtype, compiled=True, outputs=outputs)
+    return _time_torch_cuda(rows, width, affine, warmup, repeats, dtype=dtype, compiled=True, outputs=outputs,
+                            rms=rms)
 
 
-def compiled_layer_norm(x: torch.Tensor, width: int, w: torch.Tensor | None, b: torch.Tensor | None):
-    """torch.compile of F.layer_norm (default mode), compiled and warmed on `x`: ready to time.
+def compiled_layer_norm(x: torch.Tensor, width: int, w: torch.Tensor | None, b: torch.Tensor | None,
+                        rms: bool = False):
+    """torch.compile of F.layer_norm (F.rms_norm with `rms`; default mode), compiled and
+    warmed on `x`: ready to time.
 
     Specialised to this shape, as a model's compiled graph would be: without a reset,
     dynamo marks the dims dynamic after the second shape and the generic kernel it then
@@ -390,7 +409,7 @@ def compiled_layer_norm(x: torch.Tensor, width: int, w: torch.Tensor | None, b: 
     static kernel takes 13).
     """
     torch._dynamo.reset()
-    fn = torch.compile(torch.nn.functional.layer_norm, dynamic=False)
+    fn = torch.compile(_torch_norm(rms), dynamic=False)
     for _ in range(3):
         fn(x, (width,), w, b)
     if x.is_cuda:
@@ -399,14 +418,15 @@ def compiled_layer_norm(x: torch.Tensor, width: int, w: torch.Tensor | None, b: 
 
 
 def _time_torch_cuda(rows: int, width: int, affine: bool, warmup: int, repeats: int, copy: bool = False,
-                     dtype: str = "float32", compiled: bool = False, outputs: str = "rotating") -> float:
+                     dtype: str = "float32", compiled: bool = False, outputs: str = "rotating",
+                     rms: bool = False) -> float:
     dev = torch.device("cuda")
     kind = DTYPES[dtype]
     copies = _copies(rows * width * kind.itemsize)
     xs = [torch.randn(rows, width, device=dev, dtype=kind) for _ in range(copies)]
     w, b = ((torch.randn(width, device=dev, dtype=kind), torch.randn(width, device=dev, dtype=kind)) if affine
             else (None, None))
-    layer_norm = compiled_layer_norm(xs[0], width, w, b) if compiled else torch.nn.functional.layer_norm
+    layer_norm = compiled_layer_norm(xs[0], width, w, b, rms) if compiled else _torch_norm(rms)
 
     dsts = [torch.empty_like(x) for x in (xs if outputs == "rotating" else xs[:1])]
 
@@ -560,10 +580,17 @@ UNALIGNED_SHAPES: list[tuple[int, int]] = [
 ]
 
 
+# The hidden sizes of LLMs whose norm is an RMSNorm (qwen2 0.5B 896, 1.5B 1536; llama 3.2 1B
+# 2048; gemma 2 2B 2304; llama 3.2 3B 3072; llama 3 8B, mistral 7B 4096), at one token,
+# 16 and a prompt of 2048.
+LLM_SHAPES = [(rows, width) for rows in (1, 16, 2048) for width in (896, 1536, 2048, 2304, 3072, 4096)]
+
+
 def parse_shapes(spec: str) -> list[tuple[int, int]]:
-    """A comma list of ROWSxWIDTH shapes, 'model' (the model shapes) and 'unaligned' (widths
-    not a multiple of 4), e.g. '4096x3072,model'."""
-    named = {"model": MODEL_SHAPES, "unaligned": UNALIGNED_SHAPES}
+    """A comma list of ROWSxWIDTH shapes, 'model' (the model shapes), 'unaligned' (widths
+    not a multiple of 4) and 'llm' (LLM RMSNorm widths at 1, 16 and 2048 rows), e.g.
+    '4096x3072,model'."""
+    named = {"model": MODEL_SHAPES, "unaligned": UNALIGNED_SHAPES, "llm": LLM_SHAPES}
     shapes = []
     for item in spec.split(","):
         if item in named:
@@ -582,9 +609,10 @@ def parse_shapes(spec: str) -> list[tuple[int, int]]:
 def run_benchmark(shapes: list[tuple[int, int]], repeats: int = 100, sweep: bool = False, progress=print,
                   dtype: str = "float32", outputs: str = "rotating", stats: bool = False,
                   host_path: bool = False, accuracy: bool = False, columns: Sequence[Column] = (),
-                  rounds: int = 1) -> dict:
+                  rounds: int = 1, rms: bool = False) -> dict:
     """Time kernel and torch (eager, and compiled on CUDA) on each shape at `dtype`; the
-    JSON-ready result of bench_layer_norm.py.
+    JSON-ready result of bench_layer_norm.py. With `rms`, the norm is an RMSNorm with a
+    weight (the kernel's and F.rms_norm) instead of a LayerNorm with weight and bias.
 
     The kernel and the WGSL copy are timed in `rounds` interleaved rounds (the copy first in
     every other one) and report their medians; each shape's copy_over_kernel is the median of
@@ -602,6 +630,9 @@ def run_benchmark(shapes: list[tuple[int, int]], repeats: int = 100, sweep: bool
     if rounds < 1:
         raise ValueError(f"rounds must be at least 1, got {rounds!r}")
     _check_outputs(outputs)
+    if rms and (host_path or accuracy or stats or any(not getattr(c, "rms", False) for c in columns)):
+        raise ValueError("an RMSNorm benchmark times the kernel, the copy, torch and ORT's RMSNorm column alone: "
+                         "no host path, accuracy or stats")
     names = ["ours", "torch", "compiled", *(c.name for c in columns)]
     if len(set(names)) != len(names):
         raise ValueError(f"column names must differ from each other and from ours, got {names[3:]}")
@@ -610,14 +641,14 @@ def run_benchmark(shapes: list[tuple[int, int]], repeats: int = 100, sweep: bool
     results = []
     for rows, width in shapes:
         g = gpu()
-        config = device_config(g, width, True, True, dtype, rows=rows, write_stats=stats)
+        config = device_config(g, width, True, not rms, dtype, rows=rows, write_stats=stats and not rms, rms=rms)
         configs = candidate_configs(config) if sweep else [config]
         kernel_rounds, copy_rounds = [], []
         for r in range(rounds):
             for step in ("kernel", "copy") if r % 2 == 0 else ("copy", "kernel"):
                 if step == "kernel":
                     timed, clock = time_kernel(rows, width, configs, repeats=repeats, dtype=dtype, outputs=outputs,
-                                               stats=stats)
+                                               stats=stats, rms=rms)
                     kernel_rounds.append(timed)
                 else:
                     copy_rounds.append(time_copy(rows, width, repeats=repeats, itemsize=itemsize, outputs=outputs))
@@ -626,8 +657,8 @@ def run_benchmark(shapes: list[tuple[int, int]], repeats: int = 100, sweep: bool
                  for i in range(len(configs))]
         wgpu_us, isolated_us = times[0]
         copy_us = None if None in copy_rounds else statistics.median(copy_rounds)
-        torch_us, torch_clock = time_torch(rows, width, repeats=repeats, dtype=dtype, outputs=outputs)
-        compiled_us = time_torch_compiled(rows, width, repeats=repeats, dtype=dtype, outputs=outputs)
+        torch_us, torch_clock = time_torch(rows, width, repeats=repeats, dtype=dtype, outputs=outputs, rms=rms)
+        compiled_us = time_torch_compiled(rows, width, repeats=repeats, dtype=dtype, outputs=outputs, rms=rms)
         torch_copy_us = time_torch_copy(rows, width, repeats=repeats, dtype=dtype, outputs=outputs)
         result = {
             "rows": rows,
@@ -683,6 +714,7 @@ def run_benchmark(shapes: list[tuple[int, int]], repeats: int = 100, sweep: bool
         progress(f"{rows:>6}x{width:<5} {info['implementation']} {wgpu_us:9.2f} us {result['wgpu_gbps']:8.1f} GB/s | "
                  f"torch {torch_us:9.2f} us {result['torch_gbps']:8.1f} GB/s{compiled}{best}{extra}")
     return {
+        "norm": "rms_norm" if rms else "layer_norm",
         "dtype": dtype,
         "outputs": outputs,
         "kernel_stores_stats": stats,

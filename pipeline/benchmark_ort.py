@@ -72,28 +72,33 @@ def _check_dtype(dtype: str) -> None:
                          f"got {dtype!r}")
 
 
-def layer_norm_model(rows: int, width: int, weight: np.ndarray, bias: np.ndarray, eps: float = 1e-5) -> bytes:
+def layer_norm_model(rows: int, width: int, weight: np.ndarray, bias: np.ndarray | None, eps: float = 1e-5) -> bytes:
     """The serialized one-node model: y = LayerNormalization(x, weight, bias) over the last
-    axis of x (rows, width), opset 17, x, weight, bias and y of weight's dtype."""
+    axis of x (rows, width), opset 17, x, weight, bias and y of weight's dtype; with `bias`
+    None, an RMSNorm: SimplifiedLayerNormalization(x, weight), what ORT's transformer
+    optimizer writes for one."""
     onnx, _ = _ort()
     from onnx import helper, numpy_helper
 
-    if weight.shape != (width,) or bias.shape != (width,) or weight.dtype != bias.dtype:
+    if weight.shape != (width,) or (bias is not None and (bias.shape != (width,) or weight.dtype != bias.dtype)):
         raise ValueError(f"weight and bias must both be ({width},) of one dtype, got {weight.shape} "
-                         f"{weight.dtype} and {bias.shape} {bias.dtype}")
+                         f"{weight.dtype} and {getattr(bias, 'shape', None)} {getattr(bias, 'dtype', None)}")
     elem = helper.np_dtype_to_tensor_dtype(weight.dtype)
+    op, inputs = ("SimplifiedLayerNormalization", ["x", "weight"]) if bias is None else \
+        ("LayerNormalization", ["x", "weight", "bias"])
     graph = helper.make_graph(
-        [helper.make_node("LayerNormalization", ["x", "weight", "bias"], ["y"], name=NODE, axis=-1, epsilon=eps)],
+        [helper.make_node(op, inputs, ["y"], name=NODE, axis=-1, epsilon=eps)],
         "layer_norm",
         [helper.make_tensor_value_info("x", elem, [rows, width])],
         [helper.make_tensor_value_info("y", elem, [rows, width])],
-        [numpy_helper.from_array(weight, "weight"), numpy_helper.from_array(bias, "bias")],
+        [numpy_helper.from_array(weight, "weight")] + ([] if bias is None else [numpy_helper.from_array(bias, "bias")]),
     )
     opsets = [helper.make_opsetid("", OPSET)]
     # The IR version of the opset (a newer onnx writes a newer one by default than ORT may read).
     model = helper.make_model(graph, opset_imports=opsets, producer_name="pipeline",
                               ir_version=helper.find_min_ir_version_for(opsets))
-    onnx.checker.check_model(model)
+    if bias is not None:  # SimplifiedLayerNormalization is ORT's own, which onnx's checker does not know
+        onnx.checker.check_model(model)
     return model.SerializeToString()
 
 
@@ -102,12 +107,13 @@ class OrtLayerNorm:
     fallback disabled. `options`: provider options (keys without OPTION_PREFIX). With
     `profile_dir`, the session profiles (GPU timestamps included) into that folder."""
 
-    def __init__(self, rows: int, width: int, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5,
+    def __init__(self, rows: int, width: int, weight: torch.Tensor, bias: torch.Tensor | None, eps: float = 1e-5,
                  options: dict[str, str] | None = None, profile_dir: str | os.PathLike | None = None) -> None:
         _, ort = _ort()
         self.dtype = str(weight.dtype).removeprefix("torch.")
         _check_dtype(self.dtype)
-        model = layer_norm_model(rows, width, weight.detach().cpu().numpy(), bias.detach().cpu().numpy(), eps)
+        model = layer_norm_model(rows, width, weight.detach().cpu().numpy(),
+                                 None if bias is None else bias.detach().cpu().numpy(), eps)
         so = ort.SessionOptions()
         so.log_severity_level = 4  # its errors come back in the exception; Dawn warns of each driver it skips
         so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
@@ -174,8 +180,10 @@ def kernel_times(events: list[dict], runs: int) -> tuple[list[float], int]:
     return [sum(durations[i:i + per_run]) for i in range(0, len(durations), per_run)], per_run
 
 
-def time_ort(rows: int, width: int, dtype: str = "float32", repeats: int = 100, seed: int = 0) -> dict:
-    """ORT's WebGPU LayerNormalization on rows x width at `dtype`:
+def time_ort(rows: int, width: int, dtype: str = "float32", repeats: int = 100, seed: int = 0,
+             rms: bool = False) -> dict:
+    """ORT's WebGPU LayerNormalization (SimplifiedLayerNormalization with `rms`) on rows x
+    width at `dtype`:
     - ort_kernel_us: median GPU time of the node's dispatches in one run, from ORT's
       profiler (None where the adapter has no timestamps), over `repeats` runs after
       WARMUP_RUNS; ort_dispatches: its dispatches a run
@@ -185,6 +193,7 @@ def time_ort(rows: int, width: int, dtype: str = "float32", repeats: int = 100, 
     kind = DTYPES[dtype]
     gen = torch.Generator().manual_seed(seed)
     w, b = torch.randn(width, generator=gen).to(kind), torch.randn(width, generator=gen).to(kind)
+    b = None if rms else b
     x = torch.randn(rows, width, generator=gen).to(kind).numpy()
     with tempfile.TemporaryDirectory(prefix="ort-profile-") as folder:
         profiled = OrtLayerNorm(rows, width, w, b, profile_dir=folder)
@@ -210,14 +219,16 @@ class OrtColumn:
 
     name = "ort"
 
-    def __init__(self) -> None:
+    def __init__(self, rms: bool = False) -> None:
         self._ort = _ort()[1]
+        self.rms = rms  # SimplifiedLayerNormalization, an RMSNorm
 
     def describe(self) -> dict:
         return {
             "package": "onnxruntime-webgpu",
             "version": self._ort.__version__,
             "provider": PROVIDER,
+            "op": "SimplifiedLayerNormalization" if self.rms else "LayerNormalization",
             "opset": OPSET,
             "kernel_clock": "ort-profiler-gpu-timestamps (whole microseconds, one run's dispatches)",
             "run_clock": "wall, session.run host to host",
@@ -227,7 +238,7 @@ class OrtColumn:
         }
 
     def time(self, rows: int, width: int, dtype: str, repeats: int) -> dict:
-        return time_ort(rows, width, dtype, repeats)
+        return time_ort(rows, width, dtype, repeats, rms=self.rms)
 
     def runner(self, rows: int, width: int, dtype: str) -> Runner:
         _check_dtype(dtype)

@@ -1,8 +1,10 @@
-"""Benchmark the native_layer_norm kernel against torch's layer_norm.
+"""Benchmark the native_layer_norm kernel against torch's layer_norm (or, with --norm rms_norm,
+its RMSNorm against torch's rms_norm).
 
 Runs on a GPU host that has torch and wgpu but no ExecuTorch.
     python scripts/bench_layer_norm.py --shapes model --json benchmarks/results/NAME.json
     python scripts/bench_layer_norm.py --shapes model --ort --json benchmarks/results/NAME.json
+    python scripts/bench_layer_norm.py --norm rms_norm --shapes llm --json benchmarks/results/NAME.json
 
 --ort (the `bench` extra: onnxruntime-webgpu, onnx) adds ONNX Runtime's WebGPU
 LayerNormalization in the same run: its kernel's GPU time from ORT's profiler and its
@@ -53,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--accuracy", action="store_true",
                         help="also each implementation's error against float64 LayerNorm on random rows and on rows "
                         "of 1e4 + 1e-2*randn and 300 + randn (ours, torch eager, torch.compile on CUDA)")
+    parser.add_argument("--norm", choices=("layer_norm", "rms_norm"), default="layer_norm",
+                        help="the norm timed: a LayerNorm with weight and bias (default), or an RMSNorm with a "
+                        "weight beside F.rms_norm (--shapes llm: LLM widths)")
     parser.add_argument("--ort", action="store_true",
                         help="also ONNX Runtime's WebGPU LayerNormalization (pip install -e '.[bench]'): its kernel "
                         "from ORT's profiler and session.run host to host; implies --host-path and --accuracy")
@@ -75,11 +80,15 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"argument --json: {exc}")
     cli.quiet_dependencies(args.verbose)
     try:
-        columns = [OrtColumn()] if args.ort else []
+        rms = args.norm == "rms_norm"
+        columns = [OrtColumn(rms)] if args.ort else []
+        # An RMSNorm's ORT column is timed alone: no host path or accuracy beside it.
         result = run_benchmark(shapes, repeats=args.repeats, sweep=args.sweep,
                                progress=lambda line: print(line, flush=True), dtype=args.dtype,
-                               outputs=args.outputs, stats=args.stats, host_path=args.host_path or args.ort,
-                               accuracy=args.accuracy or args.ort, columns=columns, rounds=args.rounds)
+                               outputs=args.outputs, stats=args.stats,
+                               host_path=args.host_path or (args.ort and not rms),
+                               accuracy=args.accuracy or (args.ort and not rms), columns=columns,
+                               rounds=args.rounds, rms=rms)
     except Exception as exc:  # one line for the user, status 1
         print(f"bench_layer_norm: {exc}", file=sys.stderr)
         return 1
