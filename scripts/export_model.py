@@ -82,8 +82,10 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # one line for the user, status 1
         print(f"export_model: {' '.join(str(exc).split())}", file=sys.stderr)
         return 1
+    kinds = ", ".join(f"{kind} {c['delegated']}/{c['total']}" for kind, c in summary["norm_kinds"].items())
     print(f"{summary['model']}-{summary['variant']}: {summary['delegated']}/{summary['layer_norm_ops']} "
-          f"LayerNorms delegated, {summary['pte_bytes'] / 1e6:.1f} MB, {summary['export_seconds']:.1f} s")
+          f"norms delegated{f' ({kinds})' if kinds else ''}, {summary['pte_bytes'] / 1e6:.1f} MB, "
+          f"{summary['export_seconds']:.1f} s")
     print(f"  {summary['pte']}\n  {summary['coverage_json']}")
     return 0
 

@@ -149,8 +149,9 @@ def export_model(
         "parameters": sum(p.numel() for p in spec.module.parameters()),
         "hidden_size": models.family(name).hidden_size(spec.config) if hf is None else hf_width(spec.config),
         "example_input_shapes": [list(t.shape) for t in spec.example_inputs],
-        "layer_norm_ops": coverage.total,
+        "layer_norm_ops": coverage.total,  # every norm found, of every kind (see norm_kinds)
         "delegated": coverage.delegated,
+        "norm_kinds": coverage.kinds,
         "not_delegated": [{"node": node, "reason": reason} for node, reason in coverage.not_delegated],
         "pte": None,
         "pte_bytes": None,
@@ -163,7 +164,7 @@ def export_model(
         first = summary["not_delegated"][0] if summary["not_delegated"] else None
         cause = f"; first: {first['node']} ({first['reason']})" if first else ""
         raise IncompleteDelegationError(
-            f"{stem}: only {coverage.delegated}/{coverage.total} LayerNorms delegated{cause}; see {coverage_path}"
+            f"{stem}: only {coverage.delegated}/{coverage.total} norms delegated{cause}; see {coverage_path}"
         )
 
     # The edge program is not needed after this: serialize it in place.

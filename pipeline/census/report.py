@@ -132,7 +132,7 @@ def _norm_rows(data: dict) -> list[list[object]]:
             for kind, n in sorted(data["norms"].items())]
 
 
-_ROW_HEADERS = ["architecture", "status", "reached", "failed at", "whose", "LayerNorms delegated", "by kind",
+_ROW_HEADERS = ["architecture", "status", "reached", "failed at", "whose", "norms delegated", "by kind",
                 "error / limit (worst output)", "seconds", "peak RSS MB", "cause"]
 
 

@@ -89,9 +89,9 @@ def check_names(names: list[str], known: list[str]) -> None:
 
 
 def progress_line(index: int, total: int, record: dict) -> str:
-    """`[12/631] gpt2: accuracy ok, 4/4 LayerNorms delegated, 6.1 s`."""
+    """`[12/631] gpt2: accuracy ok, 4/4 norms delegated, 6.1 s`."""
     coverage = record.get("coverage")
-    norms = f", {coverage['delegated']}/{coverage['total']} LayerNorms delegated" if coverage else ""
+    norms = f", {coverage['delegated']}/{coverage['total']} norms delegated" if coverage else ""
     seconds = f", {record.get('seconds', 0):.1f} s"
     if record["status"] == "ok":
         skipped = [s for s, e in record["stages"].items() if e["status"] == "skipped"]

@@ -1,7 +1,8 @@
 """One architecture through the census's stages, in this process, stopping at the first failure.
 
     build        tiny config, module and inputs (`pipeline.models.hf`)
-    eager        eager float32 forward, counting the LayerNorm/GroupNorm calls by kind
+    eager        eager float32 forward, counting the LayerNorm/GroupNorm calls by kind (RMSNorms
+                 and hand-written LayerNorms run as plain ops: found in the graph instead)
     export       torch.export
     executorch   the control: the same ExportedProgram lowered by ExecuTorch alone (no
                  partitioner), serialized and run in ExecuTorch's runtime
@@ -11,7 +12,8 @@
     runtime      the rest of `pipeline.lower` (the program serialized, those bytes read by our
                  Python runtime) and the program run
     native       the same bytes in ExecuTorch's runtime with our native backend
-    coverage     every LayerNorm found is delegated
+    coverage     every norm found is delegated (LayerNorm, GroupNorm, RMSNorm, hand-written
+                 LayerNorm), and no chain that looks like a norm is left on the CPU
     accuracy     each output against eager float64: at most twice eager float32's error
 
 A failure in the first four is not ours (the model zoo, PyTorch or ExecuTorch): the control
@@ -44,7 +46,7 @@ class Skipped(Exception):
 
 
 class CoverageError(Exception):
-    """Some LayerNorm of the program stays outside the WebGPU delegate."""
+    """Some norm of the program stays outside the WebGPU delegate."""
 
 
 class AccuracyError(Exception):
@@ -209,7 +211,7 @@ class Census:
                                edge=self.edge)
         in_file = sum(site.delegated for site in self.program.layer_norm_sites)
         if in_file != self.coverage.delegated:
-            raise RuntimeError(f"the serialized program holds {in_file} delegated LayerNorms, the edge program "
+            raise RuntimeError(f"the serialized program holds {in_file} delegated norms, the edge program "
                                f"{self.coverage.delegated}")
         with torch.no_grad():
             self.outputs = _leaves(self.program(*self.inputs))
@@ -246,7 +248,7 @@ class Census:
                                    "dead": dead, "eager_calls": len(self.eager_calls), "by_kind": kinds}
         if not coverage.complete:
             first = coverage.not_delegated[0] if coverage.not_delegated else ("", "")
-            raise CoverageError(f"{coverage.delegated}/{coverage.total} LayerNorms delegated; "
+            raise CoverageError(f"{coverage.delegated}/{coverage.total} norms delegated; "
                                 f"{first[0]}: {first[1]}")
 
     def _accuracy(self) -> None:
