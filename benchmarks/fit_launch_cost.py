@@ -2,7 +2,7 @@
 launch: time = fixed + effective bytes / rate, least squares over the shapes of at least
 --min-mb MB of input whose width is a multiple of 4 (where the WGSL copy was timed too).
 
-    python benchmarks/fit_launch_cost.py benchmarks/results/h200-nvidia-vulkan.json
+    python benchmarks/fit_launch_cost.py benchmarks/results/h200-tuned/h200-wgpu-bench-float32.json
 """
 import argparse
 import json

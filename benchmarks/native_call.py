@@ -1,11 +1,10 @@
-"""A LayerNorm delegate's call from host tensors to host tensors in both runtimes, same run
-(issue 21, item 2): one nn.LayerNorm lowered as `pipeline.lower` does and saved, then its
-forward timed in ExecuTorch's C++ runtime with the native WebGPUBackend
-(`pipeline.native.load`) and in our Python runtime (`pipeline.load`), beside the Python
-runtime's bare delegate call (`call_us`: `pipeline.benchmark.layer_norm_delegate`, one
-crossing into C++ on wgpu), the same call launched from Python (`python_launch_us`:
-`native_layer_norm`, resident weight and bias) and torch on the CPU. Interleaved per shape
-(A B C D D C B A, the mean of both medians).
+"""A LayerNorm delegate's call from host tensors to host tensors in both runtimes, same run:
+one nn.LayerNorm lowered as `pipeline.lower` does and saved, then its forward timed in
+ExecuTorch's C++ runtime with the native WebGPUBackend (`pipeline.native.load`) and in our
+Python runtime (`pipeline.load`), beside the Python runtime's bare delegate call (`call_us`:
+`pipeline.benchmark.layer_norm_delegate`, one crossing into C++ on wgpu), the same call
+launched from Python (`python_launch_us`: `native_layer_norm`, resident weight and bias) and
+torch on the CPU. Interleaved per shape (A B C D D C B A, the mean of both medians).
 
     python benchmarks/native_call.py [--shapes 16x768,1500x384,...] [--json FILE]
 

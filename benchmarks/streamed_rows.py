@@ -1,7 +1,7 @@
-"""Issue 31, item 6, measured: the kernel against aten.native_layer_norm on rows either side
-of the held/streamed boundary, on both reduction paths (tests/test_streamed_rows.py holds
-the bounds). Prints, per dtype, row kind and path, the kernel's worst error against float64
-over aten's, for out / mean / rstd (rows of 16, widths 5-8196), then the issue's examples.
+"""The kernel against aten.native_layer_norm on rows either side of the held/streamed
+boundary, on both reduction paths (tests/test_streamed_rows.py holds the bounds). Prints, per
+dtype, row kind and path, the kernel's worst error against float64 over aten's, for out / mean
+/ rstd (rows of 16, widths 5-8196), then constant rows that once went wrong.
 
     python benchmarks/streamed_rows.py
 
@@ -58,7 +58,7 @@ def main() -> None:
                     print(line)
         finally:
             g.subgroup_size = saved
-    print("issue examples (kernel | aten):")
+    print("constant rows (kernel | aten):")
     examples = [("constant 1e10", 2049, 1e10, EPS), ("constant 33", 3000, 33.0, EPS),
                 ("constant 1e10, eps 0", 4097, 1e10, 0.0), ("constant 3e38", 2049, 3e38, EPS),
                 ("constant 3e38", 8196, 3e38, EPS)]

@@ -35,7 +35,7 @@ def candidates(rule: KernelConfig) -> list[KernelConfig]:
     256; then, where they fit, its rows read in 16-byte words at a quarter, half, the same and
     twice its threads per row, in the same workgroups (`layouts.unusable` says which). A
     quarter: a word holds two of the rule's loads (on the H200 the best words took the rule's
-    threads or half as many; docs/measurements.md, "16-byte words")."""
+    threads or half as many; docs/measurements.md, "Layouts tuned on the device")."""
     held = [c for c in candidate_configs(rule)[1:] if c.hold and unusable(rule, c.threads_per_row, c.workgroup) is None]
     words = [rule.relaid(threads, workgroup, wide_words=True)
              for threads in (rule.threads_per_row // 4, rule.threads_per_row // 2, rule.threads_per_row,

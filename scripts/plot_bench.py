@@ -5,9 +5,9 @@ instead (a delegate's call, pipeline.layer_norm, the CUDA round trip, torch on t
 session.run where the JSON has it, and the kernel alone), on a log scale; with --accuracy, each
 implementation's max abs error against float64 by shape, one panel per kind of row.
 
-    python scripts/plot_bench.py benchmarks/results/h200-nvidia-vulkan.json benchmarks/results/h200-nvidia-vulkan.png
-    python scripts/plot_bench.py --host-path benchmarks/results/h200-host-path.json benchmarks/results/h200-host-path.png
-    python scripts/plot_bench.py --accuracy benchmarks/results/h200-ort-float32.json benchmarks/results/h200-ort-float32-accuracy.png
+    python scripts/plot_bench.py benchmarks/results/h200-tuned/h200-wgpu-bench-float32.json out/h200-wgpu-float32.png
+    python scripts/plot_bench.py --host-path benchmarks/results/h200-host-path.json out/h200-host-path.png
+    python scripts/plot_bench.py --accuracy benchmarks/results/h200-ort/h200-ort-float32.json out/h200-ort-float32-accuracy.png
 """
 
 from __future__ import annotations

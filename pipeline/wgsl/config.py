@@ -49,7 +49,7 @@ PARAMS_BYTES = 16
 # through the sums (KernelConfig.late_affine). On the H200, 12-14% faster at float32
 # 1500x1280 and 10-11% at float16 4096x3072 (in the frame), from 2% faster to 3% slower at
 # the other model shapes it covers; at the model shapes of fewer values a thread, late was up
-# to 8% slower (docs/measurements.md, "Where float16 stands against the copy").
+# to 8% slower (docs/measurements.md, "How the kernel got here").
 LATE_AFFINE_VALUES = 20
 
 # Half rows take each thread's squares in its correction pass, about its share's first mean,
@@ -61,7 +61,7 @@ LATE_AFFINE_VALUES = 20
 # pass of their own too: with the squares in the correction pass, the H200's float32 mean of
 # rows near zero came out 1.5-2.5x eager's error from float64 (median; 1x in their own pass),
 # while out and rstd, and the mean rounded to a half dtype, did not move (docs/measurements.md,
-# "Where float16 stands against the copy").
+# "How the kernel got here" and "Open questions").
 
 # Held half rows of a launch that stores no mean and rstd (the models' delegates) take the
 # textbook two-pass in d = x - first (KernelConfig.plain_two_pass, normalize_plain): half
@@ -73,9 +73,9 @@ LATE_AFFINE_VALUES = 20
 # float32, so launches that store the mean keep rows in their frame.
 # On the H200 the frame's path took 0.4-16% more time at the 9 float16 model shapes of 4 MB
 # or more (wgpu and Dawn; most at width 1024), within 1.3% less at a few small ones; plain rows
-# load weight and bias with x, which won or tied at every model shape (docs/measurements.md,
-# "float16 rows without the frame"). For bfloat16 rows the frame's path took 0.8-20% more
-# time at all 19 model shapes (docs/measurements.md, "bfloat16 against the copy").
+# load weight and bias with x, which won or tied at every model shape. For bfloat16 rows the
+# frame's path took 0.8-20% more time at all 19 model shapes (docs/measurements.md, "How the
+# kernel got here").
 
 # The markers of the kernel file's lines written out once per value (`written_out`), and
 # the most values `choose_config` writes each out for. Held lines that load or use weight

@@ -34,12 +34,13 @@
 // the call marked `// plain rows in 16-byte words` instead of the plain rows' ones), and
 // those marked `// each step value` STEP times, K (and the suffix _K of names) becoming 0,
 // 1, ...: loops over a private array, which Naga bounds with a counter of its own, were
-// measured much slower than the same statements written out (docs/measurements.md, v4).
+// measured much slower than the same statements written out (docs/measurements.md, "How the
+// kernel got here").
 //
 // Statistics in the row's frame: each value x enters them as d = x * scale - first * scale,
 // `first` the row's first value and `scale` 1, or 2^-8 where |first| >= 1 (row_frame); the
 // row's mean is first + mean(d) / scale and its M2 is M2(d) / scale^2, both scalings exact
-// (unframed). Taken of x itself, the statistics went wrong three ways (issue 31):
+// (unframed). Taken of x itself, the statistics went wrong three ways:
 // - a constant row has every d exactly 0, so its mean is its value, its M2 exactly 0 and
 //   its output exactly 0 (+ bias) whatever its split over threads; eps = 0 then gives rstd
 //   inf and out NaN, as aten does. The threads' means of x weighed by count / width,
@@ -111,7 +112,7 @@ fn is_finite(value: f32) -> bool {
 // folds (a - (a + b)) + b to 0, and with it what the sum a + b dropped in rounding (Fast2Sum,
 // Knuth's two-sum); a sum passed through here keeps that. Without it the merges' low part
 // was lost on the H200: forced-streamed half rows of mean 0 came out 2.3-5.7x eager's error
-// in their float32 mean (docs/measurements.md, "The exact floor", its last points).
+// in their float32 mean (docs/measurements.md, "Accuracy on the H200").
 fn opaque(v: f32) -> f32 {
     return bitcast<f32>(bitcast<u32>(v) ^ params.zero);
 }
@@ -446,7 +447,7 @@ fn normalize_plain(tid: u32, row: u32, lanes: u32) {
 // + lane of its row, so that none lies past the row's end and nothing is tested. Weight and
 // bias come in words too. The H200 loads a plain half row 16 bytes at a time 2-3.4% faster
 // at some model shapes and up to 2.5% slower at others, so a tuned layout chooses it
-// (docs/measurements.md, runs 26-27).
+// (docs/measurements.md, "Layouts tuned on the device").
 fn normalize_wide(tid: u32, row: u32, lanes: u32) {
     let lane = tid % THREADS_PER_ROW;
     let base = row_base(row);
