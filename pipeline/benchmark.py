@@ -336,7 +336,7 @@ def layer_norm_delegate(weight: torch.Tensor, bias: torch.Tensor, eps: float = 1
     dtype, also the input's), the output alone returned. Its call crosses into C++ on wgpu
     (pipeline.runtime.native_call) and launches from Python on Dawn or with
     PIPELINE_NATIVE_CALL=0, as the process's setting says when it is made."""
-    from pipeline.pte import blob
+    from pipeline import blob
     from pipeline.runtime.delegate import LayerNormDelegate
 
     def array(t: torch.Tensor) -> np.ndarray:

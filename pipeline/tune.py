@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from pipeline.benchmark import candidate_configs, time_kernel
-from pipeline.pte.blob import NONE
+from pipeline.blob import NONE
 from pipeline.runtime.device import gpu
 from pipeline.wgsl.config import KernelConfig
 from pipeline.wgsl.layouts import Launch, Layout, Layouts, unusable

@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from pipeline.pte import blob
-from pipeline.pte.blob import CONSTANT, INPUT, DelegateBlob, LayerNormParams, Operand, decode, encode
+from pipeline import blob
+from pipeline.blob import CONSTANT, INPUT, DelegateBlob, LayerNormParams, Operand, decode, encode
 
 
 def make_blob(shape=(4, 3), weight=CONSTANT, bias=CONSTANT, outputs=(0, 1, 2), eps=1e-5, dtype="float32",
@@ -296,7 +296,7 @@ def test_encode_refuses_params_the_format_cannot_hold():
 
 def test_blob_and_delegate_runner_do_not_import_executorch():
     code = (
-        "import sys, pipeline.pte.blob, pipeline.runtime.delegate; "
+        "import sys, pipeline.blob, pipeline.runtime.delegate; "
         "bad = [m for m in sys.modules if m.split('.')[0] in ('executorch', 'transformers')]; "
         "assert not bad, bad"
     )

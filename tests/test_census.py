@@ -129,7 +129,7 @@ def _raises_in(path: str):
 
 
 @pytest.mark.parametrize("path, stage", [("/x/pipeline/aot/preprocess.py", "preprocess"),
-                                         ("/x/pipeline/pte/blob.py", "preprocess"),
+                                         ("/x/pipeline/blob.py", "preprocess"),
                                          ("/x/pipeline/aot/partitioner.py", "partitioner")])
 def test_a_lowering_failure_is_classed_by_where_it_was_raised(path, stage, monkeypatch):
     monkeypatch.setitem(sys.modules, "pipeline.aot.lowering", SimpleNamespace(lower_to_edge=_raises_in(path)))

@@ -25,9 +25,10 @@ from flatbuffers.table import Table
 from torch import nn
 
 import pipeline
+from pipeline import blob
 from pipeline.evaluation.artifact import runtime_loader
 from pipeline.outputs import same_outputs
-from pipeline.pte import blob, operators
+from pipeline.pte import operators
 from pipeline.pte.file import PteError, PteFile
 from support.models import SmallBlock as Block
 from support.waits import within

@@ -11,10 +11,10 @@ from torch import nn
 from torch.export import Dim
 
 import pipeline
+from pipeline import blob
 from pipeline.aot.lowering import export_for_cpu_backend
 from pipeline.aot.partitioner import LayerNormPartitioner
 from pipeline.interpreter.program import Program
-from pipeline.pte import blob
 from pipeline.pte.file import PteFile
 from pipeline.runtime import stats
 from support.inputs import randn, seeded

@@ -310,7 +310,7 @@ def child() -> int:
     """In a process whose PIPELINE_LAYOUTS names a table: each TUNED launch through the C++
     call and the Python launch, same bits, and not the rule's bits (the layout changed the
     sums' order). Prints a JSON line; exit 3 when the device refused the table."""
-    from pipeline.pte import blob
+    from pipeline import blob
     from pipeline.runtime import delegate as delegate_module
     from pipeline.runtime import device as runtime_device
     from pipeline.runtime import launch, native_call

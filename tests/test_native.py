@@ -23,9 +23,8 @@ from torch import nn
 from torch.export import Dim
 
 import pipeline
-from pipeline.pte import blob
-from pipeline.pte.blob import CONSTANT, DYNAMIC, INPUT, NONE, DelegateBlob, LayerNormParams, Operand
-from pipeline import wgsl
+from pipeline import blob, wgsl
+from pipeline.blob import CONSTANT, DYNAMIC, INPUT, NONE, DelegateBlob, LayerNormParams, Operand
 from pipeline.native import build as native_build
 from pipeline.native import generate
 from pipeline.wgsl import ShaderFiles

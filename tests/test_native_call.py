@@ -14,8 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline import runtime
-from pipeline.pte import blob
+from pipeline import blob, runtime
 from pipeline.native import build as native_build
 from pipeline.runtime import delegate as delegate_module
 from pipeline.runtime import device as runtime_device

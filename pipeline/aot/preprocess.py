@@ -1,5 +1,5 @@
 """WebGPUBackend.preprocess: one norm's partition (a native_layer_norm or an rms_norm) -> a
-`pipeline.pte.blob` delegate blob."""
+`pipeline.blob` delegate blob."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from executorch.exir.dialects._ops import ops as exir_ops
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
-from pipeline.pte import blob as blob_format
+from pipeline import blob as blob_format
 
 NATIVE_LAYER_NORM = exir_ops.edge.aten.native_layer_norm.default
 # An RMSNorm reaches the edge program whole where the partitioner keeps it from decomposing.

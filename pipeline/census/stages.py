@@ -191,7 +191,7 @@ class Census:
         from executorch.exir.lowered_backend_module import LoweredBackendModule
 
         from pipeline.aot.preprocess import WebGPUBackend
-        from pipeline.pte import blob
+        from pipeline import blob
 
         for lowered in self.edge.exported_program().graph_module.children():
             if isinstance(lowered, LoweredBackendModule) and lowered.backend_id == WebGPUBackend.__name__:
@@ -290,7 +290,7 @@ def _build_lock():
 
 
 # Where a failure inside lowering is preprocess's: our backend's preprocess and the blob format.
-_PREPROCESS_FILES = ("pipeline/aot/preprocess.py", "pipeline/pte/blob.py")
+_PREPROCESS_FILES = ("pipeline/aot/preprocess.py", "pipeline/blob.py")
 
 
 def _raised_in(exc: BaseException, files: tuple[str, ...]) -> bool:

@@ -62,7 +62,7 @@ def run_in_executorch(buffer: bytes, inputs: Sequence) -> list:
 def webgpu_call_order(pte) -> list[int]:
     """The plan's WebGPU delegate indices in the order its instructions call them. Raises
     ValueError when the order is not fixed (jumps or several chains)."""
-    from pipeline.pte.blob import BACKEND_ID
+    from pipeline.blob import BACKEND_ID
 
     plan = pte.plan
     if len(plan.chains) != 1 or any(hasattr(i.instr_args, "destination_instruction")

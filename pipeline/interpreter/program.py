@@ -23,10 +23,11 @@ import torch
 import torch.utils._pytree as pytree
 from executorch.exir import schema
 
-from pipeline.pte import inputs as _inputs
-from pipeline.pte import blob, operators, verify
-from pipeline.pte.file import PteError, PteFile
+from pipeline import blob
 from pipeline.ioutil import write_bytes_atomic
+from pipeline.pte import inputs as _inputs
+from pipeline.pte import operators, verify
+from pipeline.pte.file import PteError, PteFile
 from pipeline.runtime.delegate import LayerNormDelegate
 
 MAX_INSTRUCTIONS = 10_000_000  # ExecuTorch's cap on one run

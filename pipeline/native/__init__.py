@@ -5,7 +5,7 @@
     program = pipeline.native.load("model.pte")
     outputs = program(*inputs)          # a list of tensors, as ExecuTorch's runtime returns
 
-The backend (C++ in this folder) decodes the same blob as `pipeline.pte.blob`, runs the same
+The backend (C++ in this folder) decodes the same blob as `pipeline.blob`, runs the same
 WGSL files with the same configuration rule as `pipeline.runtime`, and is built against
 the installed executorch and wgpu wheels by `python -m pipeline.native.build`.
 """
@@ -18,7 +18,7 @@ import sys
 import threading
 from pathlib import Path
 
-from pipeline.pte.blob import BACKEND_ID
+from pipeline.blob import BACKEND_ID
 
 __all__ = ["NativeProgram", "check_blob", "check_layouts", "load", "register", "wgsl_source"]
 
@@ -127,7 +127,7 @@ def wgsl_source(width: int, has_weight: bool, has_bias: bool, subgroup_size: int
     `compiler` ("naga" or "tint") takes it; `affine_dtype` (of weight and bias) defaults to
     `dtype`; `rows` is the launch's (0: the rule by width alone); `layouts`, a layouts
     file's text whose layout the launch takes where it has one; `rms`, an RMSNorm's."""
-    from pipeline.pte.blob import DTYPE_CODES
+    from pipeline.blob import DTYPE_CODES
 
     lib = library()
     table = None if layouts is None else layouts.encode()
@@ -228,7 +228,7 @@ class NativeProgram:
 def _check_rows_fit(pte) -> None:
     """PteError unless a row of each of our delegates fits a binding on the backend's device
     (ExecuTorch's runtime would report only an error code)."""
-    from pipeline.pte import blob
+    from pipeline import blob
     from pipeline.pte.file import PteError
 
     limit = library().pipeline_webgpu_binding_limit()

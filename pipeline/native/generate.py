@@ -6,7 +6,7 @@ decides is written once (the ExecuTorch Vulkan backend's way with its shader var
 - kernel_config.h: the configuration rule's numbers and the pieces of every WGSL module
   (pipeline.wgsl.config): the C++ picks pieces by the configuration and writes only the
   per-pipeline constants itself, as `constant` formats them;
-- blob_layout.h: the delegate blob's byte layout and codes (pipeline.pte.blob);
+- blob_layout.h: the delegate blob's byte layout and codes (pipeline.blob);
 - environment.h: the names of the environment variables both sides read (pipeline.environment).
 
 Imports no torch and no WebGPU implementation (`pipeline.native.build` runs it before
@@ -20,8 +20,7 @@ import struct
 
 import numpy as np
 
-from pipeline import environment, wgsl
-from pipeline.pte import blob
+from pipeline import blob, environment, wgsl
 from pipeline.wgsl import config, layouts
 
 # The kernel files the backend embeds (pipeline/wgsl/ also holds benchmark-only shaders).
@@ -132,7 +131,7 @@ def blob_header() -> str:
     names = ", ".join(f'"{name}"' for name in blob.DTYPE_CODES)
     sources = ", ".join(f"{cpp_name(name)} = {code}" for name, code in blob.SOURCE_CODES.items())
     outputs = ", ".join(f"{cpp_name(name)} = {i}" for i, name in enumerate(blob.OUTPUT_NAMES))
-    return (_preamble("pipeline/pte/blob.py") + _NAMESPACE[0]
+    return (_preamble("pipeline/blob.py") + _NAMESPACE[0]
             + "// Dtype codes of the params' dtype and affine_dtype fields, and each one's bytes and name.\n"
             + codes + f"inline constexpr uint32_t kDtypeBytes[] = {{{itemsizes}}};\n"
             + f"inline constexpr const char* kDtypeNames[] = {{{names}}};\n"

@@ -1,4 +1,5 @@
-"""The `.pte` file and its checks, shared by both runtimes: the framing and flatbuffer
-(`file`), the delegate blob (`blob`), structure/shape/dtype checks (`verify`, with the
-operator table of `operators`), XNNPACK payload checks and the call's input checks.
+"""ExecuTorch's program and its checks, shared by both runtimes: the framing and flatbuffer
+(`file`), structure/shape/dtype checks (`verify`, with the operator table of `operators`), the
+call's input checks (`inputs`) and XNNPACK's payloads (`xnnpack_payload`). Our own delegate's
+format is `pipeline.blob`.
 """

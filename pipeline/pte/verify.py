@@ -799,7 +799,7 @@ def _check_delegate(plan: schema.ExecutionPlan, a: schema.DelegateCall, values: 
 def layer_norm_outputs(params, args: list) -> list[torch.Tensor]:
     """What a WebGPU LayerNorm delegate with `params` returns when called with `args`
     (inputs, then outputs), as meta tensors; CheckError when the inputs do not fit it."""
-    from pipeline.pte.blob import INPUT
+    from pipeline.blob import INPUT
 
     n_in, n_out = params.arguments, len(params.outputs)
     if len(args) != n_in + n_out:
@@ -834,7 +834,7 @@ def check_program(pte, backend_id: str) -> None:
     backends too (ExecuTorch's): our delegates' blobs are decoded and their outputs
     derived, XNNPACK's payloads checked (`xnnpack_payload`), others' outputs taken as
     declared. CheckError otherwise."""
-    from pipeline.pte import blob
+    from pipeline import blob
     from pipeline.pte import xnnpack_payload
 
     params = {}

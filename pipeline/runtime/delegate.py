@@ -4,7 +4,7 @@
 On wgpu the call crosses into C++ once (native_call: the native backend's launch, built
 without ExecuTorch); on Dawn, or with PIPELINE_NATIVE_CALL=0, it launches from Python
 (native_layer_norm). Same WGSL, same configuration, the same bits either way.
-Shares only `pipeline.pte.blob` with the ahead-of-time side; never imports ExecuTorch.
+Shares only `pipeline.blob` with the ahead-of-time side; never imports ExecuTorch.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import math
 import numpy as np
 import torch
 
-from pipeline.pte import blob as blob_format
+from pipeline import blob as blob_format
 from pipeline.runtime import device, native_call
 from pipeline.runtime.launch import _STORED, DTYPES, binding_limit, check_arguments, native_layer_norm, rms_norm
 

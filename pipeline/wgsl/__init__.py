@@ -14,7 +14,7 @@ from importlib import resources
 
 import numpy as np
 
-# The kernel's storage types, as torch names them (the blob numbers them: pipeline.pte.blob).
+# The kernel's storage types, as torch names them (the blob numbers them: pipeline.blob).
 DTYPES = ("float32", "float16", "bfloat16")
 
 # The shader compilers that need an `enable` directive before a module may use subgroup

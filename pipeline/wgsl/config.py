@@ -14,7 +14,7 @@ import math
 import re
 from dataclasses import dataclass, replace
 
-from pipeline.pte.blob import DTYPE_CODES
+from pipeline.blob import DTYPE_CODES
 from pipeline.wgsl import ShaderFiles
 
 SHADER = "native_layer_norm.wgsl"

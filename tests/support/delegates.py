@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from pipeline.pte import blob
+from pipeline import blob
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
