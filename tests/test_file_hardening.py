@@ -568,6 +568,26 @@ def test_the_cpp_backend_refuses_a_special_layouts_file_without_waiting(special_
         assert re.search(f"{path}: cannot read the layouts file: {why}", result.stdout), result.stdout + result.stderr
 
 
+def test_the_layouts_reader_refuses_a_special_file_without_waiting(special_tables):
+    # The reader tune_layouts --append uses; before, a named pipe hung it and /dev/zero was read without end.
+    from pipeline.wgsl.layouts import LayoutsError, read
+
+    for path, why in special_tables:
+        with within(20), pytest.raises(LayoutsError, match=f"{path}: cannot read the layouts file: .*{why}"):
+            read(path)
+
+
+def test_tune_layouts_refuses_a_special_table_to_append_to_without_waiting(special_tables, capsys):
+    from support.scripts import load_script
+
+    tune_layouts = load_script("tune_layouts")
+    for path, why in special_tables:
+        with within(20), pytest.raises(SystemExit) as info:
+            tune_layouts.main(["--out", str(path), "--append", "--shapes", "4x8"])
+        err = capsys.readouterr().err
+        assert info.value.code == 2 and re.search(f"{path}: cannot read the layouts file: .*{why}", err), err
+
+
 def test_an_inputs_file_that_is_a_named_pipe_is_refused_without_waiting(tmp_path):
     from pipeline.evaluation.artifact import read_inputs
 

@@ -20,8 +20,7 @@ import numpy as np
 import torch
 
 from pipeline import wgsl
-from pipeline.environment import F16_PACK_ENV, LAYOUTS_ENV, LAYOUTS_MAX_BYTES, SUBGROUPS_ENV
-from pipeline.ioutil import read_regular
+from pipeline.environment import F16_PACK_ENV, LAYOUTS_ENV, SUBGROUPS_ENV
 from pipeline.runtime.webgpu import Pipeline
 from pipeline.wgsl import layouts as layouts_file
 from pipeline.wgsl.config import THREADED_COPY_BYTES
@@ -282,13 +281,7 @@ def _tuned_layouts() -> layouts_file.Layouts | None:
     regular file, or larger than LAYOUTS_MAX_BYTES), or None; checked against the device by
     the caller."""
     path = os.environ.get(LAYOUTS_ENV, "")
-    if not path:
-        return None
-    try:
-        text = read_regular(path, LAYOUTS_MAX_BYTES).decode("utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise layouts_file.LayoutsError(f"{path}: cannot read the layouts file: {exc}") from None
-    return layouts_file.parse(text, path)
+    return layouts_file.read(path) if path else None
 
 
 def _run_probe(g: Gpu, shader: str, contents: list[np.ndarray], groups: int, read: int,

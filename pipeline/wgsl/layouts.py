@@ -35,6 +35,8 @@ import os
 import re
 from dataclasses import dataclass, field, replace
 
+from pipeline.environment import LAYOUTS_MAX_BYTES
+from pipeline.ioutil import read_regular
 from pipeline.wgsl import DTYPES
 from pipeline.wgsl.config import MAX_HOLD, MAX_THREADS_PER_ROW, MIN_WORKGROUP, KernelConfig, choose_config
 
@@ -205,10 +207,12 @@ def _layout_line(values: list[str], where: str) -> tuple[Launch, Layout]:
 
 
 def read(path: str | os.PathLike) -> Layouts:
-    """The table in the file at `path`; LayoutsError when it cannot be read or parsed."""
+    """The table in the file at `path`, read as both runtimes read PIPELINE_LAYOUTS: only a
+    regular file, opened without blocking, at most LAYOUTS_MAX_BYTES of it; LayoutsError when
+    it cannot be read (a named pipe, /dev/zero, a larger file) or parsed."""
     try:
-        with open(path, encoding="utf-8", newline="") as f:  # line ends as the C++ reader sees them
-            text = f.read()
+        # Bytes decoded whole: line ends as the C++ reader sees them.
+        text = read_regular(path, LAYOUTS_MAX_BYTES).decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise LayoutsError(f"{path}: cannot read the layouts file: {exc}") from exc
-    return parse(text, str(path))
+        raise LayoutsError(f"{path}: cannot read the layouts file: {exc}") from None
+    return parse(text, os.fspath(path))
