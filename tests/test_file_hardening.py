@@ -457,6 +457,34 @@ def test_a_bad_coverage_file_is_an_artifact_error(exported, tmp_path, change, me
             read(tmp_path / pte.name)
 
 
+def test_a_coverage_file_that_is_special_too_large_or_too_deep_is_refused_without_waiting(exported, tmp_path, capsys):
+    # Before: a named pipe there hung run_pte and the --pte reports, and /dev/zero was read without end.
+    from pipeline.evaluation.artifact import COVERAGE_MAX_BYTES, ArtifactError, read_artifact_file
+    from support.scripts import load_script
+
+    _, pte, coverage = exported
+    copy, target = tmp_path / pte.name, tmp_path / coverage.name
+    copy.write_bytes(pte.read_bytes())
+
+    def sparse(path):
+        with open(path, "wb") as f:
+            f.truncate(COVERAGE_MAX_BYTES + 1)
+
+    run_pte = load_script("run_pte")
+    for make, why in ((os.mkfifo, r"Not a regular file \(a named pipe\)"),
+                      (lambda p: os.symlink("/dev/zero", p), r"Not a regular file \(a character device\)"),
+                      (sparse, f"Larger than {COVERAGE_MAX_BYTES} bytes"),
+                      (lambda p: p.write_text("[" * 100_000), "JSON nested too deep")):
+        make(target)
+        with within(20), pytest.raises(ArtifactError, match=f"{coverage.name} unreadable: .*{why}"):
+            read_artifact_file(copy)
+        with within(20):
+            assert run_pte.main([str(copy)]) == 1
+        err = capsys.readouterr().err
+        assert len(err.splitlines()) == 1 and re.search(f"{coverage.name} unreadable: .*{why}", err), err
+        target.unlink()
+
+
 def test_the_coverage_audit_of_a_file_that_cannot_run_fails(exported, tmp_path, monkeypatch, capsys):
     # Before: "complete" (the audit counted the file's delegates and never ran it).
     from pipeline.evaluation.runner import report_main

@@ -18,11 +18,15 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from pipeline.ioutil import open_regular
+from pipeline.ioutil import open_regular, read_regular
 
 
 class ArtifactError(ValueError):
     """A `.pte` and its `.coverage.json` do not belong together, or the pair is incomplete."""
+
+
+# A coverage file is a few kB (florence2-base's 23 kB): one larger than this is not an export's.
+COVERAGE_MAX_BYTES = 16 << 20
 
 
 # What readers take from a coverage file: key -> (JSON types it may have, required).
@@ -106,9 +110,12 @@ def read_artifact_file(pte_path: str | os.PathLike) -> tuple[dict[str, Any], byt
 def _read_summary(pte_path: str | os.PathLike) -> dict[str, Any]:
     summary_path = coverage_path_of(pte_path)
     try:
-        summary = json.loads(Path(summary_path).read_text())
+        # Only a regular file, and no more of it than an export writes: a named pipe is not waited on.
+        summary = json.loads(read_regular(summary_path, COVERAGE_MAX_BYTES))
     except FileNotFoundError:
         raise ArtifactError(f"{summary_path} not found: the model, variant and seed of {pte_path} are unknown") from None
+    except RecursionError:
+        raise ArtifactError(f"{summary_path} unreadable: JSON nested too deep") from None
     except (OSError, ValueError) as exc:
         raise ArtifactError(f"{summary_path} unreadable: {exc}") from None
     if not isinstance(summary, dict) or not isinstance(summary.get("pte_sha256"), str):
