@@ -28,8 +28,12 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from pipeline import cli  # noqa: E402
-from pipeline.ioutil import check_output_file, write_bytes_atomic  # noqa: E402
+from pipeline.ioutil import check_output_file, read_regular, write_bytes_atomic  # noqa: E402
 from pipeline.benchmark import effective_gbps  # noqa: E402
+
+# A results file is tens of kB; one larger than this is not bench_layer_norm's.
+RESULTS_MAX_BYTES = 64 << 20
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -46,10 +50,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"argument png: {exc}")
     cli.quiet_dependencies(args.verbose)
     try:
-        with open(args.results) as f:
-            data = json.load(f)
+        data = json.loads(read_regular(args.results, RESULTS_MAX_BYTES))  # a named pipe is refused, not waited on
         rows = [r for r in data["results"] if r["rows"] * r["width"] >= 1024]
-    except (OSError, ValueError, KeyError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
         print(f"plot_bench: cannot read {args.results}: {exc}", file=sys.stderr)
         return 1
     labels = [f"{r['rows']}x{r['width']}" for r in rows]

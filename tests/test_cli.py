@@ -195,6 +195,26 @@ def test_plot_output_path_is_checked_first(capsys, tmp_path):
     assert "is not a directory" in exits_2_before_work(plot.main, argv, capsys)
 
 
+def test_plot_refuses_results_that_are_special_or_too_large_without_waiting(capsys, tmp_path):
+    # Before: a named pipe as the results file hung plot_bench, and /dev/zero was read without end.
+    import os
+
+    from support.waits import within
+
+    plot = load_script("plot_bench")
+    fifo, large = tmp_path / "fifo.json", tmp_path / "large.json"
+    os.mkfifo(fifo)
+    with open(large, "wb") as f:
+        f.truncate(plot.RESULTS_MAX_BYTES + 1)
+    for path, why in ((fifo, "a named pipe"), ("/dev/zero", "a character device"),
+                      (large, f"Larger than {plot.RESULTS_MAX_BYTES} bytes")):
+        with within(20):
+            assert plot.main([str(path), str(tmp_path / "a.png")]) == 1
+        err = capsys.readouterr().err
+        assert len(err.splitlines()) == 1 and f"cannot read {path}" in err and why in err, err
+    assert not (tmp_path / "a.png").exists()
+
+
 def test_plot_host_path_needs_the_host_path_columns(capsys, tmp_path):
     import json
 
