@@ -4,6 +4,7 @@ files as a set (all written before any is renamed). Reads of regular files only,
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import stat
@@ -176,3 +177,9 @@ def read_regular(path: str | os.PathLike, limit: int) -> bytes:
     if len(data) > limit:
         raise FileTooLarge(path, limit)
     return data
+
+
+def sha256_regular(path: str | os.PathLike) -> str:
+    """The sha256 of the regular file at `path` (`open_regular`), read in chunks."""
+    with open_regular(path) as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()

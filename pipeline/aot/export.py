@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pipeline.ioutil import json_bytes, write_files_atomic, write_json_atomic
+from pipeline.ioutil import json_bytes, sha256_regular, write_files_atomic, write_json_atomic
 from pipeline.outputs import same_outputs
 
 
@@ -140,7 +140,7 @@ def export_model(
         "hf": None if hf is None else os.path.realpath(hf),
         "task": task,
         "inputs": None if inputs is None else os.path.realpath(inputs),
-        "inputs_sha256": None if inputs is None else hashlib.sha256(Path(inputs).read_bytes()).hexdigest(),
+        "inputs_sha256": None if inputs is None else sha256_regular(inputs),
         "input_names": None if spec.input_names is None else list(spec.input_names),
         "seed": seed,
         "dynamic": dynamic,

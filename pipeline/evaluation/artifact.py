@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from pipeline.ioutil import open_regular, read_regular
+from pipeline.ioutil import open_regular, read_regular, sha256_regular
 
 
 class ArtifactError(ValueError):
@@ -202,8 +202,7 @@ def _build_hf(summary: dict[str, Any], audio) -> Any:
             raise ArtifactError(f"export summary: {key} {path!r} is not an absolute path; export again")
     if inputs is not None:
         try:
-            with open_regular(inputs) as f:
-                digest = hashlib.file_digest(f, "sha256").hexdigest()
+            digest = sha256_regular(inputs)
         except OSError as exc:
             raise ArtifactError(f"export summary: the inputs file {inputs} cannot be read: {exc}") from None
         if digest != summary.get("inputs_sha256"):
