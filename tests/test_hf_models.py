@@ -230,6 +230,35 @@ def test_from_hf_refuses_unusable_directories(tmp_path, damage, message):
     assert str(directory) in str(caught.value)
 
 
+@pytest.mark.parametrize("index", ["model.safetensors.index.json", "pytorch_model.bin.index.json"])
+def test_a_shard_index_is_read_once_and_hashed_as_parsed(tmp_path, monkeypatch, index):
+    # Before: read again, whole and as any file, for the hash (a file swapped in between was hashed unchecked).
+    from pathlib import Path
+
+    from pipeline.models import checkpoint
+
+    model = _saved(tmp_path)
+    (tmp_path / "model.safetensors").unlink()
+    if index.startswith("model"):
+        model.save_pretrained(tmp_path, max_shard_size="40KB")
+    else:
+        state = {k: v.contiguous() for k, v in model.state_dict().items()}
+        names = sorted(state)
+        halves = {"pytorch_model-00001-of-00002.bin": names[::2], "pytorch_model-00002-of-00002.bin": names[1::2]}
+        for file, keys in halves.items():
+            torch.save({k: state[k] for k in keys}, tmp_path / file)
+        (tmp_path / index).write_text(json.dumps({"weight_map": {k: f for f, keys in halves.items() for k in keys}}))
+    reads, bounded = [], checkpoint.read_regular
+    monkeypatch.setattr(checkpoint, "read_regular", lambda path, limit: reads.append(Path(path).name) or bounded(path, limit))
+    whole = Path.read_bytes
+    monkeypatch.setattr(Path, "read_bytes", lambda path: pytest.fail(f"{path} read whole") if path.name == index
+                        else whole(path))
+    spec = from_hf(tmp_path)
+    assert reads.count(index) == 1
+    files = sorted([tmp_path / "config.json", tmp_path / index, *tmp_path.glob("*-of-*")])
+    assert spec.checkpoint_sha256 == files_sha256(tmp_path, tuple(files))
+
+
 def test_inputs_file_overrides_the_built_inputs(tmp_path):
     config = _bert_config()
     ids = torch.tensor([[1, 2, 3, 4]])

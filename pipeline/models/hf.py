@@ -53,8 +53,9 @@ from pipeline.models.checkpoint import (
     file_identity,
     files_sha256,
     inside,
+    parse_json,
     read_config,
-    read_json,
+    read_small_file,
     some,
 )
 from pipeline.models.spec import CheckpointError, ModelSpec
@@ -918,21 +919,23 @@ def _weight_files(root: Path, shown: str) -> _Weights | None:
     """The weights in `root`: safetensors (sharded or not) first, then PyTorch's pickles; None for none."""
     if os.path.lexists(root / SHARD_INDEX):
         index = inside(root, SHARD_INDEX, shown)
-        return _safetensors(root, shown, index, _shards(root, shown, index, SHARD_INDEX))
+        return _safetensors(root, shown, index, *_shards(root, shown, index, SHARD_INDEX))
     if os.path.lexists(root / SINGLE_FILE):
         single = inside(root, SINGLE_FILE, shown)
-        return _safetensors(root, shown, None, {single: None})
+        return _safetensors(root, shown, None, {single: None}, {})
     if os.path.lexists(root / BIN_INDEX):
         index = inside(root, BIN_INDEX, shown)
-        return _pickles(root, shown, index, _shards(root, shown, index, BIN_INDEX))
+        return _pickles(root, shown, index, *_shards(root, shown, index, BIN_INDEX))
     if os.path.lexists(root / BIN_FILE):
-        return _pickles(root, shown, None, {inside(root, BIN_FILE, shown): None})
+        return _pickles(root, shown, None, {inside(root, BIN_FILE, shown): None}, {})
     return None
 
 
-def _shards(root: Path, shown: str, index: Path, listed_in: str) -> dict[Path, set[str]]:
-    """Each shard an index lists -> the tensor names the index places in it."""
-    weight_map = _weight_map(read_json(index, f"{shown}: {listed_in}"), f"{shown}: {listed_in}")
+def _shards(root: Path, shown: str, index: Path, listed_in: str) -> tuple[dict[Path, set[str]], dict[Path, bytes]]:
+    """Each shard an index lists -> the tensor names the index places in it; and the index's
+    bytes as read (what the checkpoint's sha256 hashes: the bytes parsed, read once)."""
+    data = read_small_file(index, f"{shown}: {listed_in}")
+    weight_map = _weight_map(parse_json(data, f"{shown}: {listed_in}"), f"{shown}: {listed_in}")
     if not weight_map:
         raise CheckpointError(f"{shown}: {listed_in} is unreadable: its weight_map is empty")
     shards: dict[Path, set[str]] = {}
@@ -941,10 +944,11 @@ def _shards(root: Path, shown: str, index: Path, listed_in: str) -> dict[Path, s
     absent = sorted(p.name for p in shards if not p.is_file())
     if absent:
         raise CheckpointError(f"{shown}: shard(s) listed but absent: {', '.join(absent)}")
-    return shards
+    return shards, {index: data}
 
 
-def _safetensors(root: Path, shown: str, index: Path | None, shards: dict[Path, set[str] | None]) -> _Weights:
+def _safetensors(root: Path, shown: str, index: Path | None, shards: dict[Path, set[str] | None],
+                 held: dict[Path, bytes]) -> _Weights:
     shapes, dtypes, where = {}, {}, {}
     for path, listed in shards.items():
         if not path.is_file():
@@ -968,11 +972,11 @@ def _safetensors(root: Path, shown: str, index: Path | None, shards: dict[Path, 
         except (SafetensorError, OSError) as exc:
             raise CheckpointError(f"{shown}: {path.name} is unreadable: {exc}") from exc
 
-    held = {} if index is None else {index: index.read_bytes()}
     return (*([index] if index else []), *shards), held, shapes, dtypes, read, stack.close
 
 
-def _pickles(root: Path, shown: str, index: Path | None, shards: dict[Path, set[str] | None]) -> _Weights:
+def _pickles(root: Path, shown: str, index: Path | None, shards: dict[Path, set[str] | None],
+             held: dict[Path, bytes]) -> _Weights:
     """PyTorch's pickled weights, read with weights_only=True: tensors, nothing executable."""
     tensors: dict[str, torch.Tensor] = {}
     for path, listed in shards.items():
@@ -989,7 +993,6 @@ def _pickles(root: Path, shown: str, index: Path | None, shards: dict[Path, set[
             tensors[tensor] = state[tensor]
     shapes = {k: tuple(v.shape) for k, v in tensors.items()}
     dtypes = {k: str(v.dtype).removeprefix("torch.") for k, v in tensors.items()}
-    held = {} if index is None else {index: index.read_bytes()}
     return (*([index] if index else []), *shards), held, shapes, dtypes, tensors.__getitem__, lambda: None
 
 
