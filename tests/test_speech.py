@@ -335,26 +335,69 @@ def wav_bytes(rate: int, channels: int = 1, bits: int = 16, tag: int = 1, data: 
     (dict(rate=16_000, declared=400 << 20), "truncated: its data chunk declares 419430400 bytes, 200 are there"),
     (dict(rate=16_000, bits=12), "PCM of 12 bits per sample is not read"),
     (dict(rate=16_000, tag=7, bits=8), "format 7 of 8 bits per sample is not read"),
+    (dict(rate=16_000, channels=3), "a data chunk of 200 bytes is not whole frames of 6"),
 ])
 def test_a_header_out_of_bounds_is_refused_before_a_sample_is_decoded(tmp_path, monkeypatch, header, message):
-    from scipy.io import wavfile as scipy_wavfile
+    from pipeline.models import audio
 
     path = tmp_path / "a.wav"
     path.write_bytes(wav_bytes(**header, data=b"\0" * 200))
-    monkeypatch.setattr(scipy_wavfile, "read", lambda *a, **k: pytest.fail("decoded"))
+    monkeypatch.setattr(audio, "_samples", lambda *a, **k: pytest.fail("decoded"))
     with pytest.raises(ValueError, match=message) as info:
         read_wav(path)
     assert str(info.value).startswith(f"audio {path}: ")
 
 
 def test_the_length_is_told_exactly_and_checked_from_the_header(tmp_path, monkeypatch):
-    from scipy.io import wavfile as scipy_wavfile
+    from pipeline.models import audio
 
     path = tmp_path / "long.wav"
     path.write_bytes(wav_bytes(16_000, bits=8, data=b"\x80" * (16_000 * 30 + 1)))
-    monkeypatch.setattr(scipy_wavfile, "read", lambda *a, **k: pytest.fail("decoded"))
+    monkeypatch.setattr(audio, "_samples", lambda *a, **k: pytest.fail("decoded"))
     with pytest.raises(ValueError, match=r"480001 frames at 16000 Hz are 30\.0000625 s; Whisper's window is 30 s"):
         read_wav(path)
+
+
+def chunk(name: bytes, data: bytes) -> bytes:
+    return name + struct.pack("<I", len(data)) + data + b"\0" * (len(data) & 1)
+
+
+def test_the_data_chunk_checked_is_the_one_decoded(tmp_path):
+    # Before: scipy decoded the file's last data chunk, so a second one of 600 s passed the
+    # 30 s check made on the first (and a rate of 1 kHz would have been resampled 16-fold).
+    fmt = struct.pack("<HHIIHH", 1, 1, 16_000, 16_000, 1, 8)
+    first, second = bytes([128 + 64]) * 1600, bytes([128]) * (16_000 * 600)
+    body = b"WAVE" + chunk(b"fmt ", fmt) + chunk(b"data", first) + chunk(b"data", second)
+    path = tmp_path / "two.wav"
+    path.write_bytes(b"RIFF" + struct.pack("<I", len(body)) + body)
+    samples = read_wav(path)
+    assert samples.shape == (1600,) and (samples == 0.5).all()
+
+
+def test_chunks_this_does_not_read_are_passed_over_in_silence(tmp_path):
+    # Before: scipy's WavFileWarning ("Chunk (non-data) not understood") reached stderr.
+    import warnings
+
+    fmt = struct.pack("<HHIIHH", 1, 1, 16_000, 32_000, 2, 16)
+    body = b"WAVE" + chunk(b"fmt ", fmt) + chunk(b"junk", b"odd") + chunk(b"data", b"\0\x40" * 1600)
+    path = tmp_path / "junk.wav"
+    path.write_bytes(b"RIFF" + struct.pack("<I", len(body)) + body)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        samples = read_wav(path)
+    assert samples.shape == (1600,) and (samples == 0.5).all()
+
+
+@pytest.mark.parametrize("channels", [1, 2])
+def test_24_bit_samples_are_read_as_scipy_reads_them(tmp_path, channels):
+    values = np.array([0, 1, -1, 2**23 - 1, -(2**23), 4_000_000, -123_456], dtype=np.int64).repeat(channels * 300)
+    data = (values & 0xFFFFFF).astype("<u4").view(np.uint8).reshape(-1, 4)[:, :3].tobytes()
+    path = tmp_path / "a.wav"
+    path.write_bytes(wav_bytes(16_000, channels=channels, bits=24, data=data))
+    expected = wavfile.read(path)[1] / 2.0**31
+    if channels == 2:
+        expected = expected.mean(axis=1)
+    np.testing.assert_array_equal(read_wav(path), expected.astype(np.float32))
 
 
 def test_samples_are_checked_finite_as_float32(tmp_path):

@@ -2,9 +2,10 @@
 
 A WAV of PCM (8, 16, 24 or 32 bit) or float (32 or 64 bit) samples is read: its header
 first (the rate from 1 to 384 kHz, at most 32 channels, at most 30 s and MAX_SAMPLES samples),
-then its samples, as float32, their channels averaged to mono and resampled to 16 kHz
-exactly with a polyphase filter (`scipy.signal.resample_poly`), whose length bounds the rates. The log-mel of a waveform is the model's
-business (`pipeline.models.whisper.log_mel`).
+then the samples of the data chunk it checked, decoded here (never another chunk's), as
+float32, their channels averaged to mono and resampled to 16 kHz exactly with a polyphase
+filter (`scipy.signal.resample_poly`), whose length bounds the rates. The log-mel of a
+waveform is the model's business (`pipeline.models.whisper.log_mel`).
 
 The shipped utterances (`utterances/*.wav`, their texts in `utterances/texts.tsv`) were
 spoken by Debian's espeak-ng and are made again by `scripts/make_utterances.py`.
@@ -13,7 +14,6 @@ spoken by Debian's espeak-ng and are made again by `scripts/make_utterances.py`.
 from __future__ import annotations
 
 import hashlib
-import io
 import math
 import os
 import struct
@@ -46,6 +46,8 @@ TEXTS = "texts.tsv"
 # WAVE format tags: PCM, IEEE float, and the extensible header that names one of them.
 PCM, FLOAT, EXTENSIBLE = 1, 3, 0xFFFE
 READ_BITS = {PCM: (8, 16, 24, 32), FLOAT: (32, 64)}
+# The numpy dtype of each sample a WAV stores (little-endian), 24-bit PCM aside.
+SAMPLE_DTYPES = {(PCM, 8): "u1", (PCM, 16): "<i2", (PCM, 32): "<i4", (FLOAT, 32): "<f4", (FLOAT, 64): "<f8"}
 
 
 def read_wav(path: str | os.PathLike) -> np.ndarray:
@@ -83,12 +85,12 @@ class WavHeader:
     channels: int
     rate: int
     bits: int
-    frames: int  # whole frames the data chunk holds
+    frames: int  # the frames the data chunk holds
+    start: int  # where its samples start in the file
 
 
 def _read(path: str | os.PathLike) -> tuple[np.ndarray, bytes]:
     """read_wav's samples, and the file's bytes they were decoded from."""
-    from scipy.io import wavfile
     from scipy.signal import resample_poly
 
     shown = os.fspath(path)
@@ -104,13 +106,9 @@ def _read(path: str | os.PathLike) -> tuple[np.ndarray, bytes]:
     except OSError as exc:
         raise ValueError(f"audio {shown} cannot be read: {exc.strerror or exc}") from None
     header = wav_header(raw, shown)
-    try:
-        _, data = wavfile.read(io.BytesIO(raw))
-    except Exception:  # scipy raises ValueError, EOFError, struct.error, ... for what it cannot parse
-        raise ValueError(f"audio {shown}: not a WAV file that can be read (its samples do not decode)") from None
-    samples = _as_float(data, shown)
-    if samples.ndim == 2:  # (frames, channels)
-        samples = samples.mean(axis=1, dtype=np.float64).astype(np.float32)
+    samples = _samples(raw, header)
+    if header.channels > 1:
+        samples = samples.reshape(header.frames, header.channels).mean(axis=1, dtype=np.float64).astype(np.float32)
     if samples.size == 0:
         raise ValueError(f"audio {shown}: holds no samples")
     if header.rate != SAMPLING_RATE:
@@ -155,6 +153,9 @@ def wav_header(raw: bytes, shown: str) -> WavHeader:
     if start + size > len(raw):
         raise ValueError(f"audio {shown}: truncated: its data chunk declares {size} bytes, {len(raw) - start} "
                          "are there")
+    if size % block:
+        raise ValueError(f"audio {shown}: not a WAV file that can be read (a data chunk of {size} bytes is not "
+                         f"whole frames of {block})")
     frames = size // block
     if frames > MAX_SECONDS * rate:
         raise ValueError(f"audio {shown}: {frames} frames at {rate} Hz are {frames / rate!r} s; Whisper's "
@@ -162,20 +163,25 @@ def wav_header(raw: bytes, shown: str) -> WavHeader:
     if frames * channels > MAX_SAMPLES:
         raise ValueError(f"audio {shown}: {frames * channels} samples ({channels} channels); at most "
                          f"{MAX_SAMPLES} are read")
-    return WavHeader(tag, channels, rate, bits, frames)
+    return WavHeader(tag, channels, rate, bits, frames, start)
 
 
-def _as_float(data: np.ndarray, shown: str) -> np.ndarray:
-    """PCM integers scaled to [-1, 1) (8-bit WAV is unsigned around 128); floats as they are;
-    float32 either way."""
-    if data.dtype == np.uint8:
-        return (data.astype(np.float32) - 128.0) / 128.0
-    if data.dtype.kind == "i":
-        return (data / float(2 ** (8 * data.dtype.itemsize - 1))).astype(np.float32)
-    if data.dtype.kind == "f":
+def _samples(raw: bytes, header: WavHeader) -> np.ndarray:
+    """The samples of the data chunk `header` describes, interleaved, as float32: PCM integers
+    scaled to [-1, 1) (8-bit WAV is unsigned around 128), floats as they are."""
+    data = np.frombuffer(raw, np.uint8, header.frames * header.channels * header.bits // 8, header.start)
+    if header.bits == 24:  # three bytes a sample, placed in the top of an int32 and scaled as one
+        wide = np.zeros((data.size // 3, 4), np.uint8)
+        wide[:, 1:] = data.reshape(-1, 3)
+        values = wide.view("<i4").reshape(-1)
+    else:
+        values = data.view(SAMPLE_DTYPES[header.tag, header.bits])
+    if header.tag == FLOAT:
         with np.errstate(over="ignore"):  # a float64 beyond float32's range is inf, refused after
-            return data.astype(np.float32)
-    raise ValueError(f"audio {shown}: samples of type {data.dtype} are not audio")
+            return values.astype(np.float32)
+    if header.bits == 8:
+        return (values.astype(np.float32) - 128.0) / 128.0
+    return (values / float(2 ** (8 * values.dtype.itemsize - 1))).astype(np.float32)
 
 
 def write_wav(path: str | os.PathLike, samples: np.ndarray) -> None:
