@@ -202,6 +202,10 @@ CONFIGS = [
         ("bart", {"vocab_size": 0}, "vocab_size is 0; it must be at least 1"),
         ("whisper", {"encoder_attention_heads": 3},
          r"encoder_attention_heads is 3; it must be a divisor of d_model \(32\)"),
+        # What Whisper's inputs and memory allow (before: transformers' message at the first run,
+        # a score matrix of heads x 1500 x 1500 a layer).
+        ("whisper", {"max_source_positions": 3000}, "max_source_positions is 3000; it must be less than 1501"),
+        ("whisper", {"encoder_attention_heads": 64}, "encoder_attention_heads is 64; it must be less than 33"),
         # Other value kinds than int (before: StrictDataclassFieldValidationError).
         ("whisper", {"encoder_layers": "2"}, "Field 'encoder_layers' expected int, got str"),
         ("whisper", {"encoder_layers": 2.0}, "Field 'encoder_layers' expected int, got float"),

@@ -196,6 +196,26 @@ def test_a_missing_or_misshapen_decoder_weight_is_refused_naming_it(copy, damage
         models.build("whisper", checkpoint=copy, audio=one_utterance())
 
 
+def test_a_position_table_that_is_not_whispers_window_is_refused_before_building(copy):
+    # Before: built, then transformers' "Whisper expects the mel input features to be of length
+    # 2000" at the first run; a CTranslate2 directory was already refused so.
+    state = load_file(copy / "model.safetensors")
+    name = "model.encoder.embed_positions.weight"
+    state[name] = state[name][:1000].contiguous()
+    save_file(state, copy / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((copy / "config.json").read_text())
+    (copy / "config.json").write_text(json.dumps({**config, "max_source_positions": 1000}))
+    with pytest.raises(CheckpointError, match="config.json: max_source_positions is 1000; it must be at least 1500"):
+        models.build("whisper", checkpoint=copy, audio=one_utterance())
+
+
+def test_a_decoder_of_more_heads_than_whisper_takes_is_refused(copy):
+    config = json.loads((copy / "config.json").read_text())
+    (copy / "config.json").write_text(json.dumps({**config, "decoder_attention_heads": 64}))
+    with pytest.raises(CheckpointError, match="config.json: decoder_attention_heads is 64; it must be less than 33"):
+        models.build("whisper", checkpoint=copy, audio=one_utterance())
+
+
 # --- no transcripts ---------------------------------------------------------------------------
 
 def test_a_whisper_model_save_transcribes_like_the_whole_model(whole, tokens, tmp_path):

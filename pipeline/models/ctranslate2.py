@@ -51,6 +51,7 @@ from pipeline.models.checkpoint import (
     some,
 )
 from pipeline.models.spec import CheckpointError
+from pipeline.models.whisper import ENCODER_POSITIONS, MAX_HEADS
 
 FORMAT = "ctranslate2"
 MODEL_FILE = "model.bin"
@@ -81,11 +82,6 @@ MAX_NAME_BYTES = 1024
 # and an alias (two bare strings): counts larger than the file could hold are refused first.
 MIN_VARIABLE_BYTES = 2 + 1 + 1 + 1 + 4
 MIN_ALIAS_BYTES = 2 * (2 + 1)
-# Published Whisper models have 6 (tiny) to 20 (large) heads; the attention's scores take
-# heads x 1500 x 1500 values a layer, so a head count is bounded by more than memory's sake.
-MAX_HEADS = 32
-# The encoder's positions: 3000 log-mel frames (30 s), halved by its second convolution.
-ENCODER_POSITIONS = 1500
 # The one alias that makes a weight serve twice: the output projection tied to the embedding.
 TIED = ("decoder/projection/weight", "decoder/embeddings/weight")
 # CTranslate2's Activation enum: Whisper's decoder runs GELU.

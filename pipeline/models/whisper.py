@@ -32,6 +32,12 @@ DECODER = "model.decoder."
 ENCODER = "model.encoder."
 # Whisper's last 1,501 tokens: the timestamps <|0.00|> to <|30.00|>, 20 ms apart.
 TIMESTAMPS = tuple(f"<|{i * 0.02:.2f}|>" for i in range(1501))
+# The encoder's positions: 3000 log-mel frames (30 s), halved by its second convolution; the
+# inputs are always that window, so a checkpoint of other positions is refused before building.
+ENCODER_POSITIONS = 1500
+# Published Whisper models have 6 (tiny) to 20 (large) heads; the attention's scores take
+# heads x 1500 x 1500 values a layer, so a head count is bounded for more than memory's sake.
+MAX_HEADS = 32
 
 CLIP_SECONDS = 8.0
 
@@ -123,8 +129,10 @@ FAMILY = ModelFamily(
     ),
     hidden_size=lambda c: c.d_model,
     sizes=(
-        ConfigInt("d_model"), ConfigInt("encoder_layers", repeats=True), ConfigInt("encoder_attention_heads"),
-        ConfigInt("encoder_ffn_dim"), ConfigInt("num_mel_bins"), ConfigInt("max_source_positions"),
+        ConfigInt("d_model"), ConfigInt("encoder_layers", repeats=True),
+        ConfigInt("encoder_attention_heads", below=MAX_HEADS + 1), ConfigInt("encoder_ffn_dim"),
+        ConfigInt("num_mel_bins"),
+        ConfigInt("max_source_positions", minimum=ENCODER_POSITIONS, below=ENCODER_POSITIONS + 1),
     ),
     divides=(("encoder_attention_heads", "d_model"),),
     read_vocabulary=whole_vocabulary,
@@ -139,8 +147,9 @@ def whole_family(config: WhisperConfig) -> ModelFamily:
     return replace(
         FAMILY,
         make_module=WhisperForConditionalGeneration,
-        sizes=(*FAMILY.sizes, ConfigInt("decoder_layers", repeats=True), ConfigInt("decoder_attention_heads"),
-               ConfigInt("decoder_ffn_dim"), ConfigInt("max_target_positions"), ConfigInt("vocab_size")),
+        sizes=(*FAMILY.sizes, ConfigInt("decoder_layers", repeats=True),
+               ConfigInt("decoder_attention_heads", below=MAX_HEADS + 1), ConfigInt("decoder_ffn_dim"),
+               ConfigInt("max_target_positions"), ConfigInt("vocab_size")),
         divides=(*FAMILY.divides, ("decoder_attention_heads", "d_model")),
         weight_aliases=tied,
     )
