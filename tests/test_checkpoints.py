@@ -182,6 +182,21 @@ def test_non_float_weights_are_refused(copy_of, dtype):
                                r"bfloat16, float64 weights are read")
 
 
+@pytest.mark.parametrize("value, dtype, message", [
+    (float("nan"), "float32", "holds nan: weights are finite"),
+    (float("-inf"), "float32", "holds -inf: weights are finite"),
+    (1e5, "float16", "holds inf as float16: weights are finite"),  # past float16's range once cast
+])
+def test_a_weight_that_is_not_finite_is_refused_by_name(copy_of, value, dtype, message):
+    # Before: built and exported with exit 0, a model whose outputs are not numbers.
+    directory = copy_of("bart")
+    state = load_file(directory / "model.safetensors")
+    state["model.decoder.layers.0.fc1.weight"][1, 2] = value
+    save_file(state, directory / "model.safetensors")
+    with pytest.raises(CheckpointError, match=rf"model\.decoder\.layers\.0\.fc1\.weight {message}"):
+        models.build("bart", checkpoint=directory, dtype=dtype)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
 def test_float_weights_of_any_width_are_read(tmp_path, dtype):
     saved = write_checkpoint(tmp_path / "ckpt", "bart", state_dtype=dtype)

@@ -259,6 +259,17 @@ def test_a_shard_index_is_read_once_and_hashed_as_parsed(tmp_path, monkeypatch, 
     assert spec.checkpoint_sha256 == files_sha256(tmp_path, tuple(files))
 
 
+@pytest.mark.parametrize("value, dtype, message", [(float("nan"), "float32", "holds nan: weights are finite"),
+                                                    (1e5, "float16", "holds inf as float16: weights are finite")])
+def test_from_hf_refuses_a_weight_that_is_not_finite_by_name(tmp_path, value, dtype, message):
+    _saved(tmp_path)
+    state = load_file(tmp_path / "model.safetensors")
+    state["bert.encoder.layer.0.output.dense.weight"][0, 0] = value
+    save_file(state, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match=rf"bert\.encoder\.layer\.0\.output\.dense\.weight {message}"):
+        from_hf(tmp_path, dtype=dtype)
+
+
 def test_inputs_file_overrides_the_built_inputs(tmp_path):
     config = _bert_config()
     ids = torch.tensor([[1, 2, 3, 4]])

@@ -23,7 +23,14 @@ from transformers import PretrainedConfig
 
 from pipeline.models import bart, ctranslate2, florence2, whisper
 from pipeline.models.audio import audio_paths, shipped_utterances
-from pipeline.models.checkpoint import FLOAT_DTYPES, config_from_dict, load_weights, plan_weights, read_checkpoint
+from pipeline.models.checkpoint import (
+    FLOAT_DTYPES,
+    config_from_dict,
+    load_weights,
+    plan_weights,
+    read_checkpoint,
+    refuse_non_finite_parameters,
+)
 from pipeline.models.hf import from_hf
 from pipeline.models.spec import CheckpointError, ModelFamily, ModelSpec
 from pipeline.wgsl import DTYPES
@@ -155,6 +162,8 @@ def build(
     elif stored is not None:
         load_weights(module, stored, plan)
     module.eval().to(getattr(torch, dtype))
+    if stored is not None and dtype != "float32":  # read as float32 and checked finite there
+        refuse_non_finite_parameters(module, stored.shown, dtype, plan)
 
     preprocessor = _embedded(name, variant if variant != CUSTOM_VARIANT else fam.default_variant).get("preprocessor", {})
     if audio is None and stored is not None and name == "whisper":

@@ -305,7 +305,8 @@ def read_weights(checkpoint: Checkpoint, plan: dict[str, str],
                  dtypes: dict[str, torch.dtype]) -> dict[str, torch.Tensor]:
     """The tensors `plan` maps (module state-dict key -> checkpoint tensor name), each cast to
     its key's dtype in `dtypes` as it is read, once for keys that share it (tied weights);
-    CheckpointError when a file is unreadable or the files changed since they were hashed."""
+    CheckpointError when a file is unreadable, a weight holds NaN or inf once cast, or the
+    files changed since they were hashed."""
     state: dict[str, torch.Tensor] = {}
     first: dict[str, str] = {}  # checkpoint tensor name -> the key it was read for
     with ExitStack() as stack:
@@ -323,6 +324,7 @@ def read_weights(checkpoint: Checkpoint, plan: dict[str, str],
             except (SafetensorError, OSError) as exc:
                 raise CheckpointError(f"{checkpoint.shown}: {file.name} is unreadable: {exc}") from exc
             state[key] = tensor.to(dtypes[key])
+            refuse_non_finite(state[key], f"{checkpoint.shown}: {name}")
     if tuple(file_identity(p) for p in checkpoint.files) != checkpoint.identities:
         raise CheckpointError(f"{checkpoint.shown}: its files changed while they were read; nothing was built")
     return state
@@ -450,3 +452,30 @@ def printable(value: Any, quoted: bool = False) -> str:
 def some(names: list[str]) -> str:
     """The first three of `names`, for a message, and how many more."""
     return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+
+def first_of(values: torch.Tensor, bad: torch.Tensor) -> str:
+    """The first of `values` where `bad` holds, and how many there are, for a message."""
+    count = int(bad.sum())
+    return f"{values[bad].flatten()[0].item()}" + (f" ({count} such values)" if count > 1 else "")
+
+
+def refuse_non_finite(tensor: torch.Tensor, where: str, cast: str | None = None) -> None:
+    """CheckpointError (`where` first: "checkpoint DIR: NAME") when a float weight holds NaN or
+    inf (once `cast` to that dtype, when given): a model built of it gives outputs that are not
+    numbers, and an export would pass."""
+    if tensor.is_floating_point():
+        bad = ~torch.isfinite(tensor)
+        if bool(bad.any()):
+            raise CheckpointError(f"{where} holds {first_of(tensor, bad)}" + (f" as {cast}" if cast else "")
+                                  + ": weights are finite")
+
+
+def refuse_non_finite_parameters(module: torch.nn.Module, shown: str, dtype: str,
+                                 names: dict[str, str] | None = None) -> None:
+    """`refuse_non_finite` for each parameter of `module`, cast to `dtype` from the checkpoint
+    `shown` (float32 weights past float16's range are inf in float16); `names` maps a
+    parameter to its name in the checkpoint, for the message."""
+    for key, parameter in module.named_parameters():
+        refuse_non_finite(parameter.detach(), f"{shown}: {(names or {}).get(key, key)}",
+                          None if dtype == "float32" else dtype)

@@ -42,6 +42,7 @@ from pipeline.models.checkpoint import (
     file_error,
     file_identity,
     files_sha256,
+    first_of,
     inside,
     open_checkpoint_file,
     parse_json,
@@ -621,21 +622,15 @@ def _read_float(f: BinaryIO, checkpoint: CTranslate2Checkpoint, name: str, where
         scale = _read(f, checkpoint.variables[f"{name}_scale"], where).to(torch.float32)
         bad = ~torch.isfinite(scale) | (scale == 0)
         if bool(bad.any()):
-            raise CheckpointError(f"{where}: {name}_scale holds {_first(scale, bad)}: a {variable.dtype} weight is "
+            raise CheckpointError(f"{where}: {name}_scale holds {first_of(scale, bad)}: a {variable.dtype} weight is "
                                   "divided by finite, nonzero scales")
         rows = variable.shape[0] if variable.dtype == "int8" else 1
         tensor = (tensor.reshape(rows, -1) / scale.reshape(-1, 1)).reshape(variable.shape)
     bad = ~torch.isfinite(tensor)
     if bool(bad.any()):
-        raise CheckpointError(f"{where}: {name} holds {_first(tensor, bad)}" +
+        raise CheckpointError(f"{where}: {name} holds {first_of(tensor, bad)}" +
                               (" once dequantized" if variable.dtype in QUANTIZED else "") + ": weights are finite")
     return tensor
-
-
-def _first(values: torch.Tensor, bad: torch.Tensor) -> str:
-    """The first of `values` where `bad` holds, and how many there are, for a message."""
-    count = int(bad.sum())
-    return f"{values[bad].flatten()[0].item()}" + (f" ({count} such values)" if count > 1 else "")
 
 
 def _read(f: BinaryIO, variable: Variable, where: str) -> torch.Tensor:

@@ -56,6 +56,7 @@ from pipeline.models.checkpoint import (
     parse_json,
     read_config,
     read_small_file,
+    refuse_non_finite_parameters,
     some,
 )
 from pipeline.models.spec import CheckpointError, ModelSpec
@@ -504,6 +505,8 @@ def _build(config: PretrainedConfig, task: str | None, seed: int, dtype: str,
     if loaded is not None:
         loaded.load(model)
     model.to(getattr(torch, dtype))
+    if loaded is not None:
+        refuse_non_finite_parameters(model, loaded.shown, dtype, loaded.plan)
     if inputs is not None:
         named = read_inputs(inputs, model)
     else:
