@@ -40,42 +40,33 @@ def _payloads(pte: PteFile) -> dict[int, bytes]:
 
 # -- the schema ------------------------------------------------------------------------------------
 
-
-def _schema(name: str) -> tuple[dict[str, list[str]], list[tuple[str, str]]]:
-    """(table -> field names, XNodeUnion members as (member, table)) of an installed .fbs."""
-    from importlib.resources import files
-
-    text = files("executorch.backends.xnnpack.serialization").joinpath(name).read_text()
-    text = re.sub(r"//[^\n]*", "", text)
-    tables = {m[1]: re.findall(r"^\s*(\w+)\s*:", m[2], re.M) for m in re.finditer(r"table (\w+) \{(.*?)\}", text, re.S)}
-    union = re.search(r"union XNodeUnion \{(.*?)\}", text, re.S)[1]
-    members = []
-    for item in union.split(","):
-        item = item.strip()
-        if item:
-            name_, _, table = item.partition(":")
-            members.append((name_.strip(), (table or name_).strip()))
-    return tables, members
+# The fields each kind of node table has that the checks read (beside its value ids and flags).
+READ_FIELDS = {
+    "XNNStaticTransposeT": {"num_dims", "perm"},
+    "XNNStaticReshapeT": {"num_dims", "new_shape"},
+    "XNNStaticSliceT": {"num_dims", "offsets", "sizes"},
+    "XNNStaticConstantPadT": {"pre_paddings", "post_paddings"},
+    "_XNNCatT": {"axis", "input1_id", "input5_id"},
+    "XNNFullyConnectedT": {"input1_id", "filter_id", "bias_id", "output_id", "flags"},
+    "_XNNNodeConvT": {"kernel_height", "kernel_width", "subsampling_height", "subsampling_width", "dilation_height",
+                      "dilation_width", "groups"},
+    "_XNNPooling2DT": {"pooling_height", "pooling_width", "dilation_height", "dilation_width"},
+    "PerChannelQuantT": {"channel_dim", "scale", "num_scales"},
+    "PerChannelGroupQuantT": {"channel_dim", "scale", "num_scales"},
+}
 
 
-@pytest.mark.parametrize("name", ["schema.fbs", "runtime_schema.fbs"])
-def test_the_reader_follows_the_installed_schema(name):
-    tables, members = _schema(name)
-    assert list(xp.NODE_KINDS) == members
-    for table, layout in xp._TABLES.items():
-        assert [spec.split()[1] for spec in layout] == tables[table], table
-    for member, layout in xp.QUANT_KINDS:
-        assert [spec.split()[1] for spec in layout] == tables[member], member
-    # The fields read by position (xnnpack_payload reads them by slot).
-    assert tables["XNNGraph"][:9] == ["version", "xnodes", "xvalues", "num_externs", "input_ids", "output_ids",
-                                      "constant_buffer", "mem_buffer_sizes", "constant_data"]
-    assert tables["XNNTensorValue"][:7] == ["datatype", "num_dims", "dims", "constant_buffer_idx", "external_id",
-                                            "flags", "id_out"]
-    assert tables["ConstantDataOffset"] == ["offset", "size", "named_key"]
-    assert tables["XNode"] == ["xnode_union", "debug_handle", "output_min_max"]
-    assert tables["XNNQuantizedTensorValue"] == ["tensor_value", "quant_params"]
-    if name == "runtime_schema.fbs":  # what ExecuTorch's runtime was built with
-        assert tables["XNNTensorValue"][7:] == ["dq_datatype"]
+def test_the_checks_name_only_what_the_installed_schema_declares():
+    s = xp.schema()  # generated from the installed runtime_schema.fbs
+    kinds = set(xp._names(s.XNodeUnion).values())
+    assert set(xp.NODE_FLAGS) | set(xp.CONCATENATIONS) | xp._UNARY | xp._BINARY <= kinds
+    assert set(xp.VALUE_KINDS) <= set(xp._names(s.XValueUnion).values())
+    datatypes = set(xp._names(s.XNNDatatype, "xnn_datatype_").values()) - {"invalid"}
+    assert set(xp.DATATYPE_BITS) == datatypes  # the size of every datatype the schema has
+    assert set(xp.EXTERNAL_SCALAR_TYPES) <= datatypes
+    for table, fields in READ_FIELDS.items():
+        assert fields <= set(xp._fields(getattr(s, table)())), table
+    assert xp.identifiers() == (b"XN01", b"XN00")
 
 
 # -- valid files ---------------------------------------------------------------------------------
@@ -106,20 +97,90 @@ def test_the_models_xnnpack_files_pass(model, tmp_path):
 # -- damage aimed at one field -------------------------------------------------------------------
 
 
-def _field(blob: bytes, pattern: str) -> tuple[int, int]:
-    """(offset, bytes) in the payload of the first field whose path matches `pattern`."""
-    trace: list = []
-    xp.read(blob, trace)
-    for at, width, what in trace:
-        if re.search(pattern, what):
-            return at, width
-    raise LookupError(pattern)
+def _header(blob: bytes):
+    from executorch.backends.xnnpack.serialization.xnnpack_graph_serialize import XNNHeader
+
+    return XNNHeader.from_bytes(blob[:XNNHeader.EXPECTED_LENGTH])
 
 
-def _with(blob: bytes, pattern: str, value: int) -> bytes:
-    at, width = _field(blob, pattern)
-    fmt = {1: "<B", 2: "<H", 4: "<I", 8: "<Q"}[width]
-    return blob[:at] + struct.pack(fmt, value) + blob[at + width:]
+def _facts(payload: xp.Payload) -> dict[str, float]:
+    """Every number the reader decodes, by where it lies ("value 5.external_id"); kinds and
+    datatypes as the numbers the flatbuffer holds."""
+    s = xp.schema()
+    codes = {name: code for table in (s.XValueUnion, s.XNodeUnion) for code, name in xp._names(table).items()}
+    codes.update({name: code for code, name in xp._names(s.XNNDatatype, "xnn_datatype_").items()})
+
+    def code(name: str) -> int:
+        return codes[name] if name in codes else int(name)
+
+    out = {"graph.num_externs": payload.num_externs}
+    out.update({f"graph.input_ids[{k}]": j for k, j in enumerate(payload.input_ids)})
+    out.update({f"graph.output_ids[{k}]": j for k, j in enumerate(payload.output_ids)})
+    for i, c in enumerate(payload.constants):
+        out[f"constant {i}.offset"], out[f"constant {i}.size"] = c.offset, c.size
+    for i, v in enumerate(payload.values):
+        out[f"value {i}.kind"] = code(v.kind)
+        if v.datatype:
+            out[f"value {i}.datatype"] = code(v.datatype)
+            out.update({f"value {i}.{name}": getattr(v, name)
+                        for name in ("id", "num_dims", "constant", "external_id", "flags")})
+            out.update({f"value {i}.dims[{k}]": d for k, d in enumerate(v.dims)})
+    for i, n in enumerate(payload.nodes):
+        out[f"node {i}.kind"] = code(n.kind)
+        for name, x in n.params.items():
+            out.update({f"node {i}.{name}[{k}]": y for k, y in enumerate(x)} if isinstance(x, list) else
+                       {f"node {i}.{name}": x})
+        if n.clamp is not None:
+            out[f"node {i}.output_min"], out[f"node {i}.output_max"] = n.clamp
+    return out
+
+
+def _probe(blob: bytes, bit=lambda at: 0) -> dict[int, set[str] | str]:
+    """Each byte of the flatbuffer whose bit `bit(at)` flipped changes what the reader decodes:
+    at -> the facts changed, or the reader's refusal."""
+    base = _facts(xp.decode(blob))
+    header = _header(blob)
+    found = {}
+    for at in range(header.flatbuffer_offset, header.flatbuffer_offset + header.flatbuffer_size):
+        damaged = bytearray(blob)
+        damaged[at] ^= 1 << bit(at)
+        try:
+            facts = _facts(xp.decode(bytes(damaged)))
+        except xp.PayloadError as exc:
+            found[at] = str(exc)
+            continue
+        changed = {k for k in base.keys() | facts.keys() if base.get(k) != facts.get(k)}
+        if changed:
+            found[at] = changed
+    return found
+
+
+def _field(blob: bytes, key: str) -> int:
+    """Where in the payload the number `key` lies: the byte whose two lowest bits, each flipped,
+    flip the same bits of `key` (not a vtable's entry, which moves it), changing least else."""
+    base = _facts(xp.decode(blob))
+
+    def flipped(at: int, bit: int) -> float | None:
+        damaged = bytearray(blob)
+        damaged[at] ^= 1 << bit
+        try:
+            return _facts(xp.decode(bytes(damaged))).get(key)
+        except xp.PayloadError:
+            return None
+
+    hits = [(len(changed), at) for at, changed in _probe(blob).items()
+            if isinstance(changed, set) and key in changed
+            and flipped(at, 0) == int(base[key]) ^ 1 and flipped(at, 1) == int(base[key]) ^ 2]
+    if not hits:
+        raise LookupError(key)
+    return min(hits)[1]
+
+
+def _with(blob: bytes, key: str, value: int) -> bytes:
+    """`blob` with the number `key` set to `value` (its bytes above `value`'s being 0)."""
+    at = _field(blob, key)
+    raw = value.to_bytes(max(1, (value.bit_length() + 7) // 8), "little")
+    return blob[:at] + raw + blob[at + len(raw):]
 
 
 def _linear(pte: PteFile) -> tuple[int, bytes]:
@@ -130,34 +191,42 @@ def _linear(pte: PteFile) -> tuple[int, bytes]:
 # (field, new value, what the refusal says): each a change that crashed or hung ExecuTorch's
 # runtime in the sweep, or one that no check before this reader would see.
 AIMED = {
-    "external id past the call": (r"value 5\.external_id$", 9, "external ids"),
-    "external id of an output made an input's": (r"value 5\.external_id$", 1, "external ids"),
-    "a weight's dims past its data": (r"value 3\.dims\[0\]$", 12 + 64, "need"),
-    "a weight's dims far past its data": (r"value 3\.dims\[1\]$", 12 | 1 << 24, "need"),
-    "a node reads a value that does not exist": (r"node 1 \(XNNFullyConnected\)\.filter_id$", 3 + 32, "does not exist"),
-    "a node reads a value no node wrote": (r"node 1 \(XNNFullyConnected\)\.input1_id$", 5, "no earlier node"),
-    "a node writes an input": (r"node 1 \(XNNFullyConnected\)\.output_id$", 2, "writes value 2"),
-    "a node kind changed": (r"xnodes\[1\]\.xnode_union_type$", 2 + 64, "node kind"),
-    "a value kind changed": (r"xvalues\[3\]\.xvalue_union_type$", 3, "value kind"),
-    "a datatype changed": (r"value 3\.datatype$", 33, "datatype"),
-    "num_externs": (r"graph\.num_externs$", 4 | 1 << 8, "external values"),
-    "flags of a value": (r"value 5\.flags$", 6, "flags"),
-    "a reshape's rank": (r"node 0 \(XNNStaticReshape\)\.num_dims$", 3 + 16, "new shape"),
-    "an offset into the flatbuffer": (r"graph\.xvalues$", 1 << 20, "outside the flatbuffer"),
-    "a vtable": (r"xvalues\[3\] vtable offset$", 1 << 16, "outside the flatbuffer|vtable|table of"),
+    "external id past the call": ("value 5.external_id", 9, "external ids"),
+    "external id of an output made an input's": ("value 5.external_id", 1, "external ids"),
+    "a weight's dims past its data": ("value 3.dims[0]", 12 + 64, "need"),
+    "a weight's dims far past its data": ("value 3.dims[1]", 12 | 1 << 24, "need"),
+    "a node reads a value that does not exist": ("node 1.filter_id", 3 + 32, "does not exist"),
+    "a node reads a value no node wrote": ("node 1.input1_id", 5, "no earlier node"),
+    "a node writes an input": ("node 1.output_id", 2, "writes value 2"),
+    "a node kind changed": ("node 1.kind", 2 + 64, "node kind"),
+    "a value kind changed": ("value 3.kind", 3, "value kind"),
+    "a datatype changed": ("value 3.datatype", 33, "datatype"),
+    "num_externs": ("graph.num_externs", 4 | 1 << 8, "external values"),
+    "flags of a value": ("value 5.flags", 6, "flags"),
+    "a reshape's rank": ("node 0.num_dims", 3 + 16, "new shape"),
 }
 
 
 @pytest.mark.parametrize("case", AIMED)
 def test_damaged_payload_is_refused(xnnpack_file, case):
-    pattern, value, reason = AIMED[case]
+    key, value, reason = AIMED[case]
     pte = PteFile.read(xnnpack_file[0])
     _, blob = _linear(pte)
     with pytest.raises(xp.PayloadError, match=reason):
-        damaged = _with(blob, pattern, value)
+        damaged = _with(blob, key, value)
         xp.read(damaged)  # by itself, or with the program around it
         payload = xp.read(damaged)
         xp.check_call(payload, [pte.plan.values[j].val for j in _call_args(pte, blob)])
+
+
+@pytest.mark.parametrize("where", ["the root offset", "the root table's vtable offset"])
+def test_an_offset_out_of_the_flatbuffer_is_refused(xnnpack_file, where):
+    _, blob = _linear(PteFile.read(xnnpack_file[0]))
+    start = _header(blob).flatbuffer_offset
+    at = start if where == "the root offset" else start + struct.unpack_from("<I", blob, start)[0]
+    damaged = blob[:at] + struct.pack("<I", 1 << 20) + blob[at + 4:]
+    with pytest.raises(xp.PayloadError, match="outside the .*-byte flatbuffer"):
+        xp.read(damaged)
 
 
 def _call_args(pte: PteFile, blob: bytes) -> list[int]:
@@ -170,16 +239,19 @@ def _call_args(pte: PteFile, blob: bytes) -> list[int]:
                                     "padding"])
 def test_damaged_header_is_refused(xnnpack_file, change):
     _, blob = _linear(PteFile.read(xnnpack_file[0]))
+    from executorch.backends.xnnpack.serialization.xnnpack_graph_serialize import XNNHeader
+
     b = bytearray(blob)
-    _, _, _, fb_offset, fb_size, data_offset, _ = xp.HEADER.unpack_from(b)
+    header = _header(blob)
+    fb_offset, fb_size = header.flatbuffer_offset, header.flatbuffer_size
     if change == "magic":
-        b[5] ^= 1
+        b[XNNHeader.MAGIC_OFFSET.start + 1] ^= 1
     elif change == "header length":
-        b[8] ^= 4
+        b[XNNHeader.HEADER_SIZE_OFFSET.start] ^= 4
     elif change == "flatbuffer size":
-        struct.pack_into("<I", b, 14, fb_size + 1024)
+        struct.pack_into("<I", b, XNNHeader.FLATBUFFER_SIZE_OFFSET.start, fb_size + 1024)
     elif change == "data size":
-        struct.pack_into("<Q", b, 22, 1 << 40)
+        struct.pack_into("<Q", b, XNNHeader.CONSTANT_DATA_SIZE_OFFSET.start, 1 << 40)
     elif change == "identifier":
         b[fb_offset + 4] ^= 2
     else:
@@ -220,7 +292,7 @@ def test_the_native_loader_refuses_a_damaged_payload(xnnpack_file):
     pte = PteFile(data, "x")
     index, blob = _linear(pte)
     start = pte.segments[pte.plan.delegates[index].processed.index].start
-    at, _ = _field(blob, r"value 5\.external_id$")
+    at = _field(blob, "value 5.external_id")
     damaged = bytearray(data)
     damaged[start + at] = 9
     with pytest.raises(PteError, match=r"delegate \d \(XnnpackBackend\): external ids"):
@@ -234,21 +306,20 @@ UNDETECTABLE = r"output_min_max|output_min|output_max"
 
 
 def _sweep_cases(pte: PteFile) -> dict[str, str]:
-    """Single-bit flips over both XNNPACK payloads, case -> the field it hits: one flip in
-    every other field the reader reads (vtables, slots, offsets, ids, dims, lengths; the
-    low bits of its first byte or of its last, in turn), and every byte of the header."""
+    """Single-bit flips over both XNNPACK payloads, case -> what it changes: one flip in every
+    fourth byte whose flip changes what the reader decodes (its bit turning with the byte), and
+    every byte of the header."""
     cases = {}
     for i, d in enumerate(pte.plan.delegates):
         if d.id != xp.BACKEND_ID:
             continue
         start = pte.segments[d.processed.index].start
-        trace: list = []
-        xp.read(pte.delegate_bytes(d), trace)
-        fields = sorted({at: (width, what) for at, width, what in trace}.items())
-        for k, (at, (width, what)) in enumerate(fields[::2]):
-            offset = start + at + (width - 1 if k % 2 else 0)
-            cases[f"flip {offset} {k % 3}"] = f"delegate {i} {what}"
-        for at in range(xp.HEADER.size):
+        blob = pte.delegate_bytes(d)
+        found = _probe(blob, bit=lambda at: at % 3)
+        for at in sorted(found)[::4]:
+            what = found[at] if isinstance(found[at], str) else ", ".join(sorted(found[at])[:4])
+            cases[f"flip {start + at} {at % 3}"] = f"delegate {i} {what}"
+        for at in range(_header(blob).flatbuffer_offset):
             cases[f"flip {start + at} {at % 8}"] = f"delegate {i} header byte {at}"
     return cases
 
