@@ -316,6 +316,38 @@ def test_from_hf_tokenizes_with_the_directory_tokenizer(tmp_path):
     _run(spec)
 
 
+@pytest.mark.parametrize("kind, message", [("fifo", r"is not a regular file \(a named pipe\)"),
+                                           ("folder", r"is not a regular file \(a directory\)"),
+                                           ("device", r"is not a regular file \(a character device\)"),
+                                           ("large", "is unreadable: larger than")])
+def test_from_hf_refuses_a_tokenizer_file_that_is_special_or_too_large(tmp_path, kind, message):
+    # Before: transformers passed over a named pipe or folder as absent and tokenized from the
+    # other files, and read a file of any size whole.
+    import os
+
+    from transformers import BertTokenizer
+
+    from pipeline.models.hf import TOKENIZER_MAX_BYTES
+    from support.waits import within
+
+    _saved(tmp_path)
+    (tmp_path / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "fox"]) + "\n")
+    BertTokenizer(str(tmp_path / "vocab.txt")).save_pretrained(tmp_path)
+    target = tmp_path / "tokenizer.json"
+    target.unlink(missing_ok=True)
+    if kind == "fifo":
+        os.mkfifo(target)
+    elif kind == "folder":
+        target.mkdir()
+    elif kind == "device":
+        target.symlink_to("/dev/zero")
+    else:
+        with open(target, "wb") as f:
+            f.truncate(TOKENIZER_MAX_BYTES + 1)
+    with within(60), pytest.raises(CheckpointError, match=f"tokenizer.json {message}"):
+        from_hf(tmp_path)
+
+
 def test_from_hf_reads_float32_weights_whatever_dtype_the_config_names(tmp_path):
     model = _saved(tmp_path)
     config = tmp_path / "config.json"

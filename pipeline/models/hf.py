@@ -50,6 +50,7 @@ from pipeline.models.checkpoint import (
     _header,
     _weight_map,
     checkpoint_root,
+    file_error,
     file_identity,
     files_sha256,
     inside,
@@ -72,6 +73,13 @@ CUSTOM_VARIANT = "custom"
 HF_VARIANT = "hf"
 RANDOM_VARIANT = "hf-random"
 # Example inputs: a batch of two short sequences.
+# The tokenizer files transformers reads from a directory: each one present must be a regular
+# file of at most TOKENIZER_MAX_BYTES (Gemma's tokenizer.json, 33 MB, is the largest we know).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "vocab.txt", "vocab.json", "merges.txt", "spiece.model", "sentencepiece.bpe.model",
+                   "tokenizer.model", "chat_template.jinja", "chat_template.json")
+TOKENIZER_MAX_BYTES = 64 << 20
+
 BATCH = 2
 SEQUENCE = 8
 WAVEFORM = 4000  # samples: a dozen frames after wav2vec2's 320-sample feature stride
@@ -818,8 +826,10 @@ def _tokenized(directory: str | os.PathLike, config: PretrainedConfig,
     """input_ids (and attention_mask) of two short sentences, from the directory's own tokenizer
     where it holds one and its ids fit the model's vocabulary; None otherwise."""
     root = Path(directory)
-    if "input_ids" not in names or not any((root / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json",
-                                                                           "vocab.txt", "spiece.model")):
+    if "input_ids" not in names:
+        return None
+    present = _tokenizer_files(root)
+    if not present & {"tokenizer.json", "tokenizer_config.json", "vocab.txt", "spiece.model"}:
         return None
     try:
         from transformers import AutoTokenizer
@@ -835,6 +845,26 @@ def _tokenized(directory: str | os.PathLike, config: PretrainedConfig,
     if ids.ndim != 2 or ids.shape[1] == 0 or int(ids.max()) >= _vocab_size(config):
         return None
     return {key: encoded[key] for key in ("input_ids", "attention_mask", "token_type_ids") if key in encoded}
+
+
+def _tokenizer_files(root: Path) -> set[str]:
+    """The TOKENIZER_FILES `root` holds; CheckpointError naming one that is not a regular file
+    (transformers would pass over a named pipe or folder as absent, and tokenize otherwise) or
+    is larger than TOKENIZER_MAX_BYTES (it would be read whole)."""
+    present = set()
+    for name in TOKENIZER_FILES:
+        path, where = root / name, f"checkpoint {root}: {name}"
+        if not os.path.lexists(path):
+            continue
+        try:
+            with open_regular(path) as f:
+                size = os.fstat(f.fileno()).st_size
+        except OSError as exc:
+            raise file_error(exc, where) from None
+        if size > TOKENIZER_MAX_BYTES:
+            raise CheckpointError(f"{where} is unreadable: larger than {TOKENIZER_MAX_BYTES} bytes")
+        present.add(name)
+    return present
 
 
 @dataclass
@@ -876,7 +906,9 @@ def from_hf(directory: str | os.PathLike, *, task: str | None = None, seed: int 
     The spec records the directory (absolute, symlinks resolved), the sha256 of config.json and
     the weight files, the format ("huggingface") and the stored dtypes. CheckpointError naming
     the directory for a missing directory, a missing or unreadable config.json, a model_type
-    the installed transformers does not know, weights that do not fit, unreadable weight files.
+    the installed transformers does not know, weights that do not fit or are not finite,
+    unreadable weight files, a tokenizer file that is not a regular file or is larger than
+    TOKENIZER_MAX_BYTES.
     task, seed, dtype, inputs: as for `from_config`.
     """
     _check_dtype(dtype)
