@@ -146,6 +146,36 @@ def test_half_rows_out_alone_with_nan_or_inf_give_nan(dtype, width, has_weight, 
         assert torch.equal(out[3:].view(torch.int16), exact.view(torch.int16)), out
 
 
+@pytest.fixture(scope="module")
+def width_1_programs():
+    """(module, pipeline.lower of it) for nn.LayerNorm(1) in float16 and bfloat16, with and
+    without weight and bias: the delegate's launch stores no mean and rstd."""
+    programs = {}
+    for dtype in (torch.float16, torch.bfloat16):
+        for affine in (True, False):
+            module = torch.nn.LayerNorm(1, elementwise_affine=affine).to(dtype).eval()
+            if affine:
+                with torch.no_grad():
+                    module.weight.fill_(2.0)
+                    module.bias.fill_(0.5)
+            program = pipeline.lower(module, (torch.zeros(5, 1, dtype=dtype),))
+            assert program.num_delegates == 1
+            programs[dtype, affine] = module, program
+    return programs
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("affine", [True, False])
+def test_a_lowered_half_layer_norm_of_width_1_gives_nan_for_nan_and_inf_rows(width_1_programs, dtype, affine,
+                                                                             reduction):
+    # The issue's reproduction through `lower`: NaN and inf rows had come out as the bias (or -0.0).
+    module, program = width_1_programs[dtype, affine]
+    x = torch.tensor([[float("nan")], [float("inf")], [float("-inf")], [3.0], [-0.0]], dtype=dtype)
+    out, want = program(x), module(x).detach()
+    assert out[:3].isnan().all() and torch.equal(out.isnan(), want.isnan()), out
+    assert torch.equal(out[3:].view(torch.int16), want[3:].view(torch.int16)), out
+
+
 def near_float32_limit(width: int, gen: torch.Generator) -> torch.Tensor:
     """Rows whose squared deviations (and some sums) overflow float32 though every value is finite."""
     big = torch.finfo(torch.float32).max
