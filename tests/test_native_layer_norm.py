@@ -208,6 +208,24 @@ def test_overflow_gives_nan_or_the_true_value(width, reduction):
         assert torch.allclose(out[r], t_out[r], rtol=1e-3, atol=1e-3), f"row {r}: out wrong"
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("stats", [True, False])
+def test_rows_whose_squares_pass_float32s_range_are_nan(dtype, stats, reduction):
+    # Documented in docs/design.md (the kernel's numerics outside the rule): aten gives these
+    # rows rstd 0 and out = bias; the kernel gives NaN throughout, never a finite wrong value.
+    width = 768
+    base = torch.randn(4, width, generator=torch.Generator().manual_seed(7))
+    base = base / base.abs().amax(dim=1, keepdim=True)
+    x = (base * torch.tensor([[1e17], [1e19], [1e30], [1.0]])).to(dtype)
+    w, b = torch.full((width,), 2.0, dtype=dtype), torch.full((width,), 0.25, dtype=dtype)
+    out, _, rstd = kernel.native_layer_norm(x, [width], w, b, stats=stats)
+    assert out[1:3].isnan().all() and torch.isfinite(out[[0, 3]]).all(), out
+    if stats:
+        assert rstd[1:3].isnan().all() and torch.isfinite(rstd[[0, 3]]).all(), rstd
+    aten_out, _, aten_rstd = ATEN(x, [width], w, b, 1e-5)
+    assert aten_rstd[1].item() == 0 and (aten_out[1] == 0.25).all()  # aten's answer, which the kernel does not give
+
+
 @pytest.mark.parametrize("width", [1, 6, 7, 128, 766, 1280, 4097, 4098])
 def test_every_output_element_is_written(width, reduction):
     x = torch.randn(301, width)
