@@ -12,15 +12,13 @@
 #include "WebGPUDelegateHeader.h"
 #include "WebGPUDevice.h"
 
-namespace executorch {
-namespace backends {
+namespace pipeline {
 namespace webgpu {
 executorch::runtime::Error register_webgpu_backend();
 }  // namespace webgpu
-}  // namespace backends
-}  // namespace executorch
+}  // namespace pipeline
 
-namespace webgpu = executorch::backends::webgpu;
+namespace webgpu = pipeline::webgpu;
 
 using pipeline_entry::copy_out;
 

@@ -16,7 +16,7 @@
 #include "WebGPUDelegateHeader.h"
 #include "WebGPUDevice.h"
 
-namespace webgpu = executorch::backends::webgpu;
+namespace webgpu = pipeline::webgpu;
 
 using pipeline_entry::copy_out;
 

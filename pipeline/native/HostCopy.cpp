@@ -14,8 +14,7 @@
 #include <thread>
 #include <vector>
 
-namespace executorch {
-namespace backends {
+namespace pipeline {
 namespace webgpu {
 namespace {
 
@@ -150,5 +149,4 @@ void copy_bytes(void* dst, const void* src, size_t n) {
 }
 
 }  // namespace webgpu
-}  // namespace backends
-}  // namespace executorch
+}  // namespace pipeline

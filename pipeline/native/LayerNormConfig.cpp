@@ -9,8 +9,7 @@
 #include "blob_layout.h"
 #include "wgsl_sources.h"
 
-namespace executorch {
-namespace backends {
+namespace pipeline {
 namespace webgpu {
 namespace {
 
@@ -363,5 +362,4 @@ const std::string* wgsl_file(const std::string& name) {
 }
 
 }  // namespace webgpu
-}  // namespace backends
-}  // namespace executorch
+}  // namespace pipeline

@@ -7,8 +7,7 @@
 #include <cstring>
 #include <limits>
 
-namespace executorch {
-namespace backends {
+namespace pipeline {
 namespace webgpu {
 namespace {
 
@@ -424,5 +423,4 @@ bool LayerNormLaunch::read_back(const LaunchPlan& plan, const LaunchBuffers& b, 
 }
 
 }  // namespace webgpu
-}  // namespace backends
-}  // namespace executorch
+}  // namespace pipeline

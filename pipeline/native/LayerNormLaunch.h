@@ -15,8 +15,7 @@
 #include "WebGPUDelegateHeader.h"
 #include "WebGPUDevice.h"
 
-namespace executorch {
-namespace backends {
+namespace pipeline {
 namespace webgpu {
 
 // Where results go; a null pointer is an output the delegate does not return. out is in
@@ -133,5 +132,4 @@ class LayerNormLaunch {
 };
 
 }  // namespace webgpu
-}  // namespace backends
-}  // namespace executorch
+}  // namespace pipeline

@@ -23,8 +23,7 @@
 #include "WebGPUDelegateTrace.h"
 #include "WebGPUDevice.h"
 
-namespace executorch {
-namespace backends {
+namespace pipeline {
 namespace webgpu {
 namespace {
 
@@ -377,5 +376,4 @@ Error register_webgpu_backend() {
 }
 
 }  // namespace webgpu
-}  // namespace backends
-}  // namespace executorch
+}  // namespace pipeline

@@ -8,8 +8,7 @@
 #include <type_traits>
 #include <utility>
 
-namespace executorch {
-namespace backends {
+namespace pipeline {
 namespace webgpu {
 namespace {
 
@@ -315,5 +314,4 @@ bool decode_blob(const uint8_t* data, size_t size, LayerNormBlob* blob, std::str
 }
 
 }  // namespace webgpu
-}  // namespace backends
-}  // namespace executorch
+}  // namespace pipeline

@@ -12,8 +12,7 @@
 #include <cstring>
 #include <mutex>
 
-namespace executorch {
-namespace backends {
+namespace pipeline {
 namespace webgpu {
 namespace {
 
@@ -125,10 +124,9 @@ void DelegateTraceScope::capture(Span<EValue*> args) {
 }
 
 }  // namespace webgpu
-}  // namespace backends
-}  // namespace executorch
+}  // namespace pipeline
 
-namespace webgpu = executorch::backends::webgpu;
+namespace webgpu = pipeline::webgpu;
 
 #define PIPELINE_EXPORT __attribute__((visibility("default")))
 

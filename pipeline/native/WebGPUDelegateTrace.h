@@ -12,8 +12,7 @@
 #include <string>
 #include <vector>
 
-namespace executorch {
-namespace backends {
+namespace pipeline {
 namespace webgpu {
 
 // One tensor argument of a delegate call, copied out.
@@ -70,5 +69,4 @@ bool gpu_time_wanted();
 void add_gpu_time(uint64_t ns);
 
 }  // namespace webgpu
-}  // namespace backends
-}  // namespace executorch
+}  // namespace pipeline

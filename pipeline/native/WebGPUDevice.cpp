@@ -20,8 +20,7 @@
 #include "environment.h"
 #include "wgsl_sources.h"
 
-namespace executorch {
-namespace backends {
+namespace pipeline {
 namespace webgpu {
 namespace {
 
@@ -602,5 +601,4 @@ bool WebGPUDevice::check(std::string* reason) {
 }
 
 }  // namespace webgpu
-}  // namespace backends
-}  // namespace executorch
+}  // namespace pipeline

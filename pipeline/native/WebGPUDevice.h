@@ -16,8 +16,7 @@
 
 #include "LayerNormConfig.h"
 
-namespace executorch {
-namespace backends {
+namespace pipeline {
 namespace webgpu {
 
 class WebGPUDevice {
@@ -160,5 +159,4 @@ class WebGPUDevice {
 };
 
 }  // namespace webgpu
-}  // namespace backends
-}  // namespace executorch
+}  // namespace pipeline

@@ -38,8 +38,7 @@ RULE_CONSTANTS = (
 )
 # C++ types of struct formats.
 _CPP_TYPES = {"H": "uint16_t", "I": "uint32_t", "d": "double", "q": "int64_t", "s": "char"}
-_NAMESPACE = ("namespace executorch {\nnamespace backends {\nnamespace webgpu {\n\n",
-              "\n}  // namespace webgpu\n}  // namespace backends\n}  // namespace executorch\n")
+_NAMESPACE = ("namespace pipeline {\nnamespace webgpu {\n\n", "\n}  // namespace webgpu\n}  // namespace pipeline\n")
 
 
 def headers() -> dict[str, str]:
