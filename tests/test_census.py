@@ -214,6 +214,18 @@ def test_a_line_cut_short_is_left_out(tmp_path):
     assert [r["name"] for r in read_records(path)] == ["a", "c"]
 
 
+def test_a_census_file_that_is_a_named_pipe_is_refused_without_waiting(tmp_path):
+    # Before: resuming into an output folder whose census.jsonl was a named pipe waited forever.
+    import os
+
+    from pipeline.ioutil import NotRegularFile
+    from support.waits import within
+
+    os.mkfifo(tmp_path / JSONL)
+    with within(20), pytest.raises(NotRegularFile, match=r"Not a regular file \(a named pipe\)"):
+        read_records(tmp_path / JSONL)
+
+
 @pytest.mark.parametrize("args", [["--sample", "bert"], ["no-such-architecture"], ["--jobs", "0"],
                                   ["--timeout", "-1"]])
 def test_bad_usage_exits_2(args, tmp_path, capsys):

@@ -13,6 +13,7 @@ from pathlib import Path
 from pipeline.census.pool import make_pool, start_fork_server, tower_rows
 from pipeline.census.report import write_census_report
 from pipeline.census.stages import STAGES
+from pipeline.ioutil import open_regular
 
 JSONL = "census.jsonl"
 DEFAULT_OUTPUT_DIR = Path("out/census")
@@ -39,9 +40,10 @@ SAMPLE = (
 
 def read_records(path: str | os.PathLike) -> list[dict]:
     """The records of `census.jsonl`, in order; a last line cut short (a run killed while
-    writing it) is left out."""
+    writing it) is left out. NotRegularFile (an OSError) for a path that is not a regular file."""
     try:
-        text = Path(path).read_text()
+        with open_regular(path) as f:  # a named pipe is refused, not waited on
+            text = f.read().decode()
     except FileNotFoundError:
         return []
     records = []
