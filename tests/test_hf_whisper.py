@@ -143,6 +143,22 @@ VOCABULARY_DAMAGE = {
 }
 
 
+@pytest.mark.parametrize("name", ["vocab.json", "added_tokens.json", "tokenizer.json"])
+@pytest.mark.parametrize("kind", ["a named pipe", "a directory"])
+def test_a_vocabulary_file_that_is_not_a_regular_file_is_refused_without_waiting(whole, tokens, tmp_path, name,
+                                                                                 kind):
+    import os
+
+    from support.waits import within
+
+    directory = write_whole(tmp_path / "whisper", whole, tokens, form="tokenizer" if name == "tokenizer.json"
+                            else "vocab")
+    (directory / name).unlink(missing_ok=True)
+    (os.mkfifo if kind == "a named pipe" else os.mkdir)(directory / name)
+    with within(20), pytest.raises(CheckpointError, match=rf"{name} is not a regular file \({kind}\)"):
+        models.build("whisper", checkpoint=directory, audio=one_utterance())
+
+
 @pytest.mark.parametrize("damage", VOCABULARY_DAMAGE, ids=list(VOCABULARY_DAMAGE))
 def test_a_damaged_vocabulary_is_refused_naming_the_file(copy, damage):
     name, change, message = VOCABULARY_DAMAGE[damage]
