@@ -348,6 +348,28 @@ def test_a_header_out_of_bounds_is_refused_before_a_sample_is_decoded(tmp_path, 
     assert str(info.value).startswith(f"audio {path}: ")
 
 
+def test_a_file_larger_than_any_30_s_wav_is_refused_unread(tmp_path):
+    # Before: an 8-bit file of up to 400 MiB was decoded whole, to float64 (4.9 GB at 400 MiB).
+    import tracemalloc
+
+    import scipy.signal  # noqa: F401 (imported before memory is traced: the reader imports it)
+
+    from pipeline.models.audio import MAX_BYTES
+
+    path = tmp_path / "big.wav"
+    header = wav_bytes(16_000, bits=8, declared=300 << 20)
+    with open(path, "wb") as f:
+        f.write(header)
+        f.truncate(len(header) + (300 << 20))
+    tracemalloc.start()
+    try:
+        with pytest.raises(ValueError, match=f"audio {path}: larger than {MAX_BYTES} bytes"):
+            read_wav(path)
+        assert tracemalloc.get_traced_memory()[1] < 1 << 20
+    finally:
+        tracemalloc.stop()
+
+
 def test_the_length_is_told_exactly_and_checked_from_the_header(tmp_path, monkeypatch):
     from pipeline.models import audio
 
