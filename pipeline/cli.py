@@ -20,6 +20,8 @@ import warnings
 # argument parsing before anything heavy is imported; tests/test_models.py holds them equal.
 MODEL_NAMES = ("bart", "florence2", "whisper")
 SEED_LIMIT = 2**64  # torch generators take seeds below this; numpy's take none below 0
+# pipeline.models.audio.MAX_FILES, known to argument parsing likewise (tests/test_speech.py).
+MAX_AUDIO_FILES = 16
 
 
 def print_progress(line: str) -> None:
@@ -52,10 +54,14 @@ def positive_int(text: str) -> int:
 
 
 def audio_files(text: str) -> str:
-    """argparse type: a `--audio A.wav[,B.wav]` value that names at least one file (split as
-    `pipeline.models.audio.audio_paths` splits it)."""
-    if not any(item.strip() for item in text.split(",")):
+    """argparse type: a `--audio A.wav[,B.wav]` value that names one to MAX_AUDIO_FILES files
+    (split as `pipeline.models.audio.audio_paths` splits it: a name holding a comma is taken
+    whole when it names a file)."""
+    items = [text] if os.path.isfile(text) else [item for item in text.split(",") if item.strip()]
+    if not items:
         raise argparse.ArgumentTypeError(f"names no file: {text!r}")
+    if len(items) > MAX_AUDIO_FILES:
+        raise argparse.ArgumentTypeError(f"{len(items)} files; at most {MAX_AUDIO_FILES} are read in one call")
     return text
 
 

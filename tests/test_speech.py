@@ -463,3 +463,10 @@ def test_audio_arguments_name_one_to_16_files_and_a_name_may_hold_a_comma(tmp_pa
         with pytest.raises(SystemExit) as info:
             report_main("accuracy", "", ["whisper", "--audio", empty])
         assert info.value.code == 2 and "argument --audio: names no file" in capsys.readouterr().err
+    # More files than are read is bad usage too (before: exit 1 once the model was built).
+    from pipeline import cli
+
+    assert cli.MAX_AUDIO_FILES == MAX_FILES
+    with pytest.raises(SystemExit) as info:
+        report_main("accuracy", "", ["whisper", "--audio", ",".join(f"{i}.wav" for i in range(MAX_FILES + 1))])
+    assert info.value.code == 2 and f"17 files; at most {MAX_FILES}" in capsys.readouterr().err
