@@ -46,10 +46,14 @@ class CoverageAudit:
     dead_code: list[str] = field(default_factory=list)
     # The lowered program's own counts, when they disagree with ours.
     notes: list[str] = field(default_factory=list)
-    # Norms eager runs as plain ops (RMSNorm, hand-written LayerNorm), found in the graph by pattern.
-    found_by_pattern: int = 0
     # Chains that look like a norm and stay on the CPU: "node: reason".
     norm_like: list[str] = field(default_factory=list)
+
+    @property
+    def found_by_pattern(self) -> int:
+        """Norms eager runs as plain ops (RMSNorm, hand-written LayerNorm), found in the graph
+        by pattern."""
+        return sum(1 for r in self.layer_norms if KINDS.get(r.origin) not in EAGER_KINDS)
 
     @property
     def complete(self) -> bool:
@@ -134,8 +138,11 @@ def _is_norm_op(node: torch.fx.Node) -> bool:
 
 def _rms_record(node: torch.fx.Node, delegate: str | None, reasons: dict[str, str]) -> LayerNormRecord:
     x, shape, weight, eps = (list(node.args) + [None] * 4)[:4]
-    output = next(n for n in node.graph.nodes if n.op == "output").args[0]
-    outputs = list(output) if isinstance(output, (list, tuple)) else [output]
+    position = None
+    if delegate is not None:  # where the delegate returns it: its graph's outputs
+        output = next(n for n in node.graph.nodes if n.op == "output").args[0]
+        outputs = list(output) if isinstance(output, (list, tuple)) else [output]
+        position = outputs.index(node) if node in outputs else None
     return LayerNormRecord(
         module_path=module_path(node),
         input_shape=[int(d) if isinstance(d, int) else str(d) for d in x.meta["val"].shape],
@@ -147,7 +154,7 @@ def _rms_record(node: torch.fx.Node, delegate: str | None, reasons: dict[str, st
         reason="" if delegate is not None else reasons.get(node.name, "left in the edge graph (no reason recorded)"),
         node=node.name,
         delegate=delegate,
-        delegate_output_index=outputs.index(node) if delegate is not None and node in outputs else None,
+        delegate_output_index=position,
     )
 
 
@@ -232,7 +239,7 @@ def coverage_of(
     delegated = sum(r.delegated for r in records)
     notes = []
     reported = program.coverage
-    norm_like = list(getattr(reported, "norm_like", ()))
+    norm_like = reported.norm_like
     if (reported.total, reported.delegated) != (len(records) + len(norm_like), delegated):
         notes.append(
             f"the program reports {reported.delegated}/{reported.total} delegated, "
@@ -249,6 +256,5 @@ def coverage_of(
         missing_from_graph=[f"{c.module_path or '<root>'} ({c.op})" for c in missing],
         dead_code=[f"{c.module_path or '<root>'} ({c.op})" for c in dead],
         notes=notes,
-        found_by_pattern=sum(1 for r in records if KINDS.get(r.origin) not in EAGER_KINDS),
         norm_like=[f"{node}: {reason}" for node, reason in norm_like],
     )

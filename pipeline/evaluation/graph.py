@@ -146,9 +146,8 @@ def file_records(program, calls: Sequence) -> list[LayerNormRecord]:
     records = []
     pending = iter(calls)
     for site in program.layer_norm_sites:
-        rms = site.delegated and site.delegate.params.op == "rms_norm"
         # Eager records LayerNorm and GroupNorm calls only: an RMSNorm takes none.
-        call = None if rms else next(pending, None)
+        call = None if site.rms else next(pending, None)
         if site.delegated:
             p = site.delegate.params
             affine = _affine(p.weight.source != "none", p.bias.source != "none")
@@ -166,7 +165,7 @@ def file_records(program, calls: Sequence) -> list[LayerNormRecord]:
             input_shape=list(call.input_shape) if call is not None else [],
             row_width=width,
             affine=affine,
-            origin="rms_norm" if rms else call.op if call is not None else "layer_norm",
+            origin="rms_norm" if site.rms else call.op if call is not None else "layer_norm",
             eps=eps,
             delegated=site.delegated,
             reason=reasons.get(site.name, ""),

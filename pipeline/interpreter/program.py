@@ -74,6 +74,11 @@ class LayerNormSite:
     delegate: LayerNormDelegate | None = None
     operator: str = "aten::native_layer_norm"
 
+    @property
+    def rms(self) -> bool:
+        """An RMSNorm's delegate (a CPU kernel call counts as a LayerNorm)."""
+        return self.delegated and self.delegate.params.op == "rms_norm"
+
 
 class Program:
     """A serialized program, ready to run: `program(*inputs)` returns what the module returns.
@@ -284,7 +289,7 @@ class Program:
         for s in self.layer_norm_sites:
             # A file tells an RMSNorm from a LayerNorm; GroupNorms and LayerNorms written by
             # hand ran as LayerNorms and count as such.
-            kind = "RMSNorm" if s.delegated and s.delegate.params.op == "rms_norm" else "LayerNorm"
+            kind = "RMSNorm" if s.rms else "LayerNorm"
             entry = kinds.setdefault(kind, {"total": 0, "delegated": 0})
             entry["total"] += 1
             entry["delegated"] += int(s.delegated)
