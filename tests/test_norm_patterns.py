@@ -12,6 +12,7 @@ from transformers import LlamaConfig
 from transformers.models.cohere.modeling_cohere import CohereLayerNorm
 from transformers.models.deberta.modeling_deberta import DebertaLayerNorm
 from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
+from transformers.models.glm5_next.modeling_glm5_next import Glm5NextTextUnweightedRMSNorm
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 from transformers.models.olmo2.modeling_olmo2 import Olmo2RMSNorm
 from transformers.models.t5.modeling_t5 import T5LayerNorm
@@ -81,6 +82,9 @@ FORMS = {
     "GemmaRMSNorm": (lambda: GemmaRMSNorm(WIDTH, eps=1e-6), RMS_NORM, aten.rms_norm.default),
     "T5LayerNorm": (lambda: T5LayerNorm(WIDTH, eps=1e-6), RMS_NORM, aten.rms_norm.default),
     "Olmo2RMSNorm": (lambda: Olmo2RMSNorm(WIDTH, eps=1e-6), RMS_NORM, aten.rms_norm.default),
+    # x * rsqrt(...).to(x.dtype): the factor cast, not the normalized value
+    "Glm5NextTextUnweightedRMSNorm": (lambda: Glm5NextTextUnweightedRMSNorm(eps=1e-6), RMS_NORM,
+                                      aten.rms_norm.default),
     "CohereLayerNorm": (lambda: CohereLayerNorm(WIDTH, eps=1e-5), HAND_WRITTEN, aten.native_layer_norm.default),
     "DebertaLayerNorm": (lambda: DebertaLayerNorm(WIDTH, eps=1e-7), HAND_WRITTEN, aten.native_layer_norm.default),
     "var LayerNorm": (VarLayerNorm, HAND_WRITTEN, aten.native_layer_norm.default),

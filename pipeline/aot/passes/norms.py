@@ -4,7 +4,8 @@ RMSNorm becomes `aten.rms_norm(x, normalized_shape, weight, eps)`: from `aten.rm
 itself (kept), `aten._fused_rms_norm` (what CUDA and MPS export), and the chains written
 with plain ops (Hugging Face's LlamaRMSNorm and its kin: an upcast to float32, pow 2, mean
 over the last dim, + eps, rsqrt, multiply, a cast back, the weight before or after that cast;
-Gemma's `1 + weight`; T5's, which multiplies the uncast input). A LayerNorm written by hand
+Gemma's `1 + weight`; T5's, which multiplies the uncast input; GLM-5's unweighted one, which
+casts the rsqrt to the input's dtype before the multiply). A LayerNorm written by hand
 (mean, variance as mean((x - mean)^2), var(correction=0) or mean(x^2) - mean^2, rsqrt or
 1 / sqrt, optional weight and bias) becomes `aten.native_layer_norm` and its `getitem 0`.
 
@@ -171,8 +172,8 @@ def _match(anchor: torch.fx.Node) -> _Chain | LeftNorm | None:
             inner.append(_arg(anchor, 0))
         x, centred, dims = _statistic(stat, inner)
         kind = HAND_WRITTEN if centred is not None else RMS_NORM
-        normed = _normalized(anchor, inner)
-        scaled = _other(normed, anchor) if normed.target == aten.mul.Tensor else _arg(normed, 0)
+        normed, factor = _normalized(anchor, inner, _val(_root(x)).dtype)
+        scaled = _other(normed, factor) if normed.target == aten.mul.Tensor else _arg(normed, 0)
         if not _same_centred(scaled, centred, x):
             what = "x" if centred is None else "x - mean(x)"
             raise _Miss(f"it scales {getattr(scaled, 'name', scaled)}, not the {what} of its statistics")
@@ -294,8 +295,9 @@ def _reduced(reduction: torch.fx.Node, x: torch.fx.Node) -> int:
     return len(got)
 
 
-def _normalized(anchor: torch.fx.Node, inner: list) -> torch.fx.Node:
-    """The node that scales the input by the anchor's 1 / sqrt(var + eps)."""
+def _normalized(anchor: torch.fx.Node, inner: list, dtype: torch.dtype) -> tuple[torch.fx.Node, torch.fx.Node]:
+    """(the node that scales the input by the anchor's 1 / sqrt(var + eps), the factor it
+    takes: the anchor, its reciprocal, or that cast to float32 or to the input's `dtype`)."""
     users = list(anchor.users)
     if anchor.target == aten.sqrt.default:
         if len(users) == 1 and users[0].target == aten.reciprocal.default:
@@ -303,16 +305,22 @@ def _normalized(anchor: torch.fx.Node, inner: list) -> torch.fx.Node:
             anchor, users = users[0], list(users[0].users)
         elif len(users) == 1 and users[0].target == aten.div.Tensor and users[0].args[1] is anchor:
             inner.append(users[0])
-            return users[0]
+            return users[0], anchor
         else:
             raise _Miss(f"{anchor.name} is not a divisor of the input")
+    # x * rsqrt(...).to(x.dtype) (GLM-5's unweighted RMSNorm): the factor cast, its metadata
+    # assert beside it; in half the chain rounds the factor, the op does not.
+    casts = [u for u in users if u.target != _ASSERT]
+    if len(casts) == 1 and _cast_to(casts[0]) in (torch.float32, dtype) and casts[0].args[0] is anchor:
+        inner.append(casts[0])
+        anchor, users = casts[0], list(casts[0].users)
     muls = [u for u in users if u.target == aten.mul.Tensor]
     if len(muls) != 1:
         raise _Miss(f"{anchor.name} is used by {_names(users)}, not by one multiply of the input")
     if len(users) > 1:
         raise _Miss(f"its intermediate {anchor.name} is also used by {_names(u for u in users if u not in muls)}")
     inner.append(muls[0])
-    return muls[0]
+    return muls[0], anchor
 
 
 def _tail(normed: torch.fx.Node, kind: str, dims: int, x: torch.fx.Node,
