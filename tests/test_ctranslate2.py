@@ -336,6 +336,23 @@ def test_a_config_error_is_raised_once_with_no_cause(write):
     assert "valid Whisper config" not in message
 
 
+@pytest.mark.parametrize("name,change,pattern", [
+    ("decoder/position_encodings/encodings", lambda v: None, "missing variable decoder/position_encodings/encodings"),
+    ("encoder/layer_0/ffn/linear_0/weight", lambda v: v[None],
+     r"encoder/layer_0/ffn/linear_0/weight has shape \[1, 16, 8\]; a Whisper model's has 2 dims"),
+])
+def test_a_variable_read_for_the_config_is_refused_once_with_no_cause(model, write, name, change, pattern):
+    # Before: wrapped again as "its shapes make no valid Whisper config: checkpoint ...", the
+    # first CheckpointError its cause.
+    variables, _ = ct2_variables(model)
+    changed = change(variables[name])
+    directory = write({k: v for k, v in variables.items() if k != name} | ({} if changed is None else {name: changed}))
+    with pytest.raises(CheckpointError, match=pattern) as info:
+        read_ctranslate2(directory)
+    assert str(info.value).count(f"checkpoint {directory}") == 1, info.value
+    assert info.value.__cause__ is None
+
+
 @pytest.mark.parametrize("value", [0.0, float("nan"), float("inf")])
 def test_a_scale_that_is_zero_or_not_finite_is_refused_by_name(model, write, value):
     variables, aliases = ct2_variables(model)

@@ -460,15 +460,16 @@ def _whisper_config(names: _Names, tokens: tuple[str, ...], raw: dict[str, Any],
     tied = names.aliases.get("decoder/projection/weight") == "decoder/embeddings/weight"
     suppress = list(_token_list(raw, "suppress_ids", vocab_size, config_where))
     begin_suppress = list(_token_list(raw, "suppress_ids_begin", vocab_size, config_where))
+    # Read before the config is made: their own CheckpointErrors are not the config's.
+    ffn = {stack: names.dim(f"{stack}/layer_0/ffn/linear_0/weight", 2, 0) for stack in ("encoder", "decoder")}
+    target_positions = names.dim("decoder/position_encodings/encodings", 2, 0)
     try:
         config = WhisperConfig(
             vocab_size=vocab_size, num_mel_bins=mel_bins, d_model=d_model,
             encoder_layers=layers["encoder"], decoder_layers=layers["decoder"],
             encoder_attention_heads=heads["encoder"], decoder_attention_heads=heads["decoder"],
-            encoder_ffn_dim=names.dim("encoder/layer_0/ffn/linear_0/weight", 2, 0),
-            decoder_ffn_dim=names.dim("decoder/layer_0/ffn/linear_0/weight", 2, 0),
-            max_source_positions=positions,
-            max_target_positions=names.dim("decoder/position_encodings/encodings", 2, 0),
+            encoder_ffn_dim=ffn["encoder"], decoder_ffn_dim=ffn["decoder"],
+            max_source_positions=positions, max_target_positions=target_positions,
             activation_function="gelu", scale_embedding=False, tie_word_embeddings=tied,
             pad_token_id=special[END_OF_TEXT], bos_token_id=special[END_OF_TEXT], eos_token_id=special[END_OF_TEXT],
             decoder_start_token_id=special[START_OF_TRANSCRIPT],
