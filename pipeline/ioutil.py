@@ -9,6 +9,7 @@ import json
 import os
 import stat
 import tempfile
+import zipfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import BinaryIO
@@ -137,6 +138,15 @@ class FileTooLarge(OSError):
         super().__init__(errno.EFBIG, f"Larger than {limit} bytes", os.fspath(path))
 
 
+class ArchiveTooLarge(OSError):
+    """A zip archive (torch.save's format) whose entries declare more bytes than the file holds:
+    compressed, or overlapping, they would load to more memory than its size bounds."""
+
+    def __init__(self, path: str | os.PathLike, declared: int, size: int) -> None:
+        super().__init__(errno.EFBIG, f"its zip entries declare at least {declared} bytes, more than the "
+                         f"file's {size} (torch.save stores each uncompressed, once)", os.fspath(path))
+
+
 def file_kind(mode: int) -> str:
     """What a path of this `st_mode` is, for messages: "a directory", "a named pipe", ..."""
     return next((name for test, name in _KINDS if test(mode)), "a regular file" if stat.S_ISREG(mode) else
@@ -177,6 +187,28 @@ def read_regular(path: str | os.PathLike, limit: int) -> bytes:
     if len(data) > limit:
         raise FileTooLarge(path, limit)
     return data
+
+
+def open_torch_file(path: str | os.PathLike) -> BinaryIO:
+    """The regular file at `path` (`open_regular`), for `torch.load`: a zip archive, torch.save's
+    format, must declare no more bytes in its entries than the file holds (torch.load allocates
+    what they declare and inflates compressed ones), else ArchiveTooLarge (an OSError) before
+    anything is loaded. A file of torch's older format is its tensors' bytes as they are."""
+    f = open_regular(path)
+    try:
+        size = os.fstat(f.fileno()).st_size
+        if zipfile.is_zipfile(f):
+            declared = 0
+            with zipfile.ZipFile(f) as archive:  # a file passed in stays open
+                for entry in archive.infolist():
+                    declared += entry.file_size
+                    if declared > size:
+                        raise ArchiveTooLarge(path, declared, size)
+        f.seek(0)
+    except BaseException:
+        f.close()
+        raise
+    return f
 
 
 def sha256_regular(path: str | os.PathLike) -> str:

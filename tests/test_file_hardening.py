@@ -623,3 +623,42 @@ def test_an_inputs_file_that_is_a_named_pipe_is_refused_without_waiting(tmp_path
     os.mkfifo(fifo)
     with within(20), pytest.raises(ValueError, match=r"inputs.pt: not a torch.save file .*Not a regular file \(a named pipe\)"):
         read_inputs(fifo)
+
+
+def _deflated(path: Path, value: object) -> Path:
+    """`value` torch.save'd to `path`, then every entry of the zip recompressed: torch.load
+    inflates such entries, so the file holds far fewer bytes than it loads."""
+    import io
+    import zipfile
+
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    with zipfile.ZipFile(buffer) as saved, zipfile.ZipFile(path, "w") as out:
+        for name in saved.namelist():
+            out.writestr(name, saved.read(name), compress_type=zipfile.ZIP_DEFLATED)
+    return path
+
+
+def test_a_torch_file_that_loads_more_bytes_than_it_holds_is_refused_unloaded(tmp_path, monkeypatch):
+    # Before: loaded; 64 KB here inflate to 64 MiB, and 4 MB would to 4 GB (a .pt's bound was said
+    # to be its own size).
+    from pipeline.evaluation import artifact
+    from pipeline.models import CheckpointError, from_hf, hf
+
+    zeros = torch.zeros(16 << 20)  # 64 MiB
+    inputs = _deflated(tmp_path / "inputs.pt", (zeros,))
+    assert inputs.stat().st_size < 1 << 20
+    monkeypatch.setattr(torch, "load", lambda *a, **k: pytest.fail("loaded"))
+    why = rf"its zip entries declare at least \d+ bytes, more than the file's {inputs.stat().st_size}"
+    with pytest.raises(ValueError, match=rf"inputs.pt: not a torch.save file .*{why}"):
+        artifact.read_inputs(inputs)
+    with pytest.raises(ValueError, match=rf"inputs {inputs}: unreadable .*{why}"):
+        hf.read_inputs(inputs, nn.Linear(2, 2))
+    directory = tmp_path / "checkpoint"
+    directory.mkdir()
+    (directory / "config.json").write_text(json.dumps({"model_type": "bert", "hidden_size": 32, "num_hidden_layers": 1,
+                                                       "num_attention_heads": 2, "intermediate_size": 64,
+                                                       "vocab_size": 100}))
+    _deflated(directory / "pytorch_model.bin", {"bert.embeddings.word_embeddings.weight": zeros})
+    with pytest.raises(CheckpointError, match="pytorch_model.bin is unreadable: .*its zip entries declare"):
+        from_hf(directory)

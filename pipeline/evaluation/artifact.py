@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from pipeline.ioutil import open_regular, read_regular, sha256_regular
+from pipeline.ioutil import open_torch_file, read_regular, sha256_regular
 
 
 class ArtifactError(ValueError):
@@ -251,7 +251,7 @@ def program_loader(runtime: str = "python"):
 def read_inputs(path: str | os.PathLike) -> tuple:
     """A user's inputs: a tensor, or a tuple/list of them, saved with torch.save."""
     try:
-        with open_regular(path) as f:  # a named pipe is refused, not waited on
+        with open_torch_file(path) as f:  # no named pipe waited on, no archive inflated
             value = torch.load(f, weights_only=True)
     except FileNotFoundError:
         raise

@@ -39,7 +39,7 @@ from safetensors import SafetensorError, safe_open
 from transformers import PretrainedConfig
 from transformers.utils import ModelOutput
 
-from pipeline.ioutil import open_regular
+from pipeline.ioutil import open_regular, open_torch_file
 from pipeline.models.checkpoint import (
     CONFIG,
     FLOAT_DTYPES,
@@ -554,7 +554,7 @@ def read_inputs(path: str | os.PathLike, model: torch.nn.Module) -> dict[str, to
     ValueError naming the file for anything else."""
     shown = f"inputs {path}"
     try:
-        with open_regular(path) as f:  # a named pipe is refused, not waited on
+        with open_torch_file(path) as f:  # no named pipe waited on, no archive inflated
             held = torch.load(f, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise ValueError(f"{shown}: no such file") from None
@@ -1016,7 +1016,7 @@ def _pickles(root: Path, shown: str, index: Path | None, shards: dict[Path, set[
     tensors: dict[str, torch.Tensor] = {}
     for path, listed in shards.items():
         try:
-            with open_regular(path) as f:  # a named pipe is refused, not waited on
+            with open_torch_file(path) as f:  # no named pipe waited on, no archive inflated
                 state = torch.load(f, map_location="cpu", weights_only=True)
         except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError, zipfile.BadZipFile) as exc:
             raise CheckpointError(f"{shown}: {path.name} is unreadable: {' '.join(str(exc).split())[:300]}") from None
