@@ -140,6 +140,27 @@ def test_a_lowering_failure_is_classed_by_where_it_was_raised(path, stage, monke
     assert (record["failed_stage"], record["cause"]) == (stage, "ValueError: no blob")
 
 
+class _TracedOtherwise(torch.nn.Module):
+    """Computes one thing in eager and another under torch.export (as Aimv2's text model drops
+    its causal mask in eager and keeps it when traced)."""
+
+    def forward(self, x):
+        return x + 1 if torch.compiler.is_exporting() else x
+
+
+@pytest.mark.parametrize("module, ours", [(_TracedOtherwise(), False), (torch.nn.Identity(), True)])
+def test_an_output_off_the_rule_is_ours_unless_the_exported_program_is_off_too(module, ours):
+    census = _Staged()
+    census._accuracy = Census._accuracy.__get__(census)  # the real stage, the program's outputs faked
+    x = torch.randn(3, generator=torch.Generator().manual_seed(0))
+    census.spec, census.inputs = SimpleNamespace(module=module), (x,)
+    census.eager_outputs, census.exported, census.outputs = [module(x)], torch.export.export(module, (x,)), [x + 1]
+    record = census.run()
+    assert (record["failed_stage"], record["ours"]) == ("accuracy", ours)
+    assert record["cause"].startswith("AccuracyError: output 0" if ours else "ExportDiffers: output 0")
+    assert ("exported_accuracy" in record) != ours
+
+
 def test_skipped_stage_is_not_a_failure():
     record = _Staged(skip="native").run()
     assert record["status"] == "ok" and record["reached"] == "accuracy"

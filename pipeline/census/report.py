@@ -111,8 +111,10 @@ _STAGE_HEADERS = ["stage", "reached", "failed here", "skipped", "whose"]
 
 
 def _stage_rows(data: dict) -> list[list[object]]:
-    return [[s, data["reached"][s], Flagged(data["failed_at"][s]) if data["failed_at"][s] and s in OUR_STAGES
-             else data["failed_at"][s], data["skipped"].get(s, 0), "ours" if s in OUR_STAGES else "not ours"]
+    # Flagged where a failure there is ours (an accuracy failure export shares is not).
+    ours = {c["stage"] for c in data["causes"] if c["ours"]}
+    return [[s, data["reached"][s], Flagged(data["failed_at"][s]) if s in ours else data["failed_at"][s],
+             data["skipped"].get(s, 0), "ours" if s in OUR_STAGES else "not ours"]
             for s in STAGES]
 
 

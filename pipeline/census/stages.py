@@ -17,7 +17,9 @@
     accuracy     each output against eager float64: at most twice eager float32's error
 
 A failure in the first four is not ours (the model zoo, PyTorch or ExecuTorch): the control
-passing is what makes the stages after it ours. A stage may be skipped with its reason (the
+passing is what makes the stages after it ours. So is an output that misses the accuracy rule
+where the exported program itself, run by torch, misses it as well: export traced another
+computation than eager ran (ExportDiffers). A stage may be skipped with its reason (the
 native library not built, no float64 reference) without failing.
 """
 
@@ -51,6 +53,12 @@ class CoverageError(Exception):
 
 class AccuracyError(Exception):
     """An output of the program is further from eager float64 than the rule allows."""
+
+
+class ExportDiffers(AccuracyError):
+    """An output misses the rule in the exported program run by torch as in ours: what export
+    traced computes something other than eager (a model whose code takes another path under
+    tracing). Not ours."""
 
 
 def one_line(exc: BaseException) -> str:
@@ -98,7 +106,7 @@ class Census:
                 cause = one_line(exc)
                 self._close("failed", cause)
                 self.record.update(status="oom" if out_of_memory(cause) else "failed", failed_stage=self.stage,
-                                   cause=cause, ours=self.stage in OUR_STAGES)
+                                   cause=cause, ours=self.stage in OUR_STAGES and not isinstance(exc, ExportDiffers))
                 break
         self._close("ok")
         self.record["seconds"] = round(time.perf_counter() - start, 3)
@@ -268,9 +276,29 @@ class Census:
                 for i, (got, eager, ref) in enumerate(zip(self.outputs, self.eager_outputs, reference))]
         self.record["accuracy"] = rows
         bad = [row for row in rows if not row["ok"]]
-        if bad:
-            row = bad[0]
-            raise AccuracyError(f"output {row['index']}: {row['why']}")
+        if not bad:
+            return
+        row = bad[0]
+        exported = self._exported_error(row["index"], reference)
+        if exported is not None and not exported["ok"]:
+            self.record["exported_accuracy"] = exported
+            raise ExportDiffers(f"output {row['index']}: {row['why']}; the exported program run by torch too: "
+                                f"max abs error {exported['max_abs']:.3g}")
+        raise AccuracyError(f"output {row['index']}: {row['why']}")
+
+    def _exported_error(self, index: int, reference: list) -> dict | None:
+        """The rule applied to output `index` of the exported program (torch.export's, before any
+        pass of ours) run by torch; None when it cannot run."""
+        import torch
+
+        try:
+            with torch.no_grad():
+                outputs = _leaves(self.exported.module()(*self.inputs))
+        except Exception:  # no verdict on export: the failure stays ours
+            return None
+        if len(outputs) != len(self.eager_outputs):
+            return None
+        return output_error(index, outputs[index], self.eager_outputs[index], reference[index])
 
 
 @contextlib.contextmanager
