@@ -283,3 +283,59 @@ def test_sigterm_while_export_imports_ends_with_one_line(tmp_path):
     assert proc.wait(timeout=60) == 130, err
     assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("export_model: interrupted"), err
     assert list(tmp_path.iterdir()) == []
+
+
+def _wav_header_only(path: Path, rate: int, channels: int) -> Path:
+    """A WAV of 8-bit PCM whose header claims `rate` and `channels`, with 200 bytes of data."""
+    import struct
+
+    fmt = struct.pack("<HHIIHH", 1, channels, rate, rate * channels % 2**32, channels, 8)
+    body = b"WAVE" + b"fmt " + struct.pack("<I", len(fmt)) + fmt + b"data" + struct.pack("<I", 200) + b"\0" * 200
+    path.write_bytes(b"RIFF" + struct.pack("<I", len(body)) + body)
+    return path
+
+
+def _refused_file(tmp_path: Path, case: str) -> tuple[str, list[str], dict[str, str], str]:
+    """(script, argv, environment, the path its one line must name) of a refusal of a file."""
+    import os
+
+    from support.ctranslate2_files import tiny_whisper, write_ct2
+
+    env = script_env()
+    if case == "a rate of 10 MHz":
+        wav = _wav_header_only(tmp_path / "fast.wav", 10_000_019, 1)
+        return "export_model", ["whisper", "--variant", "tiny", "--audio", str(wav)], env, str(wav)
+    if case == "65,535 channels":
+        wav = _wav_header_only(tmp_path / "wide.wav", 16_000, 65_535)
+        return "export_model", ["whisper", "--variant", "tiny", "--audio", str(wav)], env, str(wav)
+    if case == "a model.bin that is a named pipe":
+        directory = write_ct2(tmp_path / "ct2", tiny_whisper())
+        (directory / "model.bin").unlink()
+        os.mkfifo(directory / "model.bin")
+        return "export_model", ["whisper", "--checkpoint", str(directory)], env, str(directory)
+    table = tmp_path / "layouts.txt"
+    os.mkfifo(table)
+    return "bench_layer_norm", ["--shapes", "4x8"], {**env, "PIPELINE_LAYOUTS": str(table)}, str(table)
+
+
+@pytest.mark.parametrize("case", ["a rate of 10 MHz", "65,535 channels", "a model.bin that is a named pipe",
+                                  "a layouts table that is a named pipe"])
+def test_a_refused_file_is_one_line_exit_1_nothing_written_within_1_gb(tmp_path, case):
+    # The promise docs/hardening.md states for every refusal; the peak is the process's own.
+    import os
+
+    script, argv, env, named = _refused_file(tmp_path, case)
+    out = tmp_path / "out"
+    argv += ["--output-dir", str(out)] if script == "export_model" else []
+    with open(tmp_path / "stderr", "w+") as err:
+        proc = subprocess.Popen([sys.executable, str(SCRIPTS / f"{script}.py"), *argv], env=env,
+                                stdout=subprocess.DEVNULL, stderr=err)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        err.seek(0)
+        lines = err.read().splitlines()
+    # export_model's progress goes to stderr before the cause.
+    causes = [line for line in lines if not line.startswith("[")]
+    assert proc.returncode == 1 and len(causes) == 1 and named in causes[0], lines
+    assert not out.exists()
+    assert usage.ru_maxrss * 1024 < 1 << 30, f"peak {usage.ru_maxrss / 1024:.0f} MB"
