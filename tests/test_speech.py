@@ -456,6 +456,10 @@ def test_audio_arguments_name_one_to_16_files_and_a_name_may_hold_a_comma(tmp_pa
     comma = tmp_path / "a,b.wav"
     comma.write_bytes(b"")
     assert audio_paths(str(comma)) == (str(comma),)
+    # The scripts' --audio takes it whole too: the file is read, and refused as the empty file it is.
+    assert report_main("accuracy", "", ["whisper", "--variant", "tiny", "--audio", str(comma),
+                                        "--output-dir", str(tmp_path / "out")]) == 1
+    assert f"audio {comma}: not a WAV file" in capsys.readouterr().err
     assert audio_paths(f"{tmp_path}/x.wav,{tmp_path}/y.wav") == (f"{tmp_path}/x.wav", f"{tmp_path}/y.wav")
     with pytest.raises(ValueError, match=f"17 files; at most {MAX_FILES}"):
         audio_paths([f"{i}.wav" for i in range(MAX_FILES + 1)])
