@@ -247,6 +247,17 @@ def test_a_census_file_that_is_a_named_pipe_is_refused_without_waiting(tmp_path)
         read_records(tmp_path / JSONL)
 
 
+def test_a_census_file_larger_than_any_census_is_refused_unread(tmp_path):
+    # Before: read whole, whatever its size (a sparse file of 64 GiB would have been).
+    from pipeline.census.run import JSONL_MAX_BYTES
+    from pipeline.ioutil import FileTooLarge
+
+    with open(tmp_path / JSONL, "wb") as f:
+        f.truncate(JSONL_MAX_BYTES + 1)
+    with pytest.raises(FileTooLarge, match=f"Larger than {JSONL_MAX_BYTES} bytes"):
+        read_records(tmp_path / JSONL)
+
+
 @pytest.mark.parametrize("args", [["--sample", "bert"], ["no-such-architecture"], ["--jobs", "0"],
                                   ["--timeout", "-1"]])
 def test_bad_usage_exits_2(args, tmp_path, capsys):

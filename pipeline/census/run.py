@@ -13,12 +13,14 @@ from pathlib import Path
 from pipeline.census.pool import make_pool, start_fork_server, tower_rows
 from pipeline.census.report import write_census_report
 from pipeline.census.stages import STAGES
-from pipeline.ioutil import open_regular
+from pipeline.ioutil import read_regular
 
 JSONL = "census.jsonl"
 DEFAULT_OUTPUT_DIR = Path("out/census")
 DEFAULT_TIMEOUT = 300.0
 DEFAULT_MEMORY_GB = 8.0
+# A record is about 2 kB (the full census's 776 rows: 1.5 MB); 64 MiB holds thirty thousand.
+JSONL_MAX_BYTES = 64 << 20
 
 # The CI sample: a few of each modality, chosen small and quick (21 rows with their towers:
 # 2 to 5 minutes with --jobs 2 on a 2-core machine, docs/usage.md).
@@ -40,10 +42,10 @@ SAMPLE = (
 
 def read_records(path: str | os.PathLike) -> list[dict]:
     """The records of `census.jsonl`, in order; a last line cut short (a run killed while
-    writing it) is left out. NotRegularFile (an OSError) for a path that is not a regular file."""
+    writing it) is left out. NotRegularFile (an OSError) for a path that is not a regular file,
+    FileTooLarge for one of more than JSONL_MAX_BYTES."""
     try:
-        with open_regular(path) as f:  # a named pipe is refused, not waited on
-            text = f.read().decode()
+        text = read_regular(path, JSONL_MAX_BYTES).decode()  # a named pipe is refused, not waited on
     except FileNotFoundError:
         return []
     records = []
