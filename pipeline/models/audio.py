@@ -107,13 +107,16 @@ def _read(path: str | os.PathLike) -> tuple[np.ndarray, bytes]:
         raise ValueError(f"audio {shown} cannot be read: {exc.strerror or exc}") from None
     header = wav_header(raw, shown)
     samples = _samples(raw, header)
-    if header.channels > 1:
-        samples = samples.reshape(header.frames, header.channels).mean(axis=1, dtype=np.float64).astype(np.float32)
     if samples.size == 0:
         raise ValueError(f"audio {shown}: holds no samples")
-    if header.rate != SAMPLING_RATE:
-        step = math.gcd(header.rate, SAMPLING_RATE)
-        samples = resample_poly(samples, SAMPLING_RATE // step, header.rate // step).astype(np.float32)
+    # A sample that is not finite (or a mix or filter past float32's range) is refused below,
+    # in our words: numpy's warnings on the way are not the user's.
+    with np.errstate(over="ignore", invalid="ignore"):
+        if header.channels > 1:
+            samples = samples.reshape(header.frames, header.channels).mean(axis=1, dtype=np.float64).astype(np.float32)
+        if header.rate != SAMPLING_RATE:
+            step = math.gcd(header.rate, SAMPLING_RATE)
+            samples = resample_poly(samples, SAMPLING_RATE // step, header.rate // step).astype(np.float32)
     if not np.isfinite(samples).all():
         raise ValueError(f"audio {shown}: holds samples that are not finite as float32")
     return samples, raw
