@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from pipeline.wgsl import ShaderFiles
+from pipeline.wgsl import ShaderFiles, layouts
 from pipeline.wgsl.config import choose_config
 from pipeline.wgsl.layouts import MAGIC, Launch, Layout, Layouts, LayoutsError, parse, read
 from support.scripts import ROOT, load_script, run_script
@@ -125,6 +125,26 @@ def test_a_table_from_another_device_is_refused():
     for adapter, implementation in (("Other GPU", "wgpu"), ("Some GPU (driver 1.2)", "dawn")):
         with pytest.raises(LayoutsError, match="t.txt: tuned on 'Some GPU .* unset PIPELINE_LAYOUTS"):
             table.check_device(adapter, implementation)
+
+
+# The tables that ship with the package
+
+
+def test_the_shipped_tables_are_the_h200_s_named_by_their_device():
+    tables = layouts.shipped()
+    assert {(t.adapter, t.implementation) for t in tables} >= {("NVIDIA H200", "wgpu"), ("NVIDIA H200", "dawn")}
+    for table in tables:
+        # One file per adapter and implementation, so no two tables can claim a device.
+        assert table.source == f"pipeline/wgsl/tuned/{layouts.shipped_name(table.adapter, table.implementation)}"
+        assert table.entries
+
+
+def test_a_shipped_table_is_picked_by_adapter_and_implementation_exactly():
+    assert layouts.shipped_for("NVIDIA H200", "wgpu").source == "pipeline/wgsl/tuned/nvidia-h200-wgpu.txt"
+    assert layouts.shipped_for("NVIDIA H200", "dawn").source == "pipeline/wgsl/tuned/nvidia-h200-dawn.txt"
+    for adapter, implementation in (("NVIDIA H200 NVL", "wgpu"), ("nvidia h200", "wgpu"), ("NVIDIA H200", "vulkan"),
+                                    ("NVIDIA H100 80GB HBM3", "wgpu")):
+        assert layouts.shipped_for(adapter, implementation) is None
 
 
 # The C++ backend (built on demand; tests/test_native.py's fixture).
@@ -293,11 +313,12 @@ def test_both_runtimes_refuse_a_table_they_cannot_read(tmp_path, gpu_info, where
         assert report[runtime].startswith(f"{path}: cannot read the layouts file: ") and why in report[runtime], report
 
 
-@pytest.mark.parametrize("path", sorted(str(p.relative_to(ROOT)) for p in (ROOT / "benchmarks" / "results").rglob("*.txt")
-                                        if p.read_text().startswith(MAGIC + "\n")))
+@pytest.mark.parametrize("path", sorted(str(p.relative_to(ROOT)) for p in [
+    *(ROOT / "benchmarks" / "results").rglob("*.txt"), *(ROOT / "pipeline" / "wgsl" / "tuned").glob("*.txt")]
+    if MAGIC + "\n" in p.read_text()))
 def test_the_committed_device_tables_read_and_relay_their_launches(path):
-    # The H200's tables that docs/measurements.md quotes: each entry a layout its launch's rule
-    # takes there (subgroups of 32, pack2x16float), so PIPELINE_LAYOUTS at them serves every line.
+    # The H200's tables that docs/measurements.md quotes and the package ships: each entry a
+    # layout its launch's rule takes there (subgroups of 32, pack2x16float), so every line serves.
     table = read(ROOT / path)
     assert table.adapter == "NVIDIA H200" and table.entries
     for launch, layout in table.entries.items():

@@ -34,6 +34,7 @@ import math
 import os
 import re
 from dataclasses import dataclass, field, replace
+from importlib import resources
 
 from pipeline.environment import LAYOUTS_MAX_BYTES
 from pipeline.ioutil import read_regular
@@ -53,6 +54,10 @@ _NUMBER = re.compile(r"[0-9]{1,18}(\.[0-9]{1,18})?")
 # The first line of the version before, and what both readers say of a file that has it.
 OLD_MAGIC = "pipeline-layouts 1"
 OLD_VERSION = "a layouts file of version 1, without the words column: tune this device again (scripts/tune_layouts.py)"
+# The tables that ship with the package, one a file named by `shipped_name`; messages name them
+# by their place in the source tree, as the C++ backend (data generated from them) does.
+SHIPPED_DIR = resources.files("pipeline.wgsl") / "tuned"
+SHIPPED_SOURCE = "pipeline/wgsl/tuned"
 
 
 class LayoutsError(ValueError):
@@ -216,3 +221,22 @@ def read(path: str | os.PathLike) -> Layouts:
     except (OSError, UnicodeDecodeError) as exc:
         raise LayoutsError(f"{path}: cannot read the layouts file: {exc}") from None
     return parse(text, os.fspath(path))
+
+
+def shipped_name(adapter: str, implementation: str) -> str:
+    """The file name of the shipped table of `adapter` through `implementation`: the adapter's
+    letters and digits in lower case, runs of anything else a dash ("NVIDIA H200", "wgpu":
+    nvidia-h200-wgpu.txt)."""
+    return "-".join(re.findall("[a-z0-9]+", adapter.lower()) + [implementation]) + ".txt"
+
+
+def shipped() -> list[Layouts]:
+    """The tables that ship with the package (SHIPPED_DIR), by file name."""
+    files = sorted((f for f in SHIPPED_DIR.iterdir() if f.name.endswith(".txt")), key=lambda f: f.name)
+    return [parse(f.read_bytes().decode("utf-8"), f"{SHIPPED_SOURCE}/{f.name}") for f in files]
+
+
+def shipped_for(adapter: str, implementation: str) -> Layouts | None:
+    """The shipped table tuned on `adapter` through `implementation` (both exactly as the table
+    records them), or None: the one a device takes when PIPELINE_LAYOUTS is unset."""
+    return next((t for t in shipped() if (t.adapter, t.implementation) == (adapter, implementation)), None)
