@@ -668,7 +668,7 @@ def run_benchmark(shapes: list[tuple[int, int]], repeats: int = 100, sweep: bool
             "wgpu_gbps": round(effective_gbps(rows, width, wgpu_us, itemsize), 1),
             "wgpu_isolated_us": round(isolated_us, 2),
             # The kernel's layout: threads per row and workgroup, and whether its plain half rows are
-            # read in 16-byte words (a tuned one where PIPELINE_LAYOUTS has it).
+            # read in 16-byte words (a tuned one where the device's table has it).
             "layout": [config.threads_per_row, config.workgroup],
             "wide_words": config.wide_words,
             "torch_us": round(torch_us, 2),

@@ -10,10 +10,13 @@ SUBGROUPS_ENV = "PIPELINE_WGPU_SUBGROUPS"
 F16_PACK_ENV = "PIPELINE_WGPU_PACK2X16FLOAT"
 
 # A layouts file tuned on this device (pipeline.wgsl.layouts, scripts/tune_layouts.py): launches
-# it names take its threads per row and workgroup size instead of the rule's.
+# it names take its threads per row and workgroup size instead of the rule's. Unset, the table
+# shipped for the device's adapter and implementation is taken where there is one
+# (pipeline/wgsl/tuned/); LAYOUTS_NONE takes the rule everywhere.
 LAYOUTS_ENV = "PIPELINE_LAYOUTS"
+LAYOUTS_NONE = "none"
 # The most bytes of that file either side reads (a tuned table is a few kB): a larger file, or
 # one that is not a regular file (a named pipe, /dev/zero), is refused.
 LAYOUTS_MAX_BYTES = 4 << 20
 
-SHARED = ("ADAPTER_ENV", "SUBGROUPS_ENV", "F16_PACK_ENV", "LAYOUTS_ENV", "LAYOUTS_MAX_BYTES")
+SHARED = ("ADAPTER_ENV", "SUBGROUPS_ENV", "F16_PACK_ENV", "LAYOUTS_ENV", "LAYOUTS_NONE", "LAYOUTS_MAX_BYTES")

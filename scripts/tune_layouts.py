@@ -10,7 +10,9 @@ as the models' delegates do; --stats stores mean and rstd too) is timed in its r
 and at half and twice the threads per row in workgroups of 64, 128 and 256; a layout enters
 the table where it beats the rule by --min-gain. Tune through the implementation you will
 run (PIPELINE_WEBGPU: a table names its adapter and implementation, and a runtime refuses
-one tuned elsewhere). --append adds to (and updates) an existing table of this device.
+one tuned elsewhere). --append adds to (and updates) an existing table of this device. A
+table in pipeline/wgsl/tuned/, named as pipeline.wgsl.layouts.shipped_name names it, ships with
+the package: its device takes it without PIPELINE_LAYOUTS (the C++ from its next build).
 
 --pte tunes the launches a program makes instead: it runs the file in the Python runtime on
 its model's example inputs (the .coverage.json beside it names the model, which is built for

@@ -1,13 +1,17 @@
 """Layouts tuned on a device (pipeline.wgsl.layouts, pipeline.tune, scripts/tune_layouts.py):
 the file both runtimes read, the same lines accepted and refused by Python and C++, the same
-module for a launch, a table from another device refused loudly, and a tuned launch giving
-the same bits from the Python launch and the C++ call (in a child process: both devices read
-PIPELINE_LAYOUTS once)."""
+module for a launch, a table from another device refused loudly, the tables that ship with
+the package taken by the device they were tuned on unless PIPELINE_LAYOUTS says otherwise, and
+a tuned launch giving the same bits from the Python launch and the C++ call (in a child
+process: both devices take their table once)."""
 
+import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -147,6 +151,53 @@ def test_a_shipped_table_is_picked_by_adapter_and_implementation_exactly():
         assert layouts.shipped_for(adapter, implementation) is None
 
 
+class _FakeDevice:
+    """What the device layer reads of an opened device before it takes a layouts table."""
+
+    features: frozenset = frozenset()
+
+    def __init__(self, adapter: str, name: str = "wgpu") -> None:
+        self.info, self.name = {"adapter": adapter}, name
+
+
+@pytest.fixture
+def fake_device(monkeypatch):
+    """The Python runtime's device layer opening a fake of the adapter given: its table."""
+    from pipeline.environment import F16_PACK_ENV
+    from pipeline.runtime import device
+
+    monkeypatch.setenv(F16_PACK_ENV, "0")
+    monkeypatch.delenv("PIPELINE_WEBGPU", raising=False)
+
+    def table(adapter: str, implementation: str = "wgpu") -> Layouts | None:
+        monkeypatch.setattr(device, "_gpus", {})
+        monkeypatch.setattr(device, "_refused", {})
+        monkeypatch.setattr(device, "_open_device", lambda name: _FakeDevice(adapter, implementation))
+        return device.gpu().layouts
+
+    return table
+
+
+def test_a_device_takes_the_table_shipped_for_it_unless_told_otherwise(fake_device, tmp_path, monkeypatch):
+    monkeypatch.delenv("PIPELINE_LAYOUTS", raising=False)
+    assert fake_device("NVIDIA H200").source == "pipeline/wgsl/tuned/nvidia-h200-wgpu.txt"
+    assert fake_device("NVIDIA H200", "dawn").source == "pipeline/wgsl/tuned/nvidia-h200-dawn.txt"
+    assert fake_device("Some GPU (driver 1.2)") is None  # none ships for it: the rule
+    monkeypatch.setenv("PIPELINE_LAYOUTS", "")
+    assert fake_device("NVIDIA H200").source == "pipeline/wgsl/tuned/nvidia-h200-wgpu.txt"
+    # PIPELINE_LAYOUTS names a table: that one, refused where another device's.
+    path = tmp_path / "mine.txt"
+    path.write_text(table_text(adapter="NVIDIA H200"))
+    monkeypatch.setenv("PIPELINE_LAYOUTS", str(path))
+    assert fake_device("NVIDIA H200").source == str(path)
+    with pytest.raises(LayoutsError, match="mine.txt: tuned on 'NVIDIA H200' through wgpu; this device is 'NVIDIA "
+                                           "H200' through dawn"):
+        fake_device("NVIDIA H200", "dawn")
+    # none: the rule, the shipped table too.
+    monkeypatch.setenv("PIPELINE_LAYOUTS", "none")
+    assert fake_device("NVIDIA H200") is None
+
+
 # The C++ backend (built on demand; tests/test_native.py's fixture).
 @pytest.fixture(scope="module")
 def native():
@@ -154,6 +205,15 @@ def native():
 
     native.library()
     return native
+
+
+def test_cpp_ships_the_tables_python_ships(native):
+    for table in layouts.shipped():
+        entries = {dataclasses.astuple(launch): (layout.threads_per_row, layout.workgroup, layout.wide_words)
+                   for launch, layout in table.entries.items()}
+        assert native.shipped_layouts(table.adapter, table.implementation) == (table.source, entries)
+    for adapter, implementation in (("nvidia h200", "wgpu"), ("NVIDIA H200", "vulkan"), ("Some GPU", "wgpu")):
+        assert native.shipped_layouts(adapter, implementation) is None
 
 
 @pytest.mark.parametrize("text, line, why", BAD)
@@ -275,11 +335,14 @@ def test_a_program_s_launches_are_what_it_runs(tmp_path, gpu_info, capsys):
     assert "coverage" in capsys.readouterr().err
 
 
-def _child(table: str) -> subprocess.CompletedProcess:
+def _child(table: str | None, *args: str, **env: str) -> subprocess.CompletedProcess:
     # This checkout first, and whatever else the parent's path holds (a GPU host's wheels).
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    env = {**os.environ, "PYTHONPATH": path, "PIPELINE_LAYOUTS": table}
-    return subprocess.run([sys.executable, __file__], capture_output=True, text=True, env=env, timeout=300)
+    env = {**os.environ, "PYTHONPATH": path, **env}
+    env.pop("PIPELINE_LAYOUTS", None)
+    if table is not None:
+        env["PIPELINE_LAYOUTS"] = table
+    return subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, env=env, timeout=300)
 
 
 def test_both_runtimes_launch_in_the_tuned_layout(tmp_path, gpu_info):
@@ -288,8 +351,45 @@ def test_both_runtimes_launch_in_the_tuned_layout(tmp_path, gpu_info):
     result = _child(str(path))
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads(result.stdout.splitlines()[-1])
-    assert report["layouts"] == {"file": str(path), "entries": len(TUNED)}
+    assert report["layouts"] == {"file": str(path), "entries": len(TUNED)} and report["cpp"] == str(path)
     assert report["launched"] == len(TUNED) + 1  # and a program in ExecuTorch's runtime
+
+
+@pytest.fixture(scope="module")
+def shipped_here(tmp_path_factory, gpu_info):
+    """A folder of shipped tables, one of them this device's, and a build folder whose C++
+    call library is built with them (the child builds it; the first child, once)."""
+    folder = tmp_path_factory.mktemp("shipped")
+    for table in layouts.shipped():
+        shutil.copy(ROOT / table.source, folder)
+    name = layouts.shipped_name(gpu_info["adapter"], gpu_info["implementation"])
+    (folder / name).write_text(table_text(adapter=gpu_info["adapter"], implementation=gpu_info["implementation"]))
+    (folder / "some-gpu-driver-1-2-wgpu.txt").write_text(table_text())
+    return folder, f"pipeline/wgsl/tuned/{name}", {"PIPELINE_NATIVE_BUILD_DIR": str(tmp_path_factory.mktemp("build"))}
+
+
+def test_both_runtimes_launch_in_the_table_shipped_for_their_device(shipped_here):
+    # Unset: each runtime takes the shipped table of its adapter and implementation.
+    folder, source, env = shipped_here
+    result = _child(None, str(folder), **env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(result.stdout.splitlines()[-1])
+    assert report["layouts"] == {"file": source, "entries": len(TUNED)} and report["cpp"] == source
+    assert report["launched"] == len(TUNED)
+
+
+@pytest.mark.parametrize("setting", ["none", "table"])
+def test_pipeline_layouts_overrides_the_shipped_table_in_both_runtimes(shipped_here, tmp_path, gpu_info, setting):
+    folder, _, env = shipped_here
+    path = tmp_path / "mine.txt"  # of this device, and empty: nothing to launch
+    path.write_text(Layouts(gpu_info["adapter"], gpu_info["implementation"]).text())
+    result = _child("none" if setting == "none" else str(path), str(folder), **env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(result.stdout.splitlines()[-1])
+    if setting == "none":  # the rule, in both
+        assert report == {"layouts": None, "cpp": None}
+    else:
+        assert report == {"layouts": {"file": str(path), "entries": 0}, "cpp": str(path)}
 
 
 def test_both_runtimes_refuse_a_table_from_another_device(tmp_path, gpu_info):
@@ -327,16 +427,21 @@ def test_the_committed_device_tables_read_and_relay_their_launches(path):
             layout.threads_per_row, layout.workgroup, layout.wide_words)
 
 
-def child() -> int:
-    """In a process whose PIPELINE_LAYOUTS names a table: each TUNED launch through the C++
-    call and the Python launch, same bits, and not the rule's bits (the layout changed the
-    sums' order). Prints a JSON line; exit 3 when the device refused the table."""
+def child(shipped: str | None = None) -> int:
+    """In a process whose devices take a table of TUNED's launches (the one PIPELINE_LAYOUTS
+    names, or with `shipped`, a folder that then holds the package's tables, the one there for
+    this device; the C++ built with them): each TUNED launch through the C++ call and the
+    Python launch, same bits, and not the rule's bits (the layout changed the sums' order);
+    without `shipped`, a program in ExecuTorch's runtime too. Prints a JSON line of the tables
+    both runtimes took; exit 3 when the device refused the table."""
     from pipeline import blob
     from pipeline.runtime import delegate as delegate_module
     from pipeline.runtime import device as runtime_device
     from pipeline.runtime import launch, native_call
     from support.delegates import DTYPES, bits, make_delegate
 
+    if shipped is not None:
+        layouts.SHIPPED_DIR = Path(shipped)
     try:
         info = runtime_device.device_info()
     except LayoutsError as exc:
@@ -347,7 +452,11 @@ def child() -> int:
             cpp = str(refused).removeprefix("the native call library has no device: ")
         print(json.dumps({"python": str(exc), "cpp": cpp}))
         return 3
+    report = {"layouts": info["layouts"], "cpp": native_call.device_layouts()}
     g = runtime_device.gpu()
+    if g.layouts is None or not g.layouts.entries:  # the rule's layouts everywhere
+        print(json.dumps(report))
+        return 0
     launched = 0
     for rows, width, dtype, threads, workgroup, words in TUNED:
         data, _ = make_delegate(width, dtype)
@@ -377,6 +486,9 @@ def child() -> int:
         ours, theirs = ((t.double() - reference).abs().max().item() for t in (want, eager))
         assert ours <= 2 * theirs, f"{rows}x{width} {dtype}: {ours} against eager's {theirs} from float64"
         launched += 1
+    if shipped is not None:  # ExecuTorch's runtime opens the same C++ device
+        print(json.dumps({**report, "launched": launched}))
+        return 0
     # ExecuTorch's runtime with our backend: the same bits as the Python launch in the table's layout.
     import tempfile
 
@@ -399,11 +511,11 @@ def child() -> int:
         g.layouts = table
     assert torch.equal(bits(got), bits(want)), "ExecuTorch's runtime differs from the Python launch"
     assert not torch.equal(bits(rule), bits(want)), "the program's rows came out as in the rule's layout"
-    print(json.dumps({"layouts": info["layouts"], "launched": launched + 1}))
+    print(json.dumps({**report, "launched": launched + 1}))
     return 0
 
 
 if __name__ == "__main__":
     sys.path.insert(0, os.path.dirname(__file__))
-    sys.exit(child())
+    sys.exit(child(*sys.argv[1:]))
 

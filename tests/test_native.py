@@ -8,6 +8,7 @@ the LayerNorms and eager's within the float32 envelope on whole models.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import itertools
 import random
 import struct
@@ -27,7 +28,7 @@ from pipeline import blob, wgsl
 from pipeline.blob import CONSTANT, DYNAMIC, INPUT, NONE, DelegateBlob, LayerNormParams, Operand
 from pipeline.native import build as native_build
 from pipeline.native import generate
-from pipeline.wgsl import ShaderFiles
+from pipeline.wgsl import ShaderFiles, layouts
 from pipeline.wgsl.config import WIDE_LAUNCH_THREADS, choose_config
 from support.grids import DTYPE_PAIRS, WIDTHS
 from support.models import DynamicModel
@@ -59,6 +60,27 @@ def test_changed_kernel_file_changes_the_build(monkeypatch):
                         lambda name: read(name) + ("// an edit\n" if name == "native_layer_norm.wgsl" else ""))
     after = generate.headers()
     assert after["wgsl_sources.h"] != before["wgsl_sources.h"] and after["kernel_config.h"] != before["kernel_config.h"]
+    assert native_build._fingerprint("g++", wheels, after) != stamp
+
+
+def test_changed_shipped_table_changes_the_build(monkeypatch, tmp_path):
+    """An edit of a shipped layouts table (pipeline/wgsl/tuned/) changes the generated data and so
+    the build stamp: the library never launches in layouts the package no longer ships."""
+    wheels = native_build.find_wheels()
+    before = generate.headers()
+    stamp = native_build._fingerprint("g++", wheels, before)
+    for table in layouts.shipped():
+        assert f'"{table.source}", "{table.adapter}", "{table.implementation}"' in before["tuned_layouts.h"]
+    [first, *_] = layouts.shipped()
+    launch, layout = min(first.entries.items())
+    edited = dataclasses.replace(first, entries={**first.entries, launch: dataclasses.replace(layout, workgroup=256)})
+    assert edited.entries != first.entries
+    (tmp_path / first.source.rsplit("/", 1)[1]).write_text(edited.text())
+    monkeypatch.setattr(layouts, "SHIPPED_DIR", tmp_path)
+    after = generate.headers()
+    assert after["tuned_layouts.h"] != before["tuned_layouts.h"]
+    assert {name: text for name, text in after.items() if name != "tuned_layouts.h"} == {
+        name: text for name, text in before.items() if name != "tuned_layouts.h"}
     assert native_build._fingerprint("g++", wheels, after) != stamp
 
 

@@ -111,6 +111,37 @@ PIPELINE_EXPORT int pipeline_webgpu_check_layouts(const char* text, size_t size,
   }
 }
 
+// The table shipped for `adapter` through `implementation` (shipped_layouts): its source into
+// `source`, and of each entry, in the table's order, ten numbers into `out` while they fit
+// (`capacity` numbers): dtype, affine_dtype, weight, bias, stats, width, rows, threads per row,
+// workgroup, words. Returns its entries, or -1 where no table ships for them.
+PIPELINE_EXPORT long long pipeline_webgpu_shipped_layouts(const char* adapter, const char* implementation,
+                                                          uint64_t* out, size_t capacity, char* source,
+                                                          size_t source_capacity) {
+  try {
+    webgpu::LayoutTable table;
+    if (!webgpu::shipped_layouts(adapter, implementation, &table)) {
+      return -1;
+    }
+    copy_out(table.source, source, source_capacity);
+    size_t at = 0;
+    for (const auto& [launch, layout] : table.entries) {
+      const auto [dtype, affine_dtype, weight, bias, stats, width, rows] = launch;
+      for (const uint64_t value : {uint64_t{dtype}, uint64_t{affine_dtype}, uint64_t{weight}, uint64_t{bias},
+                                   uint64_t{stats}, width, rows, uint64_t{layout.threads_per_row},
+                                   uint64_t{layout.workgroup}, uint64_t{layout.wide_words}}) {
+        if (at < capacity) {
+          out[at] = value;
+        }
+        ++at;
+      }
+    }
+    return static_cast<long long>(table.entries.size());
+  } catch (...) {
+    return -1;
+  }
+}
+
 // 1 when `data` is a valid delegate blob, else 0 with the reason in `reason`.
 PIPELINE_EXPORT int pipeline_webgpu_check_blob(const uint8_t* data, size_t size, char* reason, size_t capacity) {
   try {

@@ -45,6 +45,21 @@ PIPELINE_EXPORT int pipeline_layer_norm_device(char* text, size_t capacity) {
   }
 }
 
+// 1 when a device is available, with the source of the layouts table it took in `text` (""
+// where it takes the rule); else 0 and the reason.
+PIPELINE_EXPORT int pipeline_layer_norm_layouts(char* text, size_t capacity) {
+  try {
+    std::string why;
+    webgpu::WebGPUDevice* device = webgpu::WebGPUDevice::get(&why);
+    const webgpu::LayoutTable* table = device ? device->layouts() : nullptr;
+    copy_out(device ? (table ? table->source : "") : why, text, capacity);
+    return device != nullptr;
+  } catch (...) {
+    copy_out("unexpected exception", text, capacity);
+    return 0;
+  }
+}
+
 // The subgroup size the device's kernels use (0: none), or -1 without a device.
 PIPELINE_EXPORT int pipeline_layer_norm_subgroup_size() {
   webgpu::WebGPUDevice* device = webgpu::WebGPUDevice::get(nullptr);

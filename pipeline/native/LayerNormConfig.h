@@ -88,6 +88,11 @@ struct LayoutTable {
 // `reason` naming `source` and the line.
 bool parse_layouts(const std::string& text, const std::string& source, LayoutTable* table, std::string* reason);
 
+// The table that ships with the package for `adapter` through `implementation` (both exactly
+// as it records them; layouts.shipped_for), from the data generated from pipeline/wgsl/tuned/
+// (tuned_layouts.h); false, `table` untouched, where none does.
+bool shipped_layouts(const std::string& adapter, const std::string& implementation, LayoutTable* table);
+
 // The WGSL module as `compiler` takes it (KernelConfig.source): directives, reduction file
 // (entry point), storage files, prelude, kernel with its per-value lines written out.
 std::string kernel_source(const KernelConfig& config, ShaderCompiler compiler = ShaderCompiler::kNaga);

@@ -33,6 +33,9 @@ constexpr int kMaxPollRounds = 100000;
 // its "GPU" is these cores.
 constexpr const char* kPollSpinEnv = "PIPELINE_POLL_SPIN_US";
 constexpr long kPollSpinMicros = 1000;
+// The implementation this device runs, as layouts tables name it: wgpu-native, as the Python
+// runtime's wgpu implementation (one compiler, naga, so one table serves both).
+constexpr const char* kImplementation = "wgpu";
 
 WGPUStringView view(const char* s) { return WGPUStringView{s, s ? std::strlen(s) : 0}; }
 WGPUStringView view(const std::string& s) { return WGPUStringView{s.data(), s.size()}; }
@@ -218,7 +221,12 @@ bool WebGPUDevice::open(std::string* reason) {
 
 bool WebGPUDevice::read_layouts(std::string* reason) {
   const char* path = std::getenv(kLayoutsEnv);
+  // Unset: the table shipped for this adapter, where one is; "none": the rule everywhere.
   if (path == nullptr || *path == '\0') {
+    shipped_layouts(adapter_name_, kImplementation, &layouts_);
+    return true;
+  }
+  if (std::strcmp(path, kLayoutsNone) == 0) {
     return true;
   }
   // As the Python runtime reads it: opened without blocking (a named pipe would wait for a
@@ -264,12 +272,10 @@ bool WebGPUDevice::read_layouts(std::string* reason) {
   if (!parse_layouts(text, path, &layouts_, reason)) {
     return false;  // the device does not open: nothing reads layouts_
   }
-  // The backend runs wgpu-native, as the Python runtime's wgpu implementation does: one
-  // compiler (naga), so one table serves both.
-  if (layouts_.adapter != adapter_name_ || layouts_.implementation != "wgpu") {
+  if (layouts_.adapter != adapter_name_ || layouts_.implementation != kImplementation) {
     *reason = std::string(path) + ": tuned on '" + layouts_.adapter + "' through " + layouts_.implementation +
-              "; this device is '" + adapter_name_ +
-              "' through wgpu. Tune this device (scripts/tune_layouts.py) or unset " + kLayoutsEnv;
+              "; this device is '" + adapter_name_ + "' through " + kImplementation +
+              ". Tune this device (scripts/tune_layouts.py) or unset " + kLayoutsEnv;
     return false;
   }
   return true;

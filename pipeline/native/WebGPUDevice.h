@@ -38,7 +38,8 @@ class WebGPUDevice {
   // Whether pack2x16float rounds as aten does here (f16_pack_probe.wgsl): float16 stores use it.
   bool pack2x16float() const { return pack2x16float_; }
   const std::string& adapter_name() const { return adapter_name_; }
-  // The layouts tuned on this device that PIPELINE_LAYOUTS names, or nullptr (the rule's).
+  // The layouts tuned on this device: the table PIPELINE_LAYOUTS names, or, unset, the one
+  // shipped for this adapter; nullptr where there is none (the rule's).
   const LayoutTable* layouts() const { return layouts_.source.empty() ? nullptr : &layouts_; }
   // Whether the device has timestamp queries (a delegate call's GPU time for ETDump).
   bool has_timestamps() const { return has_timestamps_; }
@@ -125,8 +126,9 @@ class WebGPUDevice {
   bool adapter_named(const char* wanted, std::string* reason);
   bool request_adapter(std::string* reason);
   bool open_device(std::string* reason);
-  // The table PIPELINE_LAYOUTS names, when set: false with `reason` when it cannot be read or
-  // was tuned on another adapter or implementation.
+  // The table PIPELINE_LAYOUTS names, when set (but to "none"): false with `reason` when it
+  // cannot be read or was tuned on another adapter or implementation; unset, the one shipped
+  // for this adapter through wgpu, if any.
   bool read_layouts(std::string* reason);
   // One storage binding of a probe shader: its size, and its initial bytes (null: none).
   struct ProbeBinding {

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from pipeline.blob import BACKEND_ID
 
-__all__ = ["NativeProgram", "check_blob", "check_layouts", "load", "register", "wgsl_source"]
+__all__ = ["NativeProgram", "check_blob", "check_layouts", "load", "register", "shipped_layouts", "wgsl_source"]
 
 _REASON_BYTES = 512
 
@@ -81,6 +81,11 @@ def library() -> ctypes.CDLL:
                 ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t,
             ]
             lib.pipeline_webgpu_check_layouts.restype = ctypes.c_int
+            lib.pipeline_webgpu_shipped_layouts.argtypes = [
+                ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t, ctypes.c_char_p,
+                ctypes.c_size_t,
+            ]
+            lib.pipeline_webgpu_shipped_layouts.restype = ctypes.c_longlong
             lib.pipeline_webgpu_check_blob.argtypes = [
                 ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t,
             ]
@@ -147,6 +152,29 @@ def check_layouts(text: str, source: str = "<layouts>") -> str | None:
     data = text.encode()
     ok = library().pipeline_webgpu_check_layouts(data, len(data), source.encode(), reason, _REASON_BYTES)
     return None if ok else reason.value.decode(errors="replace")
+
+
+def shipped_layouts(adapter: str, implementation: str) -> tuple[str, dict[tuple, tuple]] | None:
+    """The table the backend ships for `adapter` through `implementation`, or None: its source,
+    and for each launch (dtype, affine_dtype, weight, bias, stats, width, rows; dtypes as
+    names) its threads per row, workgroup and words, as compiled into the library."""
+    from pipeline.blob import DTYPE_CODES
+
+    lib = library()
+    key = (adapter.encode(), implementation.encode())
+    source = ctypes.create_string_buffer(_REASON_BYTES)
+    count = lib.pipeline_webgpu_shipped_layouts(*key, None, 0, source, _REASON_BYTES)
+    if count < 0:
+        return None
+    numbers = (ctypes.c_uint64 * (10 * count))()
+    lib.pipeline_webgpu_shipped_layouts(*key, numbers, len(numbers), source, _REASON_BYTES)
+    names = {code: name for name, code in DTYPE_CODES.items()}
+    entries = {}
+    for at in range(0, len(numbers), 10):
+        dtype, affine_dtype, weight, bias, stats, width, rows, threads, workgroup, words = numbers[at: at + 10]
+        launch = (names[dtype], names[affine_dtype], bool(weight), bool(bias), bool(stats), width, rows)
+        entries[launch] = (threads, workgroup, bool(words))
+    return source.value.decode(), entries
 
 
 def check_blob(blob: bytes) -> str | None:

@@ -7,7 +7,9 @@ decides is written once (the ExecuTorch Vulkan backend's way with its shader var
   (pipeline.wgsl.config): the C++ picks pieces by the configuration and writes only the
   per-pipeline constants itself, as `constant` formats them;
 - blob_layout.h: the delegate blob's byte layout and codes (pipeline.blob);
-- environment.h: the names of the environment variables both sides read (pipeline.environment).
+- environment.h: the names of the environment variables both sides read (pipeline.environment);
+- tuned_layouts.h: the layouts tables that ship with the package (pipeline/wgsl/tuned/, read by
+  pipeline.wgsl.layouts), as data: the C++ parses no table it ships.
 
 Imports no torch and no WebGPU implementation (`pipeline.native.build` runs it before
 anything is compiled).
@@ -44,7 +46,7 @@ _NAMESPACE = ("namespace pipeline {\nnamespace webgpu {\n\n", "\n}  // namespace
 def headers() -> dict[str, str]:
     """Each generated header's name and text."""
     return {"wgsl_sources.h": wgsl_header(), "kernel_config.h": kernel_header(), "blob_layout.h": blob_header(),
-            "environment.h": environment_header()}
+            "environment.h": environment_header(), "tuned_layouts.h": tuned_layouts_header()}
 
 
 def wgsl_header() -> str:
@@ -121,6 +123,38 @@ def environment_header() -> str:
                     else f'constexpr const char* {cpp_name(name)} = "{value}";\n'
                     for name, value in ((name, getattr(environment, name)) for name in environment.SHARED))
     return _preamble("pipeline/environment.py") + _NAMESPACE[0] + names + _NAMESPACE[1]
+
+
+def tuned_layouts_header() -> str:
+    """Each shipped layouts table (layouts.shipped: read and checked here, once): its source,
+    adapter and implementation, and its entries, each a launch and its layout."""
+    arrays, tables = [], []
+    for n, table in enumerate(layouts.shipped()):
+        rows = "".join(
+            f"    {{{cpp_name(launch.dtype)}, {cpp_name(launch.affine_dtype)}, {_bool(launch.has_weight)}, "
+            f"{_bool(launch.has_bias)}, {_bool(launch.write_stats)}, {launch.width}, {launch.rows}, "
+            f"{layout.threads_per_row}, {layout.workgroup}, {_bool(layout.wide_words)}}},\n"
+            for launch, layout in sorted(table.entries.items(), key=lambda entry: entry[0]))
+        arrays.append(f"inline constexpr std::array<ShippedLayout, {len(table.entries)}> kShippedLayouts{n}{{{{\n"
+                      f"{rows}}}}};\n")
+        tables.append(f"    {{{literal(table.source)}, {literal(table.adapter)}, {literal(table.implementation)}, "
+                      f"kShippedLayouts{n}.data(), kShippedLayouts{n}.size()}},\n")
+    return (_preamble(layouts.SHIPPED_SOURCE + "/") + "#include <array>\n\n"
+            + '#include "blob_layout.h"\n\n' + _NAMESPACE[0]
+            + "// A launch (dtype codes, affine parts, stats stored, width, rows) and its tuned layout.\n"
+            + "struct ShippedLayout {\n  uint32_t dtype;\n  uint32_t affine_dtype;\n  bool has_weight;\n"
+            + "  bool has_bias;\n  bool write_stats;\n  uint64_t width;\n  uint64_t rows;\n"
+            + "  uint32_t threads_per_row;\n  uint32_t workgroup;\n  bool wide_words;\n};\n"
+            + "// A table as shipped: where it lives in the package, the adapter and implementation it was\n"
+            + "// tuned on (as it records them), and its `count` entries.\n"
+            + "struct ShippedTable {\n  const char* source;\n  const char* adapter;\n  const char* implementation;\n"
+            + "  const ShippedLayout* entries;\n  size_t count;\n};\n\n" + "".join(arrays)
+            + f"inline constexpr std::array<ShippedTable, {len(tables)}> kShippedTables{{{{\n" + "".join(tables)
+            + "}};\n" + _NAMESPACE[1])
+
+
+def _bool(value: bool) -> str:
+    return "true" if value else "false"
 
 
 def blob_header() -> str:

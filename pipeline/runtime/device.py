@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from pipeline import wgsl
-from pipeline.environment import F16_PACK_ENV, LAYOUTS_ENV, SUBGROUPS_ENV
+from pipeline.environment import F16_PACK_ENV, LAYOUTS_ENV, LAYOUTS_NONE, SUBGROUPS_ENV
 from pipeline.runtime.webgpu import Pipeline
 from pipeline.wgsl import layouts as layouts_file
 from pipeline.wgsl.config import THREADED_COPY_BYTES
@@ -96,7 +96,8 @@ class Gpu:
     params_written: tuple = ()
     subgroup_size: int = 0  # smallest subgroup size seen; 0 when subgroups are not used
     pack2x16float: bool = False  # pack2x16float rounds as aten does (f16_pack_probe.wgsl)
-    # The layouts tuned on this device that PIPELINE_LAYOUTS names (None: the rule's everywhere).
+    # The layouts tuned on this device: the table PIPELINE_LAYOUTS names, or, unset, the one
+    # shipped for this adapter and implementation (None: the rule's everywhere).
     layouts: layouts_file.Layouts | None = None
     # Held for a whole launch (uploads, dispatch, read-back): the buffer pool and the
     # staging buffer's mapping are shared, so launches from several threads take turns.
@@ -256,12 +257,15 @@ def gpu() -> Gpu:
         if name not in _gpus:
             table = _tuned_layouts()  # a table that cannot be read opens no device
             g = _refused.pop(name, None) or _opened(name)
+            adapter = g.impl.info["adapter"]
             if table is not None:
                 try:
-                    table.check_device(g.impl.info["adapter"], g.impl.name)
+                    table.check_device(adapter, g.impl.name)
                 except layouts_file.LayoutsError:
                     _refused[name] = g
                     raise
+            elif not os.environ.get(LAYOUTS_ENV):
+                table = layouts_file.shipped_for(adapter, g.impl.name)
             g.layouts = table
             _gpus[name] = g
         return _gpus[name]
@@ -278,10 +282,10 @@ def _opened(name: str) -> Gpu:
 
 def _tuned_layouts() -> layouts_file.Layouts | None:
     """The table PIPELINE_LAYOUTS names (LayoutsError for a file that cannot be read: not a
-    regular file, or larger than LAYOUTS_MAX_BYTES), or None; checked against the device by
-    the caller."""
+    regular file, or larger than LAYOUTS_MAX_BYTES), or None where it is unset or `none`;
+    checked against the device by the caller."""
     path = os.environ.get(LAYOUTS_ENV, "")
-    return layouts_file.read(path) if path else None
+    return layouts_file.read(path) if path and path != LAYOUTS_NONE else None
 
 
 def _run_probe(g: Gpu, shader: str, contents: list[np.ndarray], groups: int, read: int,

@@ -74,6 +74,8 @@ def _load() -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))
     lib.pipeline_layer_norm_device.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
     lib.pipeline_layer_norm_device.restype = ctypes.c_int
+    lib.pipeline_layer_norm_layouts.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+    lib.pipeline_layer_norm_layouts.restype = ctypes.c_int
     lib.pipeline_layer_norm_subgroup_size.argtypes = []
     lib.pipeline_layer_norm_subgroup_size.restype = ctypes.c_int
     lib.pipeline_layer_norm_open.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t]
@@ -118,6 +120,16 @@ def device_name() -> str:
     if not library().pipeline_layer_norm_device(reason, _REASON_BYTES):
         raise RuntimeError(f"the native call library has no device: {reason.value.decode(errors='replace')}")
     return reason.value.decode(errors="replace")
+
+
+def device_layouts() -> str | None:
+    """Where the layouts table the library's device took comes from (PIPELINE_LAYOUTS's file,
+    or the shipped table's place in the package), or None where it takes the rule. Raises
+    RuntimeError (with wgpu's reason) without a device."""
+    text = ctypes.create_string_buffer(_REASON_BYTES)
+    if not library().pipeline_layer_norm_layouts(text, _REASON_BYTES):
+        raise RuntimeError(f"the native call library has no device: {text.value.decode(errors='replace')}")
+    return text.value.decode(errors="replace") or None
 
 
 def subgroup_size() -> int:

@@ -1,9 +1,11 @@
 """Layouts tuned on one device: for a launch that `choose_config` holds in registers, the
 threads per row and workgroup size, and for plain half rows whether they are read in 16-byte
 words, that timed fastest on one adapter through one WebGPU implementation (`pipeline.tune`,
-scripts/tune_layouts.py). The Python runtime and the C++ backend read the file that
-PIPELINE_LAYOUTS names when they open their device, and refuse one tuned on another adapter
-or implementation. A launch without an entry keeps the rule.
+scripts/tune_layouts.py). When they open their device, the Python runtime and the C++ backend
+take the file that PIPELINE_LAYOUTS names, and refuse one tuned on another adapter or
+implementation; unset, they take the table that ships with the package for the device's
+adapter and implementation (pipeline/wgsl/tuned/, `shipped_for`), if one does; `none`, no
+table. A launch without an entry keeps the rule.
 
 Why a table and not a rule: on the H200 the fastest layout of a float16 launch follows how
 full the GPU's last wave of workgroups is, and wgpu and Dawn disagree on it with the same
