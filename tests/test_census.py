@@ -185,7 +185,8 @@ def test_output_error_rule():
 def test_the_yardstick_is_the_control_where_it_errs_more_than_eager():
     """Eager float32 a unit in the last place off, the control (ExecuTorch alone) two, the
     program four: past twice eager's (and the floor's one unit), within twice the control's; a
-    control whose NaNs are not eager's, or of another shape, is no yardstick."""
+    control whose NaNs are not eager's, infinite where eager is finite, or of another shape, is
+    no yardstick."""
     ref = torch.tensor([4.0, -2.0], dtype=torch.float64)
     ulp = 2.0**-21  # float32's spacing at 4
     eager, control, got = (torch.tensor([4.0 + k * ulp, -2.0]) for k in (1, 2, 4))
@@ -194,7 +195,7 @@ def test_the_yardstick_is_the_control_where_it_errs_more_than_eager():
     assert row["ok"] and row["control_max_abs"] == 2 * ulp and row["eager_max_abs"] == ulp
     assert not output_error(0, got + 2 * ulp, eager, ref, control)["ok"]
     assert "the control's" in output_error(0, got + 2 * ulp, eager, ref, control)["why"]
-    for other in (torch.tensor([float("nan"), -2.0]), torch.zeros(3)):
+    for other in (torch.tensor([float("nan"), -2.0]), torch.tensor([float("inf"), -2.0]), torch.zeros(3)):
         assert not output_error(0, got, eager, ref, other)["ok"]
 
 

@@ -371,9 +371,10 @@ def output_error(index: int, got, eager, reference, control=None) -> dict:
     yardstick, control_err = eager_err, None
     if isinstance(control, torch.Tensor) and control.shape == eager.shape and control.is_floating_point():
         c = control.detach().reshape(-1).to(torch.float64)
-        if torch.equal(torch.isnan(c), torch.isnan(e)):
-            control_err = _max(torch.where(torch.isnan(c[keep]), 0.0, (c[keep] - r[keep]).abs()))
-            row["control_max_abs"] = control_err
+        # NaN where eager's are (so none where `keep` looks), finite where eager is: else no yardstick.
+        err = _max((c[keep] - r[keep]).abs()) if torch.equal(torch.isnan(c), torch.isnan(e)) else math.inf
+        if math.isfinite(err):
+            control_err = row["control_max_abs"] = err
             yardstick = max(eager_err, control_err)
     limit = 2 * yardstick + ABSOLUTE_FLOOR * max(1.0, scale)
     row.update(max_abs=got_err, eager_max_abs=eager_err, relative=got_err / scale if scale else got_err,
