@@ -17,7 +17,7 @@ from pipeline.pte.file import PteFile
 from pipeline.aot.export import ArtifactCheckError, export_model
 from support.inputs import randn
 from support.reference import assert_same_outputs
-from support.scripts import SCRIPTS, run_script, script_env
+from support.scripts import SCRIPTS, load_script, run_script, script_env
 
 pytestmark = pytest.mark.usefixtures("gpu_info")
 
@@ -194,7 +194,7 @@ def run_pte(*args: str) -> subprocess.CompletedProcess:
     return run_script("run_pte", *args)
 
 
-def test_run_pte_runs_an_export_and_refuses_damage(checkpoints, exported, tmp_path):
+def test_run_pte_runs_an_export_and_refuses_damage(checkpoints, exported, tmp_path, capsys):
     export = exported("whisper")
     for made in export.out.iterdir():  # a copy to damage
         shutil.copy(made, tmp_path)
@@ -202,20 +202,25 @@ def test_run_pte_runs_an_export_and_refuses_damage(checkpoints, exported, tmp_pa
     ok = run_pte(str(pte), "--repeats", "1")
     assert ok.returncode == 0, ok.stderr
     assert "passed" in ok.stdout and "output 0: [" in ok.stdout  # batch: the utterances a whisper checkpoint takes
+    # The refusals through the script's main() in this process (the script as a process above).
+    main = load_script("run_pte").main
+    capsys.readouterr()
     # A file changed after export no longer matches its coverage file.
     data = pte.read_bytes()
     pte.write_bytes(data[: len(data) // 2])
-    bad = run_pte(str(pte))
-    assert bad.returncode == 1 and len(bad.stderr.strip().splitlines()[-1]) > 0
-    assert "describes another file" in bad.stderr
+    assert main([str(pte)]) == 1
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()[-1]) > 0 and "describes another file" in err
     with pytest.raises(ArtifactError):
         read_artifact(pte)
     # Run on the user's own inputs, the truncation itself is what is refused.
     torch.save(pipeline.models.build("whisper", checkpoint=checkpoints["whisper"][0]).example_inputs, tmp_path / "in.pt")
     (tmp_path / pte.name.replace(".pte", ".coverage.json")).unlink()
-    truncated = run_pte(str(pte), "--inputs", str(tmp_path / "in.pt"))
-    assert truncated.returncode == 1 and "truncated" in truncated.stderr.strip().splitlines()[-1]
-    assert run_pte(str(pte), "--repeats", "0").returncode == 2
+    assert main([str(pte), "--inputs", str(tmp_path / "in.pt")]) == 1
+    assert "truncated" in capsys.readouterr().err.strip().splitlines()[-1]
+    with pytest.raises(SystemExit) as info:
+        main([str(pte), "--repeats", "0"])
+    assert info.value.code == 2
 
 
 def test_interrupted_export_leaves_no_temp_file(checkpoints, tmp_path, monkeypatch):
