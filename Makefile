@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 REPORTS := out/ci-reports
 
-.PHONY: setup run test reports
+.PHONY: setup run test reports test-kernel-full
 setup:
 	@scripts/setup.sh
 
@@ -31,6 +31,12 @@ TEST_WORKERS ?= 2
 test: setup
 	PIPELINE_REQUIRE_GPU=1 PIPELINE_TRAINED_WHISPER=$(TINY_EN) $(PY) -m pytest -q -rs -n $(TEST_WORKERS)
 	$(MAKE) --no-print-directory reports
+
+# The kernel's tests with their thinned grids whole (support.grids.thinned: `make test` runs
+# every pair of values, or the rows a test names): run when the kernel changes.
+KERNEL_TESTS := tests/test_native_layer_norm.py tests/test_dawn.py tests/test_norm_models.py
+test-kernel-full: setup
+	PIPELINE_REQUIRE_GPU=1 PIPELINE_FULL_GRID=1 $(PY) -m pytest -q -rs -n $(TEST_WORKERS) $(KERNEL_TESTS)
 
 reports:
 	$(PY) scripts/accuracy_report.py whisper --checkpoint $(TINY_EN) --with-coverage --output-dir $(REPORTS)

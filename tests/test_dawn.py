@@ -21,7 +21,7 @@ from pipeline import runtime
 from pipeline.runtime import device as runtime_device
 from pipeline.wgsl.config import STREAM_UNROLL
 from support.gpu import REQUIRE_GPU_ENV
-from support.grids import AFFINE
+from support.grids import AFFINE, thinned
 from support.lowering import lower_and_compare
 from support.reference import assert_close_to_reference
 
@@ -107,10 +107,11 @@ def test_probes_run_on_dawn(dawn):
         assert dawn.subgroup_size > 0, "CI's Dawn adapter must have subgroups: both reduction paths run"
 
 
-@pytest.mark.parametrize("path", REDUCTIONS)
-@pytest.mark.parametrize("width", CLASS_WIDTHS)
-@pytest.mark.parametrize("dtype, affine_dtype", DTYPE_PAIRS)
-def test_every_class_matches_float64_and_wgpu(monkeypatch, dawn, dtype, affine_dtype, width, path):
+# Every dtype meets every width and path, every width every path (a Tint compile each on
+# SwiftShader); the whole product under `make test-kernel-full`.
+@pytest.mark.parametrize("dtypes, width, path", thinned(DTYPE_PAIRS, CLASS_WIDTHS, REDUCTIONS))
+def test_every_class_matches_float64_and_wgpu(monkeypatch, dawn, dtypes, width, path):
+    dtype, affine_dtype = dtypes
     # Affine variants and stats on/off rotate over the widths, so each dtype and path meets all.
     has_weight, has_bias = AFFINE[CLASS_WIDTHS.index(width) % 4]
     stats = CLASS_WIDTHS.index(width) % 3 != 2

@@ -19,7 +19,7 @@ from pipeline.wgsl.config import (EACH_HELD_VALUE, MAX_HOLD, MAX_THREADS_PER_ROW
 from pipeline.runtime import device as runtime_device
 from pipeline.runtime.launch import pack_params
 from support.gpu import missing_subgroups, use_merge_path, use_row_path
-from support.grids import AFFINE, REDUCTIONS, WIDTHS, all_pairs
+from support.grids import AFFINE, REDUCTIONS, WIDTHS, all_pairs, thinned
 from support.reference import ATEN, assert_close_to_reference, reference
 
 pytestmark = pytest.mark.usefixtures("gpu_info")
@@ -57,7 +57,12 @@ def test_widths_rows_affine(width, rows, affine, reduction):
     assert_close_to_reference(x, (width,), weight, bias)
 
 
-@pytest.mark.parametrize("width", [1, 3, 128, 384])
+# More than 65,535 rows: each width held and streamed, merged by subgroups and by workgroup
+# memory, each path at a narrow width (64 rows a workgroup) and a wider one (4 or 2); the whole
+# grid under `make test-kernel-full`.
+@pytest.mark.parametrize("width,reduction", thinned([1, 3, 128, 384], REDUCTIONS, keep=[
+    (1, "subgroup"), (1, "streamed-workgroup"), (3, "workgroup"), (3, "streamed"), (128, "streamed"),
+    (128, "workgroup"), (384, "streamed-workgroup"), (384, "subgroup")]), indirect=["reduction"])
 def test_more_rows_than_one_grid_dimension(width, reduction):
     gen = torch.Generator().manual_seed(width)
     x = torch.randn(70_001, width, generator=gen)
@@ -864,8 +869,9 @@ def test_half_nan_and_inf_rows(dtype, width, reduction, f16_store):
     assert out[1:5].isnan().all() and rstd[1:5].isnan().all() and not out[[0, 5]].isnan().any()
 
 
-@pytest.mark.parametrize("dtype", HALF_DTYPES)
-@pytest.mark.parametrize("width", [3, 128])
+# Every pair of dtype, width and path (support.grids.all_pairs); the whole grid under
+# `make test-kernel-full`.
+@pytest.mark.parametrize("dtype,width,reduction", thinned(HALF_DTYPES, [3, 128], REDUCTIONS), indirect=["reduction"])
 def test_half_more_rows_than_one_grid_dimension(dtype, width, reduction):
     gen = torch.Generator().manual_seed(width)
     x = torch.randn(70_001, width, generator=gen).to(dtype)

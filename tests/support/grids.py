@@ -1,7 +1,22 @@
 """Parameter grids shared by the kernel's tests. Where a width costs a compile on a slow
-compiler (Tint on SwiftShader, Chromium), a module samples one width of each class instead."""
+compiler (Tint on SwiftShader, Chromium), a module samples one width of each class instead.
+
+A grid whose whole product costs CI minutes is thinned (`thinned`): CI runs the rows in which
+every pair of values meets (`all_pairs`) or a list the test names; PIPELINE_FULL_GRID=1
+(`make test-kernel-full`) runs every row."""
 
 from __future__ import annotations
+
+import itertools
+import os
+
+FULL_GRID_ENV = "PIPELINE_FULL_GRID"
+
+
+def full_grid() -> bool:
+    """Whether thinned grids run whole (PIPELINE_FULL_GRID=1: `make test-kernel-full`)."""
+    return os.environ.get(FULL_GRID_ENV) == "1"
+
 
 # Row widths of every class the kernel tells apart: scalar, vec2 and vec4 loads; rows held by
 # one thread, by a subgroup, by several subgroups; 768 and 1024 split into 4 vec4 loads a
@@ -13,6 +28,20 @@ REDUCTIONS = ["subgroup", "workgroup", "streamed", "streamed-workgroup"]
 # (dtype, affine dtype): float32, and each half dtype with weight and bias like x or float32.
 DTYPE_PAIRS = [("float32", "float32"), ("float16", "float16"), ("float16", "float32"), ("bfloat16", "bfloat16"),
                ("bfloat16", "float32")]
+
+
+def thinned(*axes: list, keep: list | None = None) -> list[tuple]:
+    """The rows of the product of `axes` that CI runs, in the product's order: those of `keep`
+    (default: `all_pairs(*axes)`), or every row under `full_grid()`. Two axes or more;
+    values must be hashable."""
+    if len(axes) < 2:
+        raise ValueError(f"thinned takes two axes or more, got {len(axes)}")
+    product = list(itertools.product(*axes))
+    kept = set(all_pairs(*axes) if keep is None else keep)
+    missing = kept - set(product)
+    if missing:
+        raise ValueError(f"keep names rows outside the grid: {sorted(missing, key=repr)}")
+    return product if full_grid() else [row for row in product if row in kept]
 
 
 def all_pairs(*axes: list) -> list[tuple]:
