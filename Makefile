@@ -30,7 +30,7 @@ TEST_WORKERS ?= 2
 # file run back, Dawn) take one utterance.
 test: setup
 	PIPELINE_REQUIRE_GPU=1 PIPELINE_TRAINED_WHISPER=$(TINY_EN) $(PY) -m pytest -q -rs -n $(TEST_WORKERS)
-	$(MAKE) --no-print-directory reports
+	$(MAKE) --no-print-directory -j $(TEST_WORKERS) --output-sync=target reports
 
 # The kernel's tests with their thinned grids whole (support.grids.thinned: `make test` runs
 # every pair of values, or the rows a test names): run when the kernel changes.
@@ -38,14 +38,31 @@ KERNEL_TESTS := tests/test_native_layer_norm.py tests/test_dawn.py tests/test_no
 test-kernel-full: setup
 	PIPELINE_REQUIRE_GPU=1 PIPELINE_FULL_GRID=1 $(PY) -m pytest -q -rs -n $(TEST_WORKERS) $(KERNEL_TESTS)
 
-reports:
-	$(PY) scripts/accuracy_report.py whisper --checkpoint $(TINY_EN) --with-coverage --output-dir $(REPORTS)
-	$(PY) scripts/accuracy_report.py bart --with-coverage --output-dir $(REPORTS)
+# Each target one chain of report lines, independent of the others (their files have their
+# own names), so `make test` runs them TEST_WORKERS at a time, the longest first.
+REPORT_TARGETS := report-florence2 report-whisper-xnnpack report-whisper-file report-whisper report-bart \
+	report-whisper-dawn
+.PHONY: $(REPORT_TARGETS)
+reports: $(REPORT_TARGETS)
+
+report-florence2:
 	$(PY) scripts/accuracy_report.py florence2 --with-coverage --output-dir $(REPORTS)
+
+report-whisper-xnnpack:
+	$(PY) scripts/export_model.py whisper --checkpoint $(TINY_EN) --cpu-backend xnnpack --output-dir $(REPORTS)/artifacts
+	$(PY) scripts/run_pte.py $(REPORTS)/artifacts/whisper-tiny.en-xnnpack.pte --runtime executorch --repeats 1 --etdump $(REPORTS)/whisper-tiny.en-xnnpack.etdp
+
+report-whisper-file:
 	$(PY) scripts/export_model.py whisper --checkpoint $(TINY_EN) --audio $(UTTERANCE) --output-dir $(REPORTS)/artifacts
 	$(PY) scripts/run_pte.py $(REPORTS)/artifacts/whisper-tiny.en.pte --repeats 1
 	$(PY) scripts/coverage_audit.py --pte $(REPORTS)/artifacts/whisper-tiny.en.pte --output-dir $(REPORTS)
 	$(PY) scripts/accuracy_report.py --pte $(REPORTS)/artifacts/whisper-tiny.en.pte --output-dir $(REPORTS)
+
+report-whisper:
+	$(PY) scripts/accuracy_report.py whisper --checkpoint $(TINY_EN) --with-coverage --output-dir $(REPORTS)
+
+report-bart:
+	$(PY) scripts/accuracy_report.py bart --with-coverage --output-dir $(REPORTS)
+
+report-whisper-dawn:
 	PIPELINE_WEBGPU=dawn $(PY) scripts/accuracy_report.py whisper --checkpoint $(TINY_EN) --audio $(UTTERANCE) --output-dir $(REPORTS)/dawn
-	$(PY) scripts/export_model.py whisper --checkpoint $(TINY_EN) --cpu-backend xnnpack --output-dir $(REPORTS)/artifacts
-	$(PY) scripts/run_pte.py $(REPORTS)/artifacts/whisper-tiny.en-xnnpack.pte --runtime executorch --repeats 1 --etdump $(REPORTS)/whisper-tiny.en-xnnpack.etdp
