@@ -256,7 +256,7 @@ fn m2_about(correction: f32, squares: f32) -> f32 {
 fn finish_row(row: u32, lane: u32, stats: vec2<f32>) -> vec2<f32> {
     let var_eps = stats.y / f32(WIDTH) + params.eps;
     let finite = is_finite(stats.x) && is_finite(stats.y) && bitcast<u32>(var_eps) <= 0x7f800000u;
-    var rstd_row = select(params.nan, 1.0 / sqrt(var_eps), finite);
+    var rstd_row = select(params.nan, refined_rsqrt(var_eps), finite);
     if (RMS) {
         rstd_row = rms_rstd(var_eps);
     }
@@ -273,7 +273,33 @@ fn finish_row(row: u32, lane: u32, stats: vec2<f32>) -> vec2<f32> {
 // bits, as in finish_row.
 fn rms_rstd(ms_eps: f32) -> f32 {
     let bits = bitcast<u32>(ms_eps);
-    return select(select(params.nan, 1.0 / sqrt(ms_eps), bits < 0x7f800000u), 0.0, bits == 0x7f800000u);
+    return select(select(params.nan, refined_rsqrt(ms_eps), bits < 0x7f800000u), 0.0, bits == 0x7f800000u);
+}
+
+// 1 / sqrt(v) for v >= 0, correctly rounded but within about 1/1000 ulp of a tie. WGSL
+// allows sqrt and division 2.5 ulp each, and NVIDIA's Vulkan driver takes that room: an
+// rms_norm constant row's out (+-1 less eps's share) came 1-2 ulp off, over twice eager's
+// error. The estimate r, cut to its top 12 significant bits, and v split likewise, make
+// every product of 1 - v r^2 exact without fma (which WGSL does not promise fused); the
+// series 1 + e/2 + 3e^2/8 + 5e^3/16 in that residual e then restores r. Where r^2 could
+// leave float32's normal range, r stands.
+fn refined_rsqrt(v: f32) -> f32 {
+    let r = 1.0 / sqrt(v);
+    let r_hi = top_12_bits(r);
+    let t = r_hi * r_hi;
+    let t_hi = top_12_bits(t);
+    let t_lo = t - t_hi;
+    let v_hi = top_12_bits(v);
+    let v_lo = v - v_hi;
+    let e = (((1.0 - v_hi * t_hi) - v_hi * t_lo) - v_lo * t_hi) - v_lo * t_lo;
+    let refined = r_hi + r_hi * (e * (0.5 + e * (0.375 + e * 0.3125)));
+    return select(r, refined, v >= 0x1p-100f && v <= 0x1p100f);
+}
+
+// `a` with its significand cut to 12 bits (sign, exponent and the top 11 stored bits kept):
+// products of two such values are exact in float32.
+fn top_12_bits(a: f32) -> f32 {
+    return bitcast<f32>(bitcast<u32>(a) & 0xfffff000u);
 }
 
 // Whether the K-th held value of a thread, at index i, lies in the row: only the last can
