@@ -320,9 +320,11 @@ def test_from_hf_tokenizes_with_the_directory_tokenizer(tmp_path):
                                            ("folder", r"is not a regular file \(a directory\)"),
                                            ("device", r"is not a regular file \(a character device\)"),
                                            ("large", "is unreadable: larger than")])
-def test_from_hf_refuses_a_tokenizer_file_that_is_special_or_too_large(tmp_path, kind, message):
+@pytest.mark.parametrize("name", ["tokenizer.json", "spm.model"])
+def test_from_hf_refuses_a_tokenizer_file_that_is_special_or_too_large(tmp_path, kind, message, name):
     # Before: transformers passed over a named pipe or folder as absent and tokenized from the
-    # other files, and read a file of any size whole.
+    # other files, and read a file of any size whole. spm.model (DeBERTa-v2's vocabulary, one of
+    # the names transformers' tokenizer classes read) was not checked at all.
     import os
 
     from transformers import BertTokenizer
@@ -333,7 +335,7 @@ def test_from_hf_refuses_a_tokenizer_file_that_is_special_or_too_large(tmp_path,
     _saved(tmp_path)
     (tmp_path / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "fox"]) + "\n")
     BertTokenizer(str(tmp_path / "vocab.txt")).save_pretrained(tmp_path)
-    target = tmp_path / "tokenizer.json"
+    target = tmp_path / name
     target.unlink(missing_ok=True)
     if kind == "fifo":
         os.mkfifo(target)
@@ -344,7 +346,7 @@ def test_from_hf_refuses_a_tokenizer_file_that_is_special_or_too_large(tmp_path,
     else:
         with open(target, "wb") as f:
             f.truncate(TOKENIZER_MAX_BYTES + 1)
-    with within(60), pytest.raises(CheckpointError, match=f"tokenizer.json {message}"):
+    with within(60), pytest.raises(CheckpointError, match=f"{name} {message}"):
         from_hf(tmp_path)
 
 

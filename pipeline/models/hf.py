@@ -20,6 +20,7 @@ sessions, query embeddings), data-dependent branches at export, and optional lib
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 import math
 import os
@@ -848,23 +849,46 @@ def _tokenized(directory: str | os.PathLike, config: PretrainedConfig,
 
 
 def _tokenizer_files(root: Path) -> set[str]:
-    """The TOKENIZER_FILES `root` holds; CheckpointError naming one that is not a regular file
-    (transformers would pass over a named pipe or folder as absent, and tokenize otherwise) or
-    is larger than TOKENIZER_MAX_BYTES (it would be read whole)."""
-    present = set()
-    for name in TOKENIZER_FILES:
-        path, where = root / name, f"checkpoint {root}: {name}"
-        if not os.path.lexists(path):
-            continue
-        try:
-            with open_regular(path) as f:
-                size = os.fstat(f.fileno()).st_size
-        except OSError as exc:
-            raise file_error(exc, where) from None
-        if size > TOKENIZER_MAX_BYTES:
-            raise CheckpointError(f"{where} is unreadable: larger than {TOKENIZER_MAX_BYTES} bytes")
-        present.add(name)
+    """The tokenizer files `root` holds: TOKENIZER_FILES, and where it holds any of them, every
+    vocabulary file a tokenizer class of transformers names (Marian's source.spm, DeBERTa-v2's
+    spm.model, XLM's bpe.codes, ...). CheckpointError naming one that is not a regular file
+    (transformers would pass over a named pipe or folder as absent, or block on it) or is
+    larger than TOKENIZER_MAX_BYTES (it would be read whole)."""
+    present = {name for name in TOKENIZER_FILES if _tokenizer_file(root, name)}
+    if present:
+        present |= {name for name in _vocabulary_file_names() - set(TOKENIZER_FILES) if _tokenizer_file(root, name)}
     return present
+
+
+def _tokenizer_file(root: Path, name: str) -> bool:
+    """Whether `root` holds `name`, checked as _tokenizer_files says."""
+    path, where = root / name, f"checkpoint {root}: {name}"
+    if not os.path.lexists(path):
+        return False
+    try:
+        with open_regular(path) as f:
+            size = os.fstat(f.fileno()).st_size
+    except OSError as exc:
+        raise file_error(exc, where) from None
+    if size > TOKENIZER_MAX_BYTES:
+        raise CheckpointError(f"{where} is unreadable: larger than {TOKENIZER_MAX_BYTES} bytes")
+    return True
+
+
+@functools.cache
+def _vocabulary_file_names() -> frozenset[str]:
+    """The file names the installed transformers' tokenizer classes read (their
+    `vocab_files_names`), about 1.5 s to import them all, once a process."""
+    from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING_NAMES
+
+    names = set()
+    for classes in TOKENIZER_MAPPING_NAMES.values():
+        for name in filter(None, classes if isinstance(classes, (tuple, list)) else (classes,)):
+            try:
+                names.update(getattr(getattr(transformers, name), "vocab_files_names", {}).values())
+            except Exception:  # a class needing a library not installed (sentencepiece, ...) reads nothing
+                continue
+    return frozenset(name for name in names if isinstance(name, str))
 
 
 @dataclass
