@@ -254,7 +254,7 @@ fn m2_about(correction: f32, squares: f32) -> f32 {
 // indeterminate); +inf (eps inf) gives rstd 0. Tested on bits, since compilers may assume
 // finite floats: from +0 up to +inf, and nothing else, the bits lie at or below +inf's.
 fn finish_row(row: u32, lane: u32, stats: vec2<f32>) -> vec2<f32> {
-    let var_eps = stats.y / f32(WIDTH) + params.eps;
+    let var_eps = rounded_quotient(stats.y, f32(WIDTH)) + params.eps;
     let finite = is_finite(stats.x) && is_finite(stats.y) && bitcast<u32>(var_eps) <= 0x7f800000u;
     var rstd_row = select(params.nan, refined_rsqrt(var_eps), finite);
     if (RMS) {
@@ -294,6 +294,21 @@ fn refined_rsqrt(v: f32) -> f32 {
     let e = (((1.0 - v_hi * t_hi) - v_hi * t_lo) - v_lo * t_hi) - v_lo * t_lo;
     let refined = r_hi + r_hi * (e * (0.5 + e * (0.375 + e * 0.3125)));
     return select(r, refined, v >= 0x1p-100f && v <= 0x1p100f);
+}
+
+// a / b for b > 0, correctly rounded but near a tie, as refined_rsqrt is and for its reason:
+// NVIDIA's division of a constant rms_norm row's sum of squares by its width (43200 / 768)
+// came an ulp off 56.25, and so its out one ulp off eager's. The residual a - q b is exact
+// from 12-bit halves of q and b; q plus residual / b then rounds once. Outside 2^-100 <= |a|
+// <= 2^100 (products could leave float32's normal range) q stands.
+fn rounded_quotient(a: f32, b: f32) -> f32 {
+    let q = a / b;
+    let q_hi = top_12_bits(q);
+    let q_lo = q - q_hi;
+    let b_hi = top_12_bits(b);
+    let b_lo = b - b_hi;
+    let residual = (((a - q_hi * b_hi) - q_hi * b_lo) - q_lo * b_hi) - q_lo * b_lo;
+    return select(q, q + residual / b, abs(a) >= 0x1p-100f && abs(a) <= 0x1p100f);
 }
 
 // `a` with its significand cut to 12 bits (sign, exponent and the top 11 stored bits kept):
