@@ -256,9 +256,11 @@ fn m2_about(correction: f32, squares: f32) -> f32 {
 fn finish_row(row: u32, lane: u32, stats: vec2<f32>) -> vec2<f32> {
     let var_eps = rounded_quotient(stats.y, f32(WIDTH)) + params.eps;
     let finite = is_finite(stats.x) && is_finite(stats.y) && bitcast<u32>(var_eps) <= 0x7f800000u;
-    var rstd_row = select(params.nan, refined_rsqrt(var_eps), finite);
+    var rstd_row: f32;
     if (RMS) {
         rstd_row = rms_rstd(var_eps);
+    } else {
+        rstd_row = select(params.nan, refined_rsqrt(var_eps), finite);
     }
     if (WRITE_STATS && lane == 0u) {
         mean[row] = stats.x;
@@ -279,36 +281,35 @@ fn rms_rstd(ms_eps: f32) -> f32 {
 // 1 / sqrt(v) for v >= 0, correctly rounded but within about 1/1000 ulp of a tie. WGSL
 // allows sqrt and division 2.5 ulp each, and NVIDIA's Vulkan driver takes that room: an
 // rms_norm constant row's out (+-1 less eps's share) came 1-2 ulp off, over twice eager's
-// error. The estimate r, cut to its top 12 significant bits, and v split likewise, make
-// every product of 1 - v r^2 exact without fma (which WGSL does not promise fused); the
-// series 1 + e/2 + 3e^2/8 + 5e^3/16 in that residual e then restores r. Where r^2 could
-// leave float32's normal range, r stands.
+// error. The estimate r, cut to its top 12 significant bits so that r^2 is exact, gives the
+// exact residual e = 1 - v r^2; the series 1 + e/2 + 3e^2/8 + 5e^3/16 then restores r. Where
+// r^2 could leave float32's normal range, r stands.
 fn refined_rsqrt(v: f32) -> f32 {
     let r = 1.0 / sqrt(v);
     let r_hi = top_12_bits(r);
-    let t = r_hi * r_hi;
-    let t_hi = top_12_bits(t);
-    let t_lo = t - t_hi;
-    let v_hi = top_12_bits(v);
-    let v_lo = v - v_hi;
-    let e = (((1.0 - v_hi * t_hi) - v_hi * t_lo) - v_lo * t_hi) - v_lo * t_lo;
+    let e = exact_residual(1.0, v, r_hi * r_hi);
     let refined = r_hi + r_hi * (e * (0.5 + e * (0.375 + e * 0.3125)));
     return select(r, refined, v >= 0x1p-100f && v <= 0x1p100f);
 }
 
 // a / b for b > 0, correctly rounded but near a tie, as refined_rsqrt is and for its reason:
 // NVIDIA's division of a constant rms_norm row's sum of squares by its width (43200 / 768)
-// came an ulp off 56.25, and so its out one ulp off eager's. The residual a - q b is exact
-// from 12-bit halves of q and b; q plus residual / b then rounds once. Outside 2^-100 <= |a|
-// <= 2^100 (products could leave float32's normal range) q stands.
+// came an ulp off 56.25, and so its out one ulp off eager's. q plus the exact residual
+// (a - q b) / b rounds once. Outside 2^-100 <= |a| <= 2^100 q stands.
 fn rounded_quotient(a: f32, b: f32) -> f32 {
     let q = a / b;
-    let q_hi = top_12_bits(q);
-    let q_lo = q - q_hi;
-    let b_hi = top_12_bits(b);
-    let b_lo = b - b_hi;
-    let residual = (((a - q_hi * b_hi) - q_hi * b_lo) - q_lo * b_hi) - q_lo * b_lo;
-    return select(q, q + residual / b, abs(a) >= 0x1p-100f && abs(a) <= 0x1p100f);
+    return select(q, q + exact_residual(a, q, b) / b, abs(a) >= 0x1p-100f && abs(a) <= 0x1p100f);
+}
+
+// a - x y, exact where x y lies within 2x of a and its halves' products stay normal: x and y
+// split into 12-bit halves make four exact products, without fma (which WGSL does not
+// promise fused); the first difference is exact (Sterbenz), the rest are small beside it.
+fn exact_residual(a: f32, x: f32, y: f32) -> f32 {
+    let x_hi = top_12_bits(x);
+    let x_lo = x - x_hi;
+    let y_hi = top_12_bits(y);
+    let y_lo = y - y_hi;
+    return (((a - x_hi * y_hi) - x_hi * y_lo) - x_lo * y_hi) - x_lo * y_lo;
 }
 
 // `a` with its significand cut to 12 bits (sign, exponent and the top 11 stored bits kept):
