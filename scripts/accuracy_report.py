@@ -20,6 +20,11 @@ if __name__ == "__main__":
     import _interrupts  # first: from here on a signal ends the script with one line
 
     _interrupts.while_starting()
+    import sys
+
+    from pipeline import cli
+
+    cli.quiet_dependencies("--verbose" in sys.argv[1:])  # before the imports below load torchao
 
 from pipeline.evaluation.runner import report_main  # noqa: E402
 

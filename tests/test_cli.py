@@ -240,6 +240,22 @@ def test_scripts_show_only_their_own_lines_unless_verbose():
     assert verbose.returncode == 2 and "is an Enum subclass" in verbose.stderr
 
 
+def test_scripts_quiet_the_imports_their_parsers_come_after():
+    # These scripts import the evaluation or the census, and with them torchao, before their
+    # parser runs: they quiet the dependencies first (and the census's fork server, through
+    # its preload, imported without the package loading the census's heavy modules).
+    names = ("coverage_audit", "accuracy_report", "census")
+    runs = [subprocess.Popen([sys.executable, str(SCRIPTS / f"{name}.py"), "--help"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=script_env()) for name in names]
+    preload = subprocess.run([sys.executable, "-c", "import pipeline.census.preload"], capture_output=True,
+                             text=True, env=script_env(), timeout=300)
+    for name, run in zip(names, runs):
+        out, err = run.communicate(timeout=300)
+        assert run.returncode == 0 and out.startswith(f"usage: {name}.py"), err[-2000:]
+        assert "Failed to load" not in err and "Enum subclass" not in err, err[-2000:]
+    assert preload.returncode == 0 and "Failed to load" not in preload.stderr, preload.stderr[-2000:]
+
+
 def test_quiet_drops_the_leafspec_warning_only():
     import warnings
 

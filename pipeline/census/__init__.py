@@ -9,7 +9,19 @@ the children (local processes or Ray tasks); `run` keeps the records (census.jso
 and `report` writes census.json, .md and .html.
 """
 
-from pipeline.census.run import JSONL, SAMPLE, read_records, run_census
-from pipeline.census.stages import OUR_STAGES, STAGES
+from __future__ import annotations
 
-__all__ = ["JSONL", "OUR_STAGES", "SAMPLE", "STAGES", "read_records", "run_census"]
+import importlib
+
+# Loaded on first use, so that importing a module of this package (the fork server's
+# pipeline.census.preload) imports nothing heavy before it has quieted the dependencies.
+_EXPORTS = {"JSONL": "run", "SAMPLE": "run", "read_records": "run", "run_census": "run",
+            "OUR_STAGES": "stages", "STAGES": "stages"}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
