@@ -18,8 +18,8 @@ UTTERANCE := pipeline/models/utterances/lantern.wav
 TEST_WORKERS ?= 2
 
 # The test suite (both reduction paths: the adapter's subgroups, which it must find, see
-# tests/conftest.py, and the workgroup memory an adapter without them uses), then the
-# accuracy report with the coverage audit of its own run (--with-coverage: one lowering and
+# tests/conftest.py, and the workgroup memory an adapter without them uses), then the census's
+# CI sample (report-census) and the accuracy report with the coverage audit of its own run (--with-coverage: one lowering and
 # one eager run for both) on the smallest variant of each model, and on an
 # exported file run back from disk, then whisper exported with XNNPACK and run in
 # ExecuTorch's runtime under its rule (against the same export without our delegate; an
@@ -40,10 +40,15 @@ test-kernel-full: setup
 
 # Each target one chain of report lines, independent of the others (their files have their
 # own names), so `make test` runs them TEST_WORKERS at a time, the longest first.
-REPORT_TARGETS := report-florence2 report-whisper-xnnpack report-whisper-file report-whisper report-bart \
+REPORT_TARGETS := report-census report-florence2 report-whisper-xnnpack report-whisper-file report-whisper report-bart \
 	report-whisper-dawn
 .PHONY: $(REPORT_TARGETS)
 reports: $(REPORT_TARGETS)
+
+# The census's CI sample (pipeline.census.SAMPLE: 19 architectures of every modality and two
+# vision towers, built tiny) through every stage: exit status 1 when a row fails in our stages.
+report-census:
+	$(PY) scripts/census.py --sample --fresh --output-dir $(REPORTS)/census
 
 report-florence2:
 	$(PY) scripts/accuracy_report.py florence2 --with-coverage --output-dir $(REPORTS)

@@ -287,9 +287,10 @@ def test_bad_usage_exits_2(args, tmp_path, capsys):
                     reason="ray is not installed (the census extra: pip install -e '.[census]')")
 def test_rows_as_ray_tasks(tmp_path):
     """The script itself, end to end, on a private Ray instance."""
-    result = run_script("census", *ROWS, "--ray", "local", "--jobs", "1", "--output-dir", str(tmp_path))
+    row = ROWS[0]  # one row: Ray's start is most of the time
+    result = run_script("census", row, "--ray", "local", "--jobs", "1", "--output-dir", str(tmp_path))
     assert result.returncode == 0, result.stderr
     records = read_records(tmp_path / JSONL)
-    assert sorted(r["name"] for r in records) == sorted(ROWS)
+    assert [r["name"] for r in records] == [row]
     assert all(r["status"] == "ok" and r["reached"] == "accuracy" for r in records), records
-    assert "Ray local" in result.stderr and "[2/2]" in result.stderr
+    assert "Ray local" in result.stderr and "[1/1]" in result.stderr
