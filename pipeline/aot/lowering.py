@@ -23,8 +23,8 @@ from pipeline.aot.preprocess import NATIVE_LAYER_NORM, NORM_OPS, RMS_NORM
 from pipeline.interpreter.program import Coverage, Program
 from pipeline.pte.file import PteFile
 from pipeline.aot.partitioner import LayerNormPartitioner
-from pipeline.aot.passes import NORM_KINDS, RMS_NORM as RMS_KIND, NormMatches, linears_over_rows, match_norms, \
-    norm_kind, reframe_group_norm
+from pipeline.aot.passes import NORM_KINDS, RMS_NORM as RMS_KIND, NormMatches, contiguous_attention_views, \
+    linears_over_rows, match_norms, norm_kind, reframe_group_norm
 from pipeline.aot.passes.norms import KIND_KEY, NAME_KEY
 
 # A group norm counts as a LayerNorm: the reframe makes one of each at the top level; one
@@ -228,6 +228,7 @@ def _export(module: torch.nn.Module, example_inputs: tuple, dynamic_shapes,
         raise ValueError(f"cpu_backend must be one of {', '.join(CPU_BACKENDS)}, got {cpu_backend!r}")
     exported = reframe_group_norm(torch.export.export(module, example_inputs, dynamic_shapes=dynamic_shapes))
     exported, matches = match_norms(exported)
+    exported = contiguous_attention_views(exported)  # after match_norms' decompositions
     if cpu_backend == "portable":
         return exported, [], matches
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner

@@ -5,7 +5,10 @@
                  and hand-written LayerNorms run as plain ops: found in the graph instead)
     export       torch.export
     executorch   the control: the same ExportedProgram lowered by ExecuTorch alone (no
-                 partitioner), serialized and run in ExecuTorch's runtime
+                 partitioner), serialized and run in ExecuTorch's runtime; it gets the copies
+                 before views of attention outputs that our lowering adds too
+                 (`contiguous_attention_views`: without them ExecuTorch fails on GPT-2 and
+                 its kin at a batch above 1)
     partitioner  `pipeline.lower` up to the edge program: our graph passes, LayerNormPartitioner
     preprocess   WebGPUBackend.preprocess (within the partitioner's call, told apart by where
                  the failure was raised): the delegate blobs, each decoded back
@@ -177,7 +180,10 @@ class Census:
         from executorch.exir import to_edge_transform_and_lower
         from executorch.runtime import Runtime
 
-        manager = to_edge_transform_and_lower(copy.deepcopy(self.exported)).to_executorch()
+        from pipeline.aot.passes import contiguous_attention_views
+
+        program = contiguous_attention_views(copy.deepcopy(self.exported))
+        manager = to_edge_transform_and_lower(program).to_executorch()
         method = Runtime.get().load_program(manager.buffer).load_method("forward")
         outputs = method.execute(list(self.inputs))
         self.record["control_vs_eager_max_abs"] = _max_abs(outputs, self.eager_outputs)
