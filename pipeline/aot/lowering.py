@@ -23,8 +23,8 @@ from pipeline.aot.preprocess import NATIVE_LAYER_NORM, NORM_OPS, RMS_NORM
 from pipeline.interpreter.program import Coverage, Program
 from pipeline.pte.file import PteFile
 from pipeline.aot.partitioner import LayerNormPartitioner
-from pipeline.aot.passes import NORM_KINDS, RMS_NORM as RMS_KIND, NormMatches, contiguous_attention_views, \
-    linears_over_rows, match_norms, norm_kind, reframe_group_norm
+from pipeline.aot.passes import NORM_KINDS, RMS_NORM as RMS_KIND, NormMatches, attention_views, \
+    contiguous_attention_views, linears_over_rows, match_norms, norm_kind, reframe_group_norm
 from pipeline.aot.passes.norms import KIND_KEY, NAME_KEY
 
 # A group norm counts as a LayerNorm: the reframe makes one of each at the top level; one
@@ -203,10 +203,23 @@ def fold_constants(edge: EdgeProgramManager) -> EdgeProgramManager:
     return edge
 
 
+def to_edge(exported: ExportedProgram, partitioners: list) -> EdgeProgramManager:
+    """ExecuTorch's `to_edge_transform_and_lower` of `exported` with `partitioners`; where it
+    cannot view a decomposed attention's output (GPT-2's and its kin's, at a batch above 1),
+    once more with a copy before each view of an attention output
+    (`contiguous_attention_views`, which changes `exported`)."""
+    try:
+        return to_edge_transform_and_lower(exported, partitioner=partitioners)
+    except ValueError as exc:
+        if "Cannot view a tensor" not in str(exc) or not attention_views(exported):
+            raise
+    return to_edge_transform_and_lower(contiguous_attention_views(exported), partitioner=partitioners)
+
+
 def lower_exported(exported: ExportedProgram, partitioners: list) -> EdgeProgramManager:
-    """The edge program of `exported` with `partitioners` applied, constants folded: what
-    `to_executorch` serializes."""
-    return fold_constants(to_edge_transform_and_lower(exported, partitioner=partitioners))
+    """The edge program of `exported` with `partitioners` applied (`to_edge`), constants
+    folded: what `to_executorch` serializes."""
+    return fold_constants(to_edge(exported, partitioners))
 
 
 CPU_BACKENDS = ("portable", "xnnpack")
@@ -228,7 +241,6 @@ def _export(module: torch.nn.Module, example_inputs: tuple, dynamic_shapes,
         raise ValueError(f"cpu_backend must be one of {', '.join(CPU_BACKENDS)}, got {cpu_backend!r}")
     exported = reframe_group_norm(torch.export.export(module, example_inputs, dynamic_shapes=dynamic_shapes))
     exported, matches = match_norms(exported)
-    exported = contiguous_attention_views(exported)  # after match_norms' decompositions
     if cpu_backend == "portable":
         return exported, [], matches
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner

@@ -5,10 +5,9 @@
                  and hand-written LayerNorms run as plain ops: found in the graph instead)
     export       torch.export
     executorch   the control: the same ExportedProgram lowered by ExecuTorch alone (no
-                 partitioner), serialized and run in ExecuTorch's runtime; it gets the copies
-                 before views of attention outputs that our lowering adds too
-                 (`contiguous_attention_views`: without them ExecuTorch fails on GPT-2 and
-                 its kin at a batch above 1)
+                 partitioner), serialized and run in ExecuTorch's runtime; where it fails to
+                 view an attention output, again with the copies our lowering then adds too
+                 (`pipeline.aot.lowering.to_edge`: GPT-2 and its kin at a batch above 1)
     partitioner  `pipeline.lower` up to the edge program: our graph passes, LayerNormPartitioner
     preprocess   WebGPUBackend.preprocess (within the partitioner's call, told apart by where
                  the failure was raised): the delegate blobs, each decoded back
@@ -177,13 +176,11 @@ class Census:
         self.exported = torch.export.export(self.spec.module, self.inputs)
 
     def _executorch(self) -> None:
-        from executorch.exir import to_edge_transform_and_lower
         from executorch.runtime import Runtime
 
-        from pipeline.aot.passes import contiguous_attention_views
+        from pipeline.aot.lowering import to_edge
 
-        program = contiguous_attention_views(copy.deepcopy(self.exported))
-        manager = to_edge_transform_and_lower(program).to_executorch()
+        manager = to_edge(copy.deepcopy(self.exported), []).to_executorch()
         method = Runtime.get().load_program(manager.buffer).load_method("forward")
         outputs = method.execute(list(self.inputs))
         self.record["control_vs_eager_max_abs"] = _max_abs(outputs, self.eager_outputs)

@@ -1,6 +1,6 @@
 """Graph passes that run on the ExportedProgram before lowering."""
 
-from pipeline.aot.passes.attention import contiguous_attention_views
+from pipeline.aot.passes.attention import attention_views, contiguous_attention_views
 from pipeline.aot.passes.group_norm import (
     GROUP_NORM_DECOMPOSITIONS,
     group_norm_as_layer_norm,
@@ -31,6 +31,7 @@ __all__ = [
     "NORM_KINDS",
     "NormMatches",
     "RMS_NORM",
+    "attention_views",
     "contiguous_attention_views",
     "group_norm_as_layer_norm",
     "linears_over_rows",
