@@ -88,6 +88,19 @@ def test_a_tiny_model_exports():
         torch.testing.assert_close(a, b)
 
 
+def test_mixture_of_experts_export_without_histc():
+    # transformers' default experts (grouped_mm) count tokens per expert with aten.histc, which
+    # ExecuTorch's edge dialect refuses; models are built with its batched matmuls instead
+    # (pipeline.models.hf.EXPERTS).
+    from executorch.exir import to_edge_transform_and_lower
+
+    spec = from_config(tiny_config("mixtral"))
+    exported = torch.export.export(spec.module, spec.example_inputs)
+    assert not any("histc" in str(n.target) for n in exported.graph.nodes)
+    to_edge_transform_and_lower(exported)
+    assert spec.module.model.config._experts_implementation == "batched_mm"
+
+
 def test_task_picks_the_model_class():
     spec = from_config(tiny_config("bert"), task="masked-lm", name="tiny-bert", dtype="bfloat16")
     assert type(spec.module.model).__name__ == "BertForMaskedLM" and spec.name == "tiny-bert"

@@ -433,18 +433,27 @@ def _configs(config: PretrainedConfig) -> Iterator[PretrainedConfig]:
         stack.extend(v for v in vars(item).values() if isinstance(v, PretrainedConfig))
 
 
+# Mixture-of-experts layers as transformers' batched matmuls over each token's experts: its
+# default (grouped_mm) counts tokens per expert with aten.histc, which ExecuTorch's edge
+# dialect refuses (every MoE router of the census stopped there), and its eager loop has
+# data-dependent shapes. Models without experts ignore it.
+EXPERTS = "batched_mm"
+
+
 def _instantiate(cls: type, config: PretrainedConfig, seed: int) -> torch.nn.Module:
     """`cls` built from `config` with seeded random weights in eval mode: SDPA attention (one
-    aten op per attention), eager where the class refuses SDPA."""
+    aten op per attention), eager where the class refuses SDPA; experts as EXPERTS."""
     # Made in float32 whatever dtype config.json names: weights are read into it, then cast once.
     torch.manual_seed(seed)
     try:
-        model = cls._from_config(config, attn_implementation="sdpa", dtype=torch.float32)
+        model = cls._from_config(config, attn_implementation="sdpa", experts_implementation=EXPERTS,
+                                 dtype=torch.float32)
     except ValueError as exc:
         if "attention" not in str(exc).lower() and "sdpa" not in str(exc).lower():
             raise
         torch.manual_seed(seed)
-        model = cls._from_config(config, attn_implementation="eager", dtype=torch.float32)
+        model = cls._from_config(config, attn_implementation="eager", experts_implementation=EXPERTS,
+                                 dtype=torch.float32)
     return model.eval()
 
 
@@ -1118,7 +1127,8 @@ def _converted(cls: type, config: PretrainedConfig, root: Path, shown: str, hash
     every parameter is loaded and nothing is left over or misshapen."""
     try:
         model, info = cls.from_pretrained(root, config=copy.deepcopy(config), local_files_only=True,
-                                          output_loading_info=True, dtype=torch.float32)
+                                          output_loading_info=True, dtype=torch.float32,
+                                          experts_implementation=EXPERTS)
     except Exception:  # whatever transformers raises: the caller names the mismatch found first
         return None
     if any(info.get(key) for key in ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs")):
