@@ -13,6 +13,7 @@ from transformers.models.cohere.modeling_cohere import CohereLayerNorm
 from transformers.models.deberta.modeling_deberta import DebertaLayerNorm
 from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
 from transformers.models.glm5_next.modeling_glm5_next import Glm5NextTextUnweightedRMSNorm
+from transformers.models.hy_v4.modeling_hy_v4 import HYV4UnweightedRMSNorm
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 from transformers.models.olmo2.modeling_olmo2 import Olmo2RMSNorm
 from transformers.models.t5.modeling_t5 import T5LayerNorm
@@ -129,6 +130,35 @@ def test_form_becomes_one_norm_op(form, dtype):
         torch.testing.assert_close(g, e, rtol=tol, atol=tol)
 
 
+class ScaledLinear(nn.Module):
+    """HY-V4's hyper-connection mix: a linear of the rows scaled by their 1 / rms."""
+
+    def __init__(self, bias: bool = False) -> None:
+        super().__init__()
+        self.mix = nn.Linear(WIDTH, 6, bias=bias)
+        self.input_norm = HYV4UnweightedRMSNorm(eps=1e-6)
+
+    def forward(self, x):
+        return self.mix(x) * self.input_norm(x)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_rsqrt_scaling_a_linear_becomes_a_norm_before_it(dtype):
+    module = _seeded(ScaledLinear()).to(dtype).eval()
+    x = torch.randn(2, 5, WIDTH, generator=torch.Generator().manual_seed(1)).to(dtype)
+    ep, found = match_norms(_export(module, x))
+    [norm] = _calls(ep, {aten.rms_norm.default})
+    assert list(found.made.values()) == [RMS_NORM] and found.left == [] and not _calls(ep, STATS)
+    [linear] = _calls(ep, {aten.linear.default})
+    assert linear.args[0] is norm and norm.args[0].meta["val"].dtype == dtype and norm.args[2] is None
+    # The same function up to rounding: against float64, within 2x eager's error.
+    exact = copy.deepcopy(module).double()(x.double())
+    got, eager = ep.module()(x), module(x)
+    assert got.dtype == eager.dtype == dtype
+    err = lambda t: (t.double() - exact).abs().max().item()  # noqa: E731
+    assert err(got) <= 2 * err(eager) + torch.finfo(dtype).eps
+
+
 class EpsOutside(nn.Module):
     def forward(self, x):
         return x * (torch.rsqrt(x.pow(2).mean(-1, keepdim=True)) + 1e-6)
@@ -161,6 +191,7 @@ NEAR_MISSES = {
     "an intermediate reused": (SharedIntermediate, "also used by"),
     "unbiased variance": (UnbiasedVariance, "unbiased"),
     "another tensor scaled": (OtherInput, "not the x of its statistics"),
+    "a linear with a bias scaled": (lambda: ScaledLinear(bias=True), "not the x of its statistics"),
 }
 
 

@@ -5,7 +5,10 @@ itself (kept), `aten._fused_rms_norm` (what CUDA and MPS export), and the chains
 with plain ops (Hugging Face's LlamaRMSNorm and its kin: an upcast to float32, pow 2, mean
 over the last dim, + eps, rsqrt, multiply, a cast back, the weight before or after that cast;
 Gemma's `1 + weight`; T5's, which multiplies the uncast input; GLM-5's unweighted one, which
-casts the rsqrt to the input's dtype before the multiply). A LayerNorm written by hand
+casts the rsqrt to the input's dtype before the multiply; HY-V4's, whose rsqrt scales a
+bias-free linear of the same rows, `linear(x, W) * rsqrt(mean(x^2) + eps)`: since the factor is
+one number per row, that is `linear(x * rsqrt(...), W)`, and the linear then takes the norm's
+output). A LayerNorm written by hand
 (mean, variance as mean((x - mean)^2), var(correction=0) or mean(x^2) - mean^2, rsqrt or
 1 / sqrt, optional weight and bias) becomes `aten.native_layer_norm` and its `getitem 0`.
 
@@ -13,8 +16,9 @@ The match is exact: statistics over exactly the trailing dims with keepdim, bias
 eps added to the variance inside the rsqrt, the weight applied before the bias, each
 intermediate used by nothing outside the chain. A chain that looks like a norm and misses one
 of these is left as it is and reported with the reason; so is an exact match the kernel cannot
-run (the partitioner's `unsupported_reason`). Only the rounding of half inputs may differ:
-the op computes in float32 and rounds once where a chain may round twice.
+run (the partitioner's `unsupported_reason`). Only the rounding may differ: the op computes
+in float32 and rounds once where a chain in half may round twice, and HY-V4's linear sums
+normalized values where the chain scaled its sums.
 """
 
 from __future__ import annotations
@@ -145,6 +149,7 @@ class _Chain:
     final: torch.fx.Node
     inner: list[torch.fx.Node]  # what the op replaces: used by nothing outside the chain
     upcasts: list[torch.fx.Node]  # casts of x: removed when nothing else uses them
+    linear: torch.fx.Node | None = None  # the bias-free linear of x the factor scales, if that
 
 
 class _Miss(Exception):
@@ -174,6 +179,12 @@ def _match(anchor: torch.fx.Node) -> _Chain | LeftNorm | None:
         kind = HAND_WRITTEN if centred is not None else RMS_NORM
         normed, factor = _normalized(anchor, inner, _val(_root(x)).dtype)
         scaled = _other(normed, factor) if normed.target == aten.mul.Tensor else _arg(normed, 0)
+        if centred is None and dims == 1 and _bias_free_linear(scaled, x):
+            # linear(x, W) * rstd: the norm moves before the linear, which is then its only tail.
+            inner.append(scaled)
+            upcasts = [n for n in _upcasts(x) if n is not _root(x)]
+            _exclusive(inner, normed, upcasts)
+            return _Chain(kind, anchor, scaled.args[0], dims, eps, None, None, normed, inner, upcasts, scaled)
         if not _same_centred(scaled, centred, x):
             what = "x" if centred is None else "x - mean(x)"
             raise _Miss(f"it scales {getattr(scaled, 'name', scaled)}, not the {what} of its statistics")
@@ -405,6 +416,10 @@ def _rewrite(graph: torch.fx.Graph, chain: _Chain) -> torch.fx.Node | LeftNorm:
             out = graph.call_function(operator.getitem, (norm, 0))
             _copy_meta(out, chain.anchor)
             out.meta["val"] = norm.meta["val"][0]
+        if chain.linear is not None:
+            out = graph.call_function(aten.linear.default, (norm, chain.linear.args[1]))
+            _copy_meta(out, chain.linear)
+            out.meta["val"] = _fake(out)
         want = _val(chain.final).dtype
         if out.meta["val"].dtype != want:
             out = graph.call_function(aten._to_copy.default, (out,), {"dtype": want})
@@ -592,6 +607,17 @@ def _same_centred(scaled, centred, x: torch.fx.Node) -> bool:
     # var(x): a mean of x over the same dims, keepdim
     return (isinstance(mean, torch.fx.Node) and mean.target == _MEAN and _root(_arg(mean, 0)) is _root(x)
             and _reduced(mean, x) == centred.dims)
+
+
+def _bias_free_linear(node, x: torch.fx.Node) -> bool:
+    """Whether `node` is `linear(x, W)` with no bias, x the statistics' input (or a cast of it)
+    and W not computed from x."""
+    if not isinstance(node, torch.fx.Node) or node.op != "call_function" or node.target != aten.linear.default:
+        return False
+    bias = node.args[2] if len(node.args) > 2 else node.kwargs.get("bias")
+    weight = node.args[1]
+    return (bias is None and isinstance(node.args[0], torch.fx.Node) and _root(node.args[0]) is _root(x)
+            and isinstance(weight, torch.fx.Node) and not _depends_on(weight, x))
 
 
 def _depends_on(node: torch.fx.Node, x: torch.fx.Node) -> bool:
