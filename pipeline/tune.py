@@ -57,7 +57,7 @@ def tune(launches: Sequence[Launch], rounds: int = 3, repeats: int = 100, min_ga
                            "tuned on the GPU's clock, and wall-clock times of one launch cannot tell them apart")
     table = Layouts(g.impl.info["adapter"], g.impl.name)
     for n, launch in enumerate(launches, 1):
-        label = f"[{n}/{len(launches)}] {launch.dtype} {launch.rows}x{launch.width}"
+        label = f"[{n}/{len(launches)}] {launch.norm} {launch.dtype} {launch.rows}x{launch.width}"
         rule = launch.rule(g.subgroup_size, g.pack2x16float)
         configs = candidates(rule)
         if len(configs) == 1:
@@ -67,7 +67,7 @@ def tune(launches: Sequence[Launch], rounds: int = 3, repeats: int = 100, min_ga
         for r in range(rounds):
             order = list(range(len(configs)))[:: 1 if r % 2 == 0 else -1]
             timed, _ = time_kernel(launch.rows, launch.width, [configs[i] for i in order], repeats=repeats,
-                                   dtype=launch.dtype, stats=launch.write_stats)
+                                   dtype=launch.dtype, stats=launch.write_stats, rms=launch.norm == "rms_norm")
             for i, (batched, _isolated) in zip(order, timed):
                 times[i].append(batched)
         means = [statistics.mean(t) for t in times]
@@ -87,7 +87,7 @@ def tune(launches: Sequence[Launch], rounds: int = 3, repeats: int = 100, min_ga
 
 def program_launches(program: Program, inputs: tuple) -> list[Launch]:
     """The launches `program` (pipeline.load's) makes when it runs `inputs`: each delegate
-    call's dtypes, affine parts, stats, width and rows, once each, in the order they ran."""
+    call's dtypes, affine parts, stats, width, rows and norm, once each, in the order they ran."""
     params = dict(zip(program.delegate_names, (d.params for d in program.delegates)))
     found: dict[Launch, None] = {}
 
@@ -98,7 +98,7 @@ def program_launches(program: Program, inputs: tuple) -> list[Launch]:
         rows = x.numel() // width if width else 0
         if rows:
             found.setdefault(Launch(p.dtype, p.affine_dtype, p.weight.source != NONE, p.bias.source != NONE,
-                                    p.stats, width, rows), None)
+                                    p.stats, width, rows, "rms_norm" if p.op == "rms_norm" else "layer_norm"), None)
 
     program(*inputs, on_delegate=record)
     return list(found)

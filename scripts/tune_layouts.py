@@ -2,11 +2,13 @@
 PIPELINE_LAYOUTS points the runtimes at (the Python runtime and ExecuTorch's C++ backend).
 
     python scripts/tune_layouts.py --shapes model --dtype float16 --out layouts/h200-wgpu.txt
+    python scripts/tune_layouts.py --norm rms_norm --shapes llm --out layouts/h200-wgpu.txt --append
     python scripts/tune_layouts.py --pte out/bart-base.pte --out layouts/h200-wgpu.txt --append
     PIPELINE_LAYOUTS=layouts/h200-wgpu.txt python scripts/run_pte.py ...
 
-Each launch (ROWSxWIDTH at --dtype, weight and bias in that dtype, the output alone stored
-as the models' delegates do; --stats stores mean and rstd too) is timed in its rule's layout
+Each launch (a --norm of ROWSxWIDTH at --dtype, weight and bias in that dtype (an RMSNorm's
+weight alone), the output alone stored as the models' delegates do; --stats stores a
+LayerNorm's mean and rstd too) is timed in its rule's layout
 and at half and twice the threads per row in workgroups of 64, 128 and 256; a layout enters
 the table where it beats the rule by --min-gain. Tune through the implementation you will
 run (PIPELINE_WEBGPU: a table names its adapter and implementation, and a runtime refuses
@@ -16,7 +18,8 @@ the package: its device takes it without PIPELINE_LAYOUTS (the C++ from its next
 
 --pte tunes the launches a program makes instead: it runs the file in the Python runtime on
 its model's example inputs (the .coverage.json beside it names the model, which is built for
-them) or on --inputs, and takes each delegate call's dtypes, affine parts, stats, width and rows.
+them) or on --inputs, and takes each delegate call's norm, dtypes, affine parts, stats, width
+and rows.
 """
 
 from __future__ import annotations
@@ -46,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
                         "'unaligned' and ROWSxWIDTH")
     parser.add_argument("--dtype", choices=("float32", "float16", "bfloat16"),
                         help="of x, weight, bias and out (default float32); give several runs --append for several")
-    parser.add_argument("--stats", action="store_true", help="launches that store mean and rstd too")
+    parser.add_argument("--norm", choices=layouts.NORMS, help="the norm the launches run (default layer_norm)")
+    parser.add_argument("--stats", action="store_true", help="launches that store mean and rstd too (layer_norm)")
     parser.add_argument("--pte", metavar="FILE", help="tune the launches this program makes instead of --shapes")
     parser.add_argument("--inputs", metavar="FILE.pt",
                         help="with --pte: run it on these (torch.save of a tensor or tuple) instead of its model's")
@@ -63,8 +67,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"argument --repeats: at most {MAX_REPEATS}, got {args.repeats}")
     if not args.min_gain >= 1:
         parser.error(f"argument --min-gain: at least 1, got {args.min_gain}")
-    if args.pte and (args.shapes or args.dtype or args.stats):
-        parser.error("argument --pte: not with --shapes, --dtype or --stats (the program's launches carry their own)")
+    if args.pte and (args.shapes or args.dtype or args.stats or args.norm):
+        parser.error("argument --pte: not with --shapes, --dtype, --norm or --stats (the program's launches carry "
+                     "their own)")
+    if args.stats and args.norm == "rms_norm":
+        parser.error("argument --stats: an rms_norm stores no mean and rstd")
     if args.inputs and not args.pte:
         parser.error("argument --inputs: only with --pte")
     try:
@@ -75,10 +82,11 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     cli.quiet_dependencies(args.verbose)
-    dtype = args.dtype or "float32"
+    dtype, rms = args.dtype or "float32", args.norm == "rms_norm"
     try:
         launches = (_program_launches(args.pte, args.inputs) if args.pte else
-                    [layouts.Launch(dtype, dtype, True, True, args.stats, width, rows) for rows, width in shapes])
+                    [layouts.Launch(dtype, dtype, True, not rms, args.stats, width, rows, args.norm or "layer_norm")
+                     for rows, width in shapes])
         if kept is not None:  # before any timing: a table of another device is not added to
             info = device_info()
             kept.check_device(info["adapter"], info["implementation"])

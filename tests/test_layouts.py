@@ -18,7 +18,7 @@ import torch
 
 from pipeline.wgsl import ShaderFiles, layouts
 from pipeline.wgsl.config import choose_config
-from pipeline.wgsl.layouts import MAGIC, Launch, Layout, Layouts, LayoutsError, parse, read
+from pipeline.wgsl.layouts import MAGIC, V2_MAGIC, Launch, Layout, Layouts, LayoutsError, parse, read
 from support.scripts import ROOT, load_script, run_script
 
 HEADER = f"{MAGIC}\nadapter Some GPU (driver 1.2)\nimplementation wgpu\n"
@@ -29,24 +29,49 @@ HEADER = f"{MAGIC}\nadapter Some GPU (driver 1.2)\nimplementation wgpu\n"
 TUNED = [(4096, 1024, "float16", 32, 128, 0), (18432, 256, "float16", 16, 128, 0), (4096, 768, "float32", 32, 256, 0),
          (300, 1000, "bfloat16", 64, 64, 0), (77, 30, "float32", 8, 128, 0), (50, 4096, "float32", 128, 256, 0),
          (1500, 768, "float16", 32, 128, 1), (70, 128, "bfloat16", 4, 64, 1), (9, 3072, "float16", 128, 128, 1)]
+# The same for RMSNorm launches (weight alone, no stats): each beside a LayerNorm launch of the
+# same rows and width, which must keep its own layout.
+TUNED_RMS = [(2048, 2304, "float32", 256, 256, 0), (16, 4096, "float16", 128, 128, 1), (2048, 896, "bfloat16", 64, 128, 0)]
 
 
 def table_text(adapter="Some GPU (driver 1.2)", implementation="wgpu", stats=0):
     lines = [MAGIC, f"adapter {adapter}", f"implementation {implementation}"]
-    lines += [f"layout {dtype} {dtype} 1 1 {stats} {width} {rows} {threads} {workgroup} {words} 1.050"
+    lines += [f"layout layer_norm {dtype} {dtype} 1 1 {stats} {width} {rows} {threads} {workgroup} {words} 1.050"
               for rows, width, dtype, threads, workgroup, words in TUNED]
+    lines += [f"layout rms_norm {dtype} {dtype} 1 0 0 {width} {rows} {threads} {workgroup} {words} 1.050"
+              for rows, width, dtype, threads, workgroup, words in TUNED_RMS]
     return "\n".join(lines) + "\n"
 
 
 def test_a_table_reads_back_as_written():
     table = parse(table_text(), "t.txt")
     assert (table.adapter, table.implementation) == ("Some GPU (driver 1.2)", "wgpu")
-    assert len(table.entries) == len(TUNED)
+    assert len(table.entries) == len(TUNED) + len(TUNED_RMS)
     assert parse(table.text()).entries == table.entries
     launch = Launch("float16", "float16", True, True, False, 1024, 4096)
     assert table.entries[launch] == Layout(32, 128, False, 1.05)
     launch = Launch("float16", "float16", True, True, False, 768, 1500)
     assert table.entries[launch] == Layout(32, 128, True, 1.05)
+    launch = Launch("float16", "float16", True, False, False, 4096, 16, "rms_norm")
+    assert table.entries[launch] == Layout(128, 128, True, 1.05)
+
+
+def test_a_version_2_table_is_read_as_layer_norms():
+    v2 = table_text().replace(MAGIC, V2_MAGIC)
+    v2 = "".join(line.replace("layout layer_norm ", "layout ") + "\n" for line in v2.splitlines() if "rms_norm" not in line)
+    table = parse(v2)
+    assert table.entries == {k: v for k, v in parse(table_text()).entries.items() if k.norm == "layer_norm"}
+    assert table.text().startswith(MAGIC + "\n")  # written back as the current version
+
+
+@pytest.mark.parametrize("rows, width, dtype, threads, workgroup, words", TUNED_RMS)
+def test_an_rms_norm_launch_takes_its_layout_and_a_layer_norm_its_own(rows, width, dtype, threads, workgroup, words):
+    table = parse(table_text())
+    rule = choose_config(width, True, False, 32, dtype, rows=rows, write_stats=False, rms=True)
+    tuned = table.config(rule, rows)
+    assert (tuned.threads_per_row, tuned.workgroup, tuned.wide_words, tuned.rms) == (threads, workgroup, words, True)
+    layer_norm = choose_config(width, True, False, 32, dtype, rows=rows, write_stats=False)
+    assert table.config(layer_norm, rows) == layer_norm
 
 
 def test_a_launch_takes_its_layout_and_no_other():
@@ -73,34 +98,39 @@ BAD = [
     (f"{MAGIC}\nimplementation wgpu\n", 0, "no adapter line"),
     (f"{MAGIC}\nadapter\nimplementation wgpu\n", 0, "no adapter line"),
     (HEADER + "adapter Y\n", 4, "a second adapter line"),
-    (HEADER + "layouts float16 float16 1 1 0 1024 4096 64 128 0 1.0\n", 4, "unknown line"),
-    (HEADER + "layout float16 float16 1 1 0 1024 4096 64 128 1.0\n", 4, "11 fields"),
+    (HEADER + "layouts layer_norm float16 float16 1 1 0 1024 4096 64 128 0 1.0\n", 4, "unknown line"),
+    (HEADER + "layout layer_norm float16 float16 1 1 0 1024 4096 64 128 1.0\n", 4, "12 fields"),
     ("pipeline-layouts 1\nadapter X\n", 1, "version 1, without the words column: tune this device again"),
-    (HEADER + "layout float64 float64 1 1 0 1024 4096 64 128 0 1.0\n", 4, "is not one of"),
-    (HEADER + "layout float16 bfloat16 1 1 0 1024 4096 64 128 0 1.0\n", 4, "the rows' dtype or float32"),
-    (HEADER + "layout float16 float16 1 1 0 1024 -4096 64 128 0 1.0\n", 4, "unsigned integers"),
-    (HEADER + "layout float16 float16 1 1 0 1_024 4096 64 128 0 1.0\n", 4, "unsigned integers"),
-    (HEADER + "layout float16 float16 1 1 0 1024 4096 64 128 0 inf\n", 4, "unsigned integers"),
-    (HEADER + "layout float16 float16 1 1 0 1024 4096 64 128 0 1e3\n", 4, "unsigned integers"),
-    (HEADER + "layout float16 float16 2 1 0 1024 4096 64 128 0 1.0\n", 4, "0 or 1"),
-    (HEADER + "layout float16 float16 1 1 0 1024 4096 64 128 2 1.0\n", 4, "words are 0 or 1"),
-    (HEADER + "layout float16 float16 1 1 1 1024 4096 64 128 1 1.0\n", 4, "only plain rows"),
-    (HEADER + "layout float32 float32 1 1 0 1024 4096 64 128 1 1.0\n", 4, "only plain rows"),
-    (HEADER + "layout float16 float32 1 1 0 1024 4096 64 128 1 1.0\n", 4, "in the rows' dtype, not float32"),
-    (HEADER + "layout bfloat16 bfloat16 1 1 0 1000 4096 64 128 1 1.0\n", 4, "do not split into whole 16-byte"),
-    (HEADER + "layout float16 float16 1 1 0 1024 4096 256 256 1 1.0\n", 4, "for each of 256 threads"),
-    (HEADER + "layout float16 float16 1 1 0 0 4096 64 128 0 1.0\n", 4, "from 1 to"),
-    (HEADER + "layout float16 float16 1 1 0 1024 4294967296 64 128 0 1.0\n", 4, "from 1 to"),
-    (HEADER + "layout float16 float16 1 1 0 1024 4096 64 128 0 0.0\n", 4, "not positive"),
-    (HEADER + "layout float16 float16 1 1 0 1024 4096 48 128 0 1.0\n", 4, "not a power of two"),
-    (HEADER + "layout float16 float16 1 1 0 1024 4096 512 512 0 1.0\n", 4, "not a power of two"),
-    (HEADER + "layout float16 float16 1 1 0 1024 4096 16 128 0 1.0\n", 4, "more than 8 loads"),
-    (HEADER + "layout float16 float16 1 1 0 1024 4096 128 64 0 1.0\n", 4, "workgroup 64"),
-    (HEADER + "layout float16 float16 1 1 0 1024 4096 64 96 0 1.0\n", 4, "workgroup 96"),
-    (HEADER + "layout float16 float16 1 1 0 1024 4096 64 512 0 1.0\n", 4, "workgroup 512"),
-    (HEADER + "layout float32 float32 1 1 0 9000 64 256 256 0 1.0\n", 4, "streamed"),
-    (HEADER + "layout float16 float16 1 1 0 1024 4096 64 128 0 1.0\n\n"
-     "layout float16 float16 1 1 0 1024 4096 32 128 0 1.0\n", 6, "a second layout"),
+    (HEADER + "layout layer_norm float64 float64 1 1 0 1024 4096 64 128 0 1.0\n", 4, "is not one of"),
+    (HEADER + "layout layer_norm float16 bfloat16 1 1 0 1024 4096 64 128 0 1.0\n", 4, "the rows' dtype or float32"),
+    (HEADER + "layout layer_norm float16 float16 1 1 0 1024 -4096 64 128 0 1.0\n", 4, "unsigned integers"),
+    (HEADER + "layout layer_norm float16 float16 1 1 0 1_024 4096 64 128 0 1.0\n", 4, "unsigned integers"),
+    (HEADER + "layout layer_norm float16 float16 1 1 0 1024 4096 64 128 0 inf\n", 4, "unsigned integers"),
+    (HEADER + "layout layer_norm float16 float16 1 1 0 1024 4096 64 128 0 1e3\n", 4, "unsigned integers"),
+    (HEADER + "layout layer_norm float16 float16 2 1 0 1024 4096 64 128 0 1.0\n", 4, "0 or 1"),
+    (HEADER + "layout layer_norm float16 float16 1 1 0 1024 4096 64 128 2 1.0\n", 4, "words are 0 or 1"),
+    (HEADER + "layout layer_norm float16 float16 1 1 1 1024 4096 64 128 1 1.0\n", 4, "only plain rows"),
+    (HEADER + "layout layer_norm float32 float32 1 1 0 1024 4096 64 128 1 1.0\n", 4, "only plain rows"),
+    (HEADER + "layout layer_norm float16 float32 1 1 0 1024 4096 64 128 1 1.0\n", 4, "in the rows' dtype, not float32"),
+    (HEADER + "layout layer_norm bfloat16 bfloat16 1 1 0 1000 4096 64 128 1 1.0\n", 4, "do not split into whole 16-byte"),
+    (HEADER + "layout layer_norm float16 float16 1 1 0 1024 4096 256 256 1 1.0\n", 4, "for each of 256 threads"),
+    (HEADER + "layout layer_norm float16 float16 1 1 0 0 4096 64 128 0 1.0\n", 4, "from 1 to"),
+    (HEADER + "layout layer_norm float16 float16 1 1 0 1024 4294967296 64 128 0 1.0\n", 4, "from 1 to"),
+    (HEADER + "layout layer_norm float16 float16 1 1 0 1024 4096 64 128 0 0.0\n", 4, "not positive"),
+    (HEADER + "layout layer_norm float16 float16 1 1 0 1024 4096 48 128 0 1.0\n", 4, "not a power of two"),
+    (HEADER + "layout layer_norm float16 float16 1 1 0 1024 4096 512 512 0 1.0\n", 4, "not a power of two"),
+    (HEADER + "layout layer_norm float16 float16 1 1 0 1024 4096 16 128 0 1.0\n", 4, "more than 8 loads"),
+    (HEADER + "layout layer_norm float16 float16 1 1 0 1024 4096 128 64 0 1.0\n", 4, "workgroup 64"),
+    (HEADER + "layout layer_norm float16 float16 1 1 0 1024 4096 64 96 0 1.0\n", 4, "workgroup 96"),
+    (HEADER + "layout layer_norm float16 float16 1 1 0 1024 4096 64 512 0 1.0\n", 4, "workgroup 512"),
+    (HEADER + "layout layer_norm float32 float32 1 1 0 9000 64 256 256 0 1.0\n", 4, "streamed"),
+    (HEADER + "layout layer_norm float16 float16 1 1 0 1024 4096 64 128 0 1.0\n\n"
+     "layout layer_norm float16 float16 1 1 0 1024 4096 32 128 0 1.0\n", 6, "a second layout"),
+    (HEADER + "layout group_norm float16 float16 1 1 0 1024 4096 64 128 0 1.0\n", 4, "is not one of layer_norm"),
+    (HEADER + "layout rms_norm float16 float16 1 1 0 1024 4096 64 128 0 1.0\n", 4, "no bias and stores no stats"),
+    (HEADER + "layout rms_norm float16 float16 1 0 1 1024 4096 64 128 0 1.0\n", 4, "no bias and stores no stats"),
+    (f"{V2_MAGIC}\nadapter X\nimplementation wgpu\nlayout layer_norm float16 float16 1 1 0 1024 4096 64 128 0 1.0\n",
+     4, "version 2 has 11 fields"),
 ]
 
 
@@ -241,21 +271,35 @@ def test_cpp_module_in_a_tuned_layout_is_pythons(native, rows, width, dtype, thr
             assert got == want, (launch_rows, subgroup_size, compiler)
 
 
+@pytest.mark.parametrize("rows, width, dtype, threads, workgroup, words", TUNED_RMS)
+def test_cpp_rms_module_in_a_tuned_layout_is_pythons(native, rows, width, dtype, threads, workgroup, words):
+    table = parse(table_text())
+    rule = choose_config(width, True, False, 32, dtype, rows=rows, write_stats=False, rms=True)
+    tuned = table.config(rule, rows)
+    assert tuned.threads_per_row == threads and tuned != rule
+    got = native.wgsl_source(width, True, False, 32, dtype, rows=rows, write_stats=False, compiler="tint",
+                             layouts=table_text(), rms=True)
+    assert got == tuned.source(ShaderFiles("tint"))
+
+
 def test_tune_takes_the_best_other_layout_and_skips_streamed_rows(gpu_info):
     from pipeline.tune import tune
 
     held = Launch("float16", "float16", True, True, False, 1024, 64)
+    rms = Launch("float32", "float32", True, False, False, 2304, 16, "rms_norm")
     lines = []
     # min_gain 0: the best layout other than the rule's enters whatever the timings (deterministic).
-    table = tune([held, Launch("float16", "float16", True, True, False, 7000, 9)], rounds=1, repeats=3,
+    table = tune([held, rms, Launch("float16", "float16", True, True, False, 7000, 9)], rounds=1, repeats=3,
                  min_gain=0, progress=lines.append)
     assert (table.adapter, table.implementation) == (gpu_info["adapter"], gpu_info["implementation"])
-    [(launch, layout)] = table.entries.items()
-    rule = held.rule()
-    # Another layout: other threads, another workgroup, or the rule's own read in 16-byte words.
-    assert launch == held and ((layout.threads_per_row, layout.workgroup, layout.wide_words)
-                               != (rule.threads_per_row, rule.workgroup, rule.wide_words))
-    assert layout.gain > 0 and any("9x7000: rows streamed" in line for line in lines)
+    assert list(table.entries) == [held, rms]
+    for launch, layout in table.entries.items():
+        rule = launch.rule()
+        # Another layout: other threads, another workgroup, or the rule's own read in 16-byte words.
+        assert (layout.threads_per_row, layout.workgroup, layout.wide_words) != (
+            rule.threads_per_row, rule.workgroup, rule.wide_words) and layout.gain > 0
+    assert any("layer_norm float16 9x7000: rows streamed" in line for line in lines)
+    assert any(line.startswith("[2/3] rms_norm float32 16x2304:") for line in lines)
 
 
 def test_tune_layouts_writes_a_table_both_runtimes_read_and_appends(tmp_path, gpu_info, native):
@@ -277,6 +321,7 @@ def test_tune_layouts_writes_a_table_both_runtimes_read_and_appends(tmp_path, gp
 def test_tune_refuses_bad_arguments_before_timing(tmp_path):
     (tmp_path / "other.txt").write_text(table_text())
     for args, why in ((["--min-gain", "0.5"], "at least 1"), (["--shapes", "0x5"], "positive"),
+                      (["--norm", "rms_norm", "--stats"], "an rms_norm stores no mean and rstd"),
                       (["--out", str(tmp_path)], "is a directory"),
                       (["--out", str(tmp_path / "bad.txt"), "--append"], None)):
         if why is None:
@@ -351,8 +396,9 @@ def test_both_runtimes_launch_in_the_tuned_layout(tmp_path, gpu_info):
     result = _child(str(path))
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads(result.stdout.splitlines()[-1])
-    assert report["layouts"] == {"file": str(path), "entries": len(TUNED)} and report["cpp"] == str(path)
-    assert report["launched"] == len(TUNED) + 1  # and a program in ExecuTorch's runtime
+    entries = len(TUNED) + len(TUNED_RMS)
+    assert report["layouts"] == {"file": str(path), "entries": entries} and report["cpp"] == str(path)
+    assert report["launched"] == entries + 1  # and a program in ExecuTorch's runtime
 
 
 @pytest.fixture(scope="module")
@@ -374,8 +420,9 @@ def test_both_runtimes_launch_in_the_table_shipped_for_their_device(shipped_here
     result = _child(None, str(folder), **env)
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads(result.stdout.splitlines()[-1])
-    assert report["layouts"] == {"file": source, "entries": len(TUNED)} and report["cpp"] == source
-    assert report["launched"] == len(TUNED)
+    entries = len(TUNED) + len(TUNED_RMS)
+    assert report["layouts"] == {"file": source, "entries": entries} and report["cpp"] == source
+    assert report["launched"] == entries
 
 
 @pytest.mark.parametrize("setting", ["none", "table"])
@@ -415,7 +462,7 @@ def test_both_runtimes_refuse_a_table_they_cannot_read(tmp_path, gpu_info, where
 
 @pytest.mark.parametrize("path", sorted(str(p.relative_to(ROOT)) for p in [
     *(ROOT / "benchmarks" / "results").rglob("*.txt"), *(ROOT / "pipeline" / "wgsl" / "tuned").glob("*.txt")]
-    if MAGIC + "\n" in p.read_text()))
+    if MAGIC + "\n" in p.read_text() or V2_MAGIC + "\n" in p.read_text()))
 def test_the_committed_device_tables_read_and_relay_their_launches(path):
     # The H200's tables that docs/measurements.md quotes and the package ships: each entry a
     # layout its launch's rule takes there (subgroups of 32, pack2x16float), so every line serves.
@@ -428,9 +475,9 @@ def test_the_committed_device_tables_read_and_relay_their_launches(path):
 
 
 def child(shipped: str | None = None) -> int:
-    """In a process whose devices take a table of TUNED's launches (the one PIPELINE_LAYOUTS
-    names, or with `shipped`, a folder that then holds the package's tables, the one there for
-    this device; the C++ built with them): each TUNED launch through the C++ call and the
+    """In a process whose devices take a table of TUNED's and TUNED_RMS's launches (the one
+    PIPELINE_LAYOUTS names, or with `shipped`, a folder that then holds the package's tables,
+    the one there for this device; the C++ built with them): each launch through the C++ call and the
     Python launch, same bits, and not the rule's bits (the layout changed the sums' order);
     without `shipped`, a program in ExecuTorch's runtime too. Prints a JSON line of the tables
     both runtimes took; exit 3 when the device refused the table."""
@@ -458,8 +505,10 @@ def child(shipped: str | None = None) -> int:
         print(json.dumps(report))
         return 0
     launched = 0
-    for rows, width, dtype, threads, workgroup, words in TUNED:
-        data, _ = make_delegate(width, dtype)
+    for rows, width, dtype, threads, workgroup, words, rms in [(*t, False) for t in TUNED] + [
+            (*t, True) for t in TUNED_RMS]:
+        data, _ = make_delegate(width, dtype, bias="none" if rms else "constant",
+                                op="rms_norm" if rms else "native_layer_norm")
         native = delegate_module.LayerNormDelegate(data)
         assert native._native is not None, "the native call library did not open the delegate"
         os.environ[native_call.NATIVE_CALL_ENV] = "0"
@@ -471,18 +520,24 @@ def child(shipped: str | None = None) -> int:
         table, g.layouts = g.layouts, None
         [rule] = python(x)
         g.layouts = table
-        tuned = launch.device_config(g, width, True, True, dtype, rows=rows, write_stats=False)
+        tuned = launch.device_config(g, width, True, not rms, dtype, rows=rows, write_stats=False, rms=rms)
         assert (tuned.threads_per_row, tuned.workgroup, tuned.wide_words) == (threads, workgroup, words == 1)
         if not words:  # words move the sums' order too, but a few rows need not show it
-            rule_threads = choose_config(width, True, True, dtype=dtype, rows=rows, write_stats=False).threads_per_row
+            rule_threads = choose_config(width, True, not rms, dtype=dtype, rows=rows, write_stats=False,
+                                         rms=rms).threads_per_row
             relaid = rule_threads != threads
             assert torch.equal(bits(rule), bits(want)) != relaid, f"{rows}x{width} {dtype}: threads {threads}"
         constants = blob.decode(data).constants
-        w, b = (torch.from_numpy(constants[r].astype("float64") if dtype != "bfloat16" else
-                                 (constants[r].astype("int32") << 16).view("float32").astype("float64"))
-                for r in ("weight", "bias"))
-        reference = torch.nn.functional.layer_norm(x.double(), (width,), w, b)
-        eager = torch.nn.functional.layer_norm(x, (width,), w.to(x.dtype), b.to(x.dtype))
+        affine = {r: torch.from_numpy(c.astype("float64") if dtype != "bfloat16" else
+                                      (c.astype("int32") << 16).view("float32").astype("float64"))
+                  for r, c in constants.items()}
+        w, b = affine["weight"], affine.get("bias")
+        if rms:
+            reference = torch.nn.functional.rms_norm(x.double(), (width,), w, 1e-5)
+            eager = torch.nn.functional.rms_norm(x.float(), (width,), w.float(), 1e-5).to(x.dtype)
+        else:
+            reference = torch.nn.functional.layer_norm(x.double(), (width,), w, b)
+            eager = torch.nn.functional.layer_norm(x, (width,), w.to(x.dtype), b.to(x.dtype))
         ours, theirs = ((t.double() - reference).abs().max().item() for t in (want, eager))
         assert ours <= 2 * theirs, f"{rows}x{width} {dtype}: {ours} against eager's {theirs} from float64"
         launched += 1

@@ -61,8 +61,7 @@ PIPELINE_EXPORT int pipeline_webgpu_pack2x16float() {
 }
 
 // The WGSL module for a configuration (an RMSNorm's with `rms`), in its layout from the table
-// in `layouts` where that is not null (`layouts_size` bytes, a layouts file's text; an RMSNorm
-// takes the rule); returns its length (copy into `out` when it fits `capacity` including the
+// in `layouts` where that is not null (`layouts_size` bytes, a layouts file's text); returns its length (copy into `out` when it fits `capacity` including the
 // NUL), or -1 on failure.
 PIPELINE_EXPORT long long pipeline_webgpu_wgsl_source(uint64_t width, int has_weight, int has_bias,
                                       uint32_t subgroup_size, uint32_t dtype, uint32_t affine_dtype,
@@ -76,7 +75,7 @@ PIPELINE_EXPORT long long pipeline_webgpu_wgsl_source(uint64_t width, int has_we
     webgpu::KernelConfig config = webgpu::choose_config(width, has_weight != 0, has_bias != 0, subgroup_size, dtype,
                                                         affine_dtype, pack2x16float != 0, rows, write_stats != 0,
                                                         rms != 0);
-    if (layouts != nullptr && rms == 0) {
+    if (layouts != nullptr) {
       webgpu::LayoutTable table;
       std::string why;
       if (!webgpu::parse_layouts(std::string(layouts, layouts_size), "<layouts>", &table, &why)) {
@@ -112,9 +111,9 @@ PIPELINE_EXPORT int pipeline_webgpu_check_layouts(const char* text, size_t size,
 }
 
 // The table shipped for `adapter` through `implementation` (shipped_layouts): its source into
-// `source`, and of each entry, in the table's order, ten numbers into `out` while they fit
-// (`capacity` numbers): dtype, affine_dtype, weight, bias, stats, width, rows, threads per row,
-// workgroup, words. Returns its entries, or -1 where no table ships for them.
+// `source`, and of each entry, in the table's order, eleven numbers into `out` while they fit
+// (`capacity` numbers): dtype, affine_dtype, weight, bias, stats, width, rows, RMSNorm, threads
+// per row, workgroup, words. Returns its entries, or -1 where no table ships for them.
 PIPELINE_EXPORT long long pipeline_webgpu_shipped_layouts(const char* adapter, const char* implementation,
                                                           uint64_t* out, size_t capacity, char* source,
                                                           size_t source_capacity) {
@@ -126,9 +125,9 @@ PIPELINE_EXPORT long long pipeline_webgpu_shipped_layouts(const char* adapter, c
     copy_out(table.source, source, source_capacity);
     size_t at = 0;
     for (const auto& [launch, layout] : table.entries) {
-      const auto [dtype, affine_dtype, weight, bias, stats, width, rows] = launch;
+      const auto [dtype, affine_dtype, weight, bias, stats, width, rows, rms] = launch;
       for (const uint64_t value : {uint64_t{dtype}, uint64_t{affine_dtype}, uint64_t{weight}, uint64_t{bias},
-                                   uint64_t{stats}, width, rows, uint64_t{layout.threads_per_row},
+                                   uint64_t{stats}, width, rows, uint64_t{rms}, uint64_t{layout.threads_per_row},
                                    uint64_t{layout.workgroup}, uint64_t{layout.wide_words}}) {
         if (at < capacity) {
           out[at] = value;

@@ -105,13 +105,24 @@ int dtype_code(const std::string& name) {
   return -1;
 }
 
-// One `layout` line's fields after the word (layouts._layout_line); false with `reason`.
-bool layout_line(const std::vector<std::string>& values, const std::string& where, LayoutTable::Launch* launch,
-                 Layout* layout, std::string* reason) {
-  if (values.size() != kLayoutFields) {
-    *reason = where + ": a layout line has " + std::to_string(kLayoutFields) + " fields after the word, this one " +
-              std::to_string(values.size());
+// One `layout` line's fields after the word, of a file of `version` 2 or 3
+// (layouts._layout_line); false with `reason`.
+bool layout_line(std::vector<std::string> values, int version, const std::string& where,
+                 LayoutTable::Launch* launch, Layout* layout, std::string* reason) {
+  const size_t fields = version == 3 ? kLayoutFields : kLayoutFields - 1;
+  if (values.size() != fields) {
+    *reason = where + ": a layout line of version " + std::to_string(version) + " has " + std::to_string(fields) +
+              " fields after the word, this one " + std::to_string(values.size());
     return false;
+  }
+  bool rms = false;
+  if (version == 3) {
+    if (values[0] != kNormNames[0] && values[0] != kNormNames[1]) {
+      *reason = where + ": '" + values[0] + "' is not one of " + kNormNames[0] + ", " + kNormNames[1];
+      return false;
+    }
+    rms = values[0] == kNormNames[1];
+    values.erase(values.begin());
   }
   const int dtype = dtype_code(values[0]);
   const int affine_dtype = dtype_code(values[1]);
@@ -124,8 +135,8 @@ bool layout_line(const std::vector<std::string>& values, const std::string& wher
               ": the kernel takes them in the rows' dtype or float32";
     return false;
   }
-  for (size_t i = 2; i < kLayoutFields; ++i) {
-    if (!digits(values[i], i == kLayoutFields - 1)) {
+  for (size_t i = 2; i < values.size(); ++i) {
+    if (!digits(values[i], i == values.size() - 1)) {
       *reason = where +
                 ": flags, width, rows, threads, workgroup and words are unsigned integers and gain a decimal number";
       return false;
@@ -145,14 +156,18 @@ bool layout_line(const std::vector<std::string>& values, const std::string& wher
     *reason = where + ": width and rows are from 1 to " + std::to_string(kU32Max) + " (the kernel counts in u32)";
     return false;
   }
+  if (rms && (numbers[1] == 1 || numbers[2] == 1)) {
+    *reason = where + ": an rms_norm launch has no bias and stores no stats";
+    return false;
+  }
   if (std::strtod(values[10].c_str(), nullptr) <= 0) {
     *reason = where + ": gain " + values[10] + " is not positive";
     return false;
   }
   *launch = {static_cast<uint32_t>(dtype), static_cast<uint32_t>(affine_dtype), numbers[0] == 1, numbers[1] == 1,
-             numbers[2] == 1, width, rows};
+             numbers[2] == 1, width, rows, rms};
   const KernelConfig rule = choose_config(width, numbers[0] == 1, numbers[1] == 1, 0, dtype, affine_dtype, false,
-                                          rows, numbers[2] == 1);
+                                          rows, numbers[2] == 1, rms);
   const std::string why = unusable(rule, numbers[5], numbers[6], numbers[7] == 1);
   if (!why.empty()) {
     *reason = where + ": " + why;
@@ -248,13 +263,14 @@ std::string unusable(const KernelConfig& rule, uint64_t threads, uint64_t workgr
 
 KernelConfig LayoutTable::config(const KernelConfig& rule, uint64_t rows) const {
   const auto found = entries.find(Launch{rule.dtype, rule.affine_dtype, rule.has_weight, rule.has_bias,
-                                         rule.write_stats, rule.width, rows});
+                                         rule.write_stats, rule.width, rows, rule.rms});
   return found == entries.end() ? rule : relaid(rule, found->second);
 }
 
 bool parse_layouts(const std::string& text, const std::string& source, LayoutTable* table, std::string* reason) {
   *table = LayoutTable{};
   table->source = source;
+  int version = 3;
   bool first = true, have_adapter = false, have_implementation = false;
   size_t start = 0;
   for (size_t number = 1; start <= text.size(); ++number) {
@@ -266,7 +282,9 @@ bool parse_layouts(const std::string& text, const std::string& source, LayoutTab
       continue;
     }
     if (first) {
-      if (line != kLayoutsMagic) {
+      if (line == kLayoutsV2Magic) {
+        version = 2;
+      } else if (line != kLayoutsMagic) {
         *reason = where + ": " +
                   (line == kLayoutsOldMagic ? std::string(kLayoutsOldVersion)
                                             : std::string("not a layouts file (its first line must be '") +
@@ -290,7 +308,7 @@ bool parse_layouts(const std::string& text, const std::string& source, LayoutTab
     } else if (word == "layout") {
       LayoutTable::Launch launch;
       Layout layout;
-      if (!layout_line(fields_of(rest), where, &launch, &layout, reason)) {
+      if (!layout_line(fields_of(rest), version, where, &launch, &layout, reason)) {
         return false;
       }
       if (!table->entries.emplace(launch, layout).second) {
@@ -322,7 +340,7 @@ bool shipped_layouts(const std::string& adapter, const std::string& implementati
     for (size_t i = 0; i < shipped.count; ++i) {
       const ShippedLayout& e = shipped.entries[i];
       table->entries.emplace(LayoutTable::Launch{e.dtype, e.affine_dtype, e.has_weight, e.has_bias, e.write_stats,
-                                                 e.width, e.rows},
+                                                 e.width, e.rows, e.rms},
                              Layout{e.threads_per_row, e.workgroup, e.wide_words});
     }
     return true;

@@ -72,9 +72,9 @@ KernelConfig relaid(const KernelConfig& config, const Layout& layout);
 std::string unusable(const KernelConfig& rule, uint64_t threads, uint64_t workgroup, bool wide_words);
 
 // A layouts file tuned on one device (pipeline/wgsl/layouts.py, which writes it): for a
-// launch by dtypes, affine parts, stats, width and rows, its layout.
+// launch by dtypes, affine parts, stats, width, rows and norm (RMSNorm or not), its layout.
 struct LayoutTable {
-  using Launch = std::tuple<uint32_t, uint32_t, bool, bool, bool, uint64_t, uint64_t>;
+  using Launch = std::tuple<uint32_t, uint32_t, bool, bool, bool, uint64_t, uint64_t, bool>;
   std::string source;  // the file, for messages
   std::string adapter;
   std::string implementation;

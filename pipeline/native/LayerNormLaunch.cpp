@@ -160,8 +160,7 @@ bool LayerNormLaunch::prepare(const LayerNormBlob& blob, std::string* reason) {
 KernelConfig LayerNormLaunch::config_for(uint64_t width, uint64_t rows, bool write_stats) const {
   const KernelConfig rule = choose_config(width, has_weight_, has_bias_, device_->subgroup_size(), dtype_,
                                           affine_dtype_, device_->pack2x16float(), rows, write_stats, rms_);
-  // Layouts tables are tuned on LayerNorms: an RMSNorm takes the rule (launch.device_config).
-  return device_->layouts() == nullptr || rms_ ? rule : device_->layouts()->config(rule, rows);
+  return device_->layouts() == nullptr ? rule : device_->layouts()->config(rule, rows);
 }
 
 WGPUComputePipeline LayerNormLaunch::pipeline_for(const KernelConfig& config, std::string* reason) {

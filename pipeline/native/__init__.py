@@ -156,9 +156,10 @@ def check_layouts(text: str, source: str = "<layouts>") -> str | None:
 
 def shipped_layouts(adapter: str, implementation: str) -> tuple[str, dict[tuple, tuple]] | None:
     """The table the backend ships for `adapter` through `implementation`, or None: its source,
-    and for each launch (dtype, affine_dtype, weight, bias, stats, width, rows; dtypes as
-    names) its threads per row, workgroup and words, as compiled into the library."""
+    and for each launch (dtype, affine_dtype, weight, bias, stats, width, rows, norm; dtypes
+    and norm as names) its threads per row, workgroup and words, as compiled into the library."""
     from pipeline.blob import DTYPE_CODES
+    from pipeline.wgsl.layouts import NORMS
 
     lib = library()
     key = (adapter.encode(), implementation.encode())
@@ -166,13 +167,14 @@ def shipped_layouts(adapter: str, implementation: str) -> tuple[str, dict[tuple,
     count = lib.pipeline_webgpu_shipped_layouts(*key, None, 0, source, _REASON_BYTES)
     if count < 0:
         return None
-    numbers = (ctypes.c_uint64 * (10 * count))()
+    numbers = (ctypes.c_uint64 * (11 * count))()
     lib.pipeline_webgpu_shipped_layouts(*key, numbers, len(numbers), source, _REASON_BYTES)
     names = {code: name for name, code in DTYPE_CODES.items()}
     entries = {}
-    for at in range(0, len(numbers), 10):
-        dtype, affine_dtype, weight, bias, stats, width, rows, threads, workgroup, words = numbers[at: at + 10]
-        launch = (names[dtype], names[affine_dtype], bool(weight), bool(bias), bool(stats), width, rows)
+    for at in range(0, len(numbers), 11):
+        dtype, affine_dtype, weight, bias, stats, width, rows, rms, threads, workgroup, words = numbers[at: at + 11]
+        launch = (names[dtype], names[affine_dtype], bool(weight), bool(bias), bool(stats), width, rows,
+                  NORMS[rms])
         entries[launch] = (threads, workgroup, bool(words))
     return source.value.decode(), entries
 

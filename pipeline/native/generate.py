@@ -102,6 +102,8 @@ def kernel_header() -> str:
             + "// The configuration rule's numbers (choose_config's).\n" + numbers
             + "\n// A layouts file's first line and a layout line's fields (pipeline/wgsl/layouts.py).\n"
             + f'constexpr const char* kLayoutsMagic = "{layouts.MAGIC}";\n'
+            + f'constexpr const char* kLayoutsV2Magic = "{layouts.V2_MAGIC}";\n'
+            + "constexpr const char* kNormNames[] = {" + ", ".join(f'"{n}"' for n in layouts.NORMS) + "};\n"
             + f'constexpr const char* kLayoutsOldMagic = "{layouts.OLD_MAGIC}";\n'
             + f'constexpr const char* kLayoutsOldVersion = "{layouts.OLD_VERSION}";\n'
             + f"constexpr size_t kLayoutFields = {layouts.LAYOUT_FIELDS};\n"
@@ -133,6 +135,7 @@ def tuned_layouts_header() -> str:
         rows = "".join(
             f"    {{{cpp_name(launch.dtype)}, {cpp_name(launch.affine_dtype)}, {_bool(launch.has_weight)}, "
             f"{_bool(launch.has_bias)}, {_bool(launch.write_stats)}, {launch.width}, {launch.rows}, "
+            f"{_bool(launch.norm == 'rms_norm')}, "
             f"{layout.threads_per_row}, {layout.workgroup}, {_bool(layout.wide_words)}}},\n"
             for launch, layout in sorted(table.entries.items(), key=lambda entry: entry[0]))
         arrays.append(f"inline constexpr std::array<ShippedLayout, {len(table.entries)}> kShippedLayouts{n}{{{{\n"
@@ -141,9 +144,9 @@ def tuned_layouts_header() -> str:
                       f"kShippedLayouts{n}.data(), kShippedLayouts{n}.size()}},\n")
     return (_preamble(layouts.SHIPPED_SOURCE + "/") + "#include <array>\n\n"
             + '#include "blob_layout.h"\n\n' + _NAMESPACE[0]
-            + "// A launch (dtype codes, affine parts, stats stored, width, rows) and its tuned layout.\n"
+            + "// A launch (dtype codes, affine parts, stats stored, width, rows, RMSNorm) and its tuned layout.\n"
             + "struct ShippedLayout {\n  uint32_t dtype;\n  uint32_t affine_dtype;\n  bool has_weight;\n"
-            + "  bool has_bias;\n  bool write_stats;\n  uint64_t width;\n  uint64_t rows;\n"
+            + "  bool has_bias;\n  bool write_stats;\n  uint64_t width;\n  uint64_t rows;\n  bool rms;\n"
             + "  uint32_t threads_per_row;\n  uint32_t workgroup;\n  bool wide_words;\n};\n"
             + "// A table as shipped: where it lives in the package, the adapter and implementation it was\n"
             + "// tuned on (as it records them), and its `count` entries.\n"

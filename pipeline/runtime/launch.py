@@ -42,11 +42,10 @@ def device_config(g: Gpu, width: int, has_weight: bool, has_bias: bool, dtype: s
                   rms: bool = False) -> KernelConfig:
     """`choose_config` with what the device's probes found (subgroup size, float16 packing),
     in the layout tuned for this launch where `g`'s table has one: the configuration a
-    launch of `rows` rows on `g` uses. Layouts tables are tuned on LayerNorms: an RMSNorm
-    (`rms`) takes the rule."""
+    launch of `rows` rows on `g` uses (an RMSNorm, `rms`, by the table's rms_norm entries)."""
     config = choose_config(width, has_weight, has_bias, g.subgroup_size, dtype, affine_dtype, g.pack2x16float,
                            rows=rows, write_stats=write_stats, rms=rms)
-    return config if g.layouts is None or rms else g.layouts.config(config, rows)
+    return config if g.layouts is None else g.layouts.config(config, rows)
 
 
 def compile_pipeline(g: Gpu, config: KernelConfig) -> Pipeline:

@@ -16,16 +16,18 @@ same bits every run.
 
 The file is lines of text, blank lines and lines from `#` skipped:
 
-    pipeline-layouts 2
+    pipeline-layouts 3
     adapter NVIDIA H200
     implementation wgpu
-    layout float16 float16 1 1 0 1024 4096 32 64 1 1.035
+    layout layer_norm float16 float16 1 1 0 1024 4096 32 64 1 1.035
 
-`layout` lines name a launch (dtype, weight and bias dtype, weight, bias, stats stored,
-width, rows; flags 0 or 1), then its threads per row, its workgroup size, whether its rows
-are read in 16-byte words (0 or 1: KernelConfig.wide_words), and the gain measured when it
-was tuned (the rule's time over this layout's), which readers check but do not use. Version
-1 had no words column; its files are refused, to be tuned again.
+`layout` lines name a launch (the norm, layer_norm or rms_norm; dtype, weight and bias
+dtype, weight, bias, stats stored, width, rows; flags 0 or 1), then its threads per row, its
+workgroup size, whether its rows are read in 16-byte words (0 or 1: KernelConfig.wide_words),
+and the gain measured when it was tuned (the rule's time over this layout's), which readers
+check but do not use. An rms_norm launch has no bias and stores no stats. Version 2 had no
+norm column: its files are read as tables of layer_norm launches. Version 1 had no words
+column either; its files are refused, to be tuned again.
 
 Imports no torch and no WebGPU implementation: the C++ build reads it.
 """
@@ -43,9 +45,12 @@ from pipeline.ioutil import read_regular
 from pipeline.wgsl import DTYPES
 from pipeline.wgsl.config import MAX_HOLD, MAX_THREADS_PER_ROW, MIN_WORKGROUP, KernelConfig, choose_config
 
-MAGIC = "pipeline-layouts 2"
-# Fields of a `layout` line after the word: the launch's 7, then threads, workgroup, words, gain.
-LAYOUT_FIELDS = 11
+MAGIC = "pipeline-layouts 3"
+# Fields of a `layout` line after the word: the norm and the launch's 7, then threads,
+# workgroup, words, gain; version 2's lines lack the norm.
+LAYOUT_FIELDS = 12
+V2_MAGIC = "pipeline-layouts 2"
+NORMS = ("layer_norm", "rms_norm")  # KernelConfig.rms False, True
 U32_MAX = 2**32 - 1
 # What the C++ reader takes too: lines split at "\n", ASCII blanks, unsigned integers, and a
 # gain of digits with at most one point.
@@ -69,7 +74,7 @@ class LayoutsError(ValueError):
 
 @dataclass(frozen=True, order=True)
 class Launch:
-    """What picks a layout: the launch's dtypes, affine parts, stats, width and rows."""
+    """What picks a layout: the launch's dtypes, affine parts, stats, width, rows and norm."""
 
     dtype: str
     affine_dtype: str
@@ -78,16 +83,18 @@ class Launch:
     write_stats: bool
     width: int
     rows: int
+    norm: str = "layer_norm"  # one of NORMS
 
     def rule(self, subgroup_size: int = 0, pack2x16float: bool = False) -> KernelConfig:
         """The config `choose_config` gives this launch on a device with these probes."""
         return choose_config(self.width, self.has_weight, self.has_bias, subgroup_size, self.dtype,
-                             self.affine_dtype, pack2x16float, rows=self.rows, write_stats=self.write_stats)
+                             self.affine_dtype, pack2x16float, rows=self.rows, write_stats=self.write_stats,
+                             rms=self.norm == "rms_norm")
 
     @classmethod
     def of(cls, config: KernelConfig, rows: int) -> Launch:
         return cls(config.dtype, config.affine_dtype, config.has_weight, config.has_bias, config.write_stats,
-                   config.width, rows)
+                   config.width, rows, NORMS[config.rms])
 
 
 @dataclass(frozen=True)
@@ -122,10 +129,11 @@ class Layouts:
 
     def text(self) -> str:
         lines = [MAGIC, f"adapter {self.adapter}", f"implementation {self.implementation}",
-                 "# layout dtype affine_dtype weight bias stats width rows threads_per_row workgroup wide_words gain"]
+                 "# layout norm dtype affine_dtype weight bias stats width rows threads_per_row workgroup wide_words "
+                 "gain"]
         for launch, layout in sorted(self.entries.items(), key=lambda entry: entry[0]):
             flags = " ".join(str(int(f)) for f in (launch.has_weight, launch.has_bias, launch.write_stats))
-            lines.append(f"layout {launch.dtype} {launch.affine_dtype} {flags} {launch.width} {launch.rows} "
+            lines.append(f"layout {launch.norm} {launch.dtype} {launch.affine_dtype} {flags} {launch.width} {launch.rows} "
                          f"{layout.threads_per_row} {layout.workgroup} {int(layout.wide_words)} {layout.gain:.3f}")
         return "\n".join(lines) + "\n"
 
@@ -152,14 +160,16 @@ def parse(text: str, source: str = "<layouts>") -> Layouts:
     """The table in `text`; LayoutsError naming `source` and the line for anything else."""
     header: dict[str, str] = {}
     entries: dict[Launch, Layout] = {}
-    first = True
+    first, version = True, 3
     for number, line in enumerate(text.split("\n"), 1):
         where = f"{source}:{number}"
         line = line.strip(_BLANKS)
         if not line or line.startswith("#"):
             continue
         if first:
-            if line != MAGIC:
+            if line == V2_MAGIC:
+                version = 2
+            elif line != MAGIC:
                 raise LayoutsError(f"{where}: " + (OLD_VERSION if line == OLD_MAGIC else
                                                    f"not a layouts file (its first line must be {MAGIC!r})"))
             first = False
@@ -170,7 +180,7 @@ def parse(text: str, source: str = "<layouts>") -> Layouts:
                 raise LayoutsError(f"{where}: a second {word} line")
             header[word] = rest.strip(_BLANKS)
         elif word == "layout":
-            launch, layout = _layout_line(_FIELD.findall(rest), where)
+            launch, layout = _layout_line(_FIELD.findall(rest), where, version)
             if launch in entries:
                 raise LayoutsError(f"{where}: a second layout for the same launch")
             entries[launch] = layout
@@ -184,9 +194,14 @@ def parse(text: str, source: str = "<layouts>") -> Layouts:
     return Layouts(header["adapter"], header["implementation"], entries, source)
 
 
-def _layout_line(values: list[str], where: str) -> tuple[Launch, Layout]:
-    if len(values) != LAYOUT_FIELDS:
-        raise LayoutsError(f"{where}: a layout line has {LAYOUT_FIELDS} fields after the word, this one {len(values)}")
+def _layout_line(values: list[str], where: str, version: int) -> tuple[Launch, Layout]:
+    fields = LAYOUT_FIELDS if version == 3 else LAYOUT_FIELDS - 1
+    if len(values) != fields:
+        raise LayoutsError(f"{where}: a layout line of version {version} has {fields} fields after the word, "
+                           f"this one {len(values)}")
+    norm = values.pop(0) if version == 3 else "layer_norm"
+    if norm not in NORMS:
+        raise LayoutsError(f"{where}: {norm!r} is not one of {', '.join(NORMS)}")
     dtype, affine_dtype = values[0], values[1]
     for name in (dtype, affine_dtype):
         if name not in DTYPES:
@@ -204,9 +219,11 @@ def _layout_line(values: list[str], where: str) -> tuple[Launch, Layout]:
         raise LayoutsError(f"{where}: weight, bias, stats and words are 0 or 1")
     if not (1 <= width <= U32_MAX and 1 <= rows <= U32_MAX):
         raise LayoutsError(f"{where}: width and rows are from 1 to {U32_MAX} (the kernel counts in u32)")
+    if norm == "rms_norm" and (flags[1] or flags[2]):
+        raise LayoutsError(f"{where}: an rms_norm launch has no bias and stores no stats")
     if gain <= 0:
         raise LayoutsError(f"{where}: gain {values[10]} is not positive")
-    launch = Launch(dtype, affine_dtype, *(bool(f) for f in flags), width, rows)
+    launch = Launch(dtype, affine_dtype, *(bool(f) for f in flags), width, rows, norm)
     why = unusable(launch.rule(), threads, workgroup, bool(words))
     if why:
         raise LayoutsError(f"{where}: {why}")

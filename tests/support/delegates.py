@@ -14,8 +14,10 @@ def blob_array(t: torch.Tensor) -> np.ndarray:
     return t.view(torch.int16).numpy().view(np.uint16) if t.dtype == torch.bfloat16 else t.numpy()
 
 
-def make_delegate(width, dtype="float32", weight="constant", bias="constant", outputs=(0,), eps=1e-5, seed=0):
-    """A delegate blob and its constants; input-sourced weight/bias come as arguments 1, 2."""
+def make_delegate(width, dtype="float32", weight="constant", bias="constant", outputs=(0,), eps=1e-5, seed=0,
+                  op="native_layer_norm"):
+    """A delegate blob and its constants; input-sourced weight/bias come as arguments 1, 2;
+    `op` "rms_norm" with bias "none" for an RMSNorm's."""
     gen = torch.Generator().manual_seed(seed)
     kind = DTYPES[dtype]
     constants, arguments, ops = {}, 1, {}
@@ -28,7 +30,8 @@ def make_delegate(width, dtype="float32", weight="constant", bias="constant", ou
             arguments += 1
         else:
             ops[role] = blob.Operand()
-    params = blob.LayerNormParams((width,), eps, 0, ops["weight"], ops["bias"], outputs, arguments, dtype=dtype)
+    params = blob.LayerNormParams((width,), eps, 0, ops["weight"], ops["bias"], outputs, arguments, dtype=dtype,
+                                  op=op)
     return blob.encode(blob.DelegateBlob(params, constants)), arguments
 
 
