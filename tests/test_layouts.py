@@ -176,8 +176,10 @@ def test_the_shipped_tables_are_the_h200_s_named_by_their_device():
 def test_a_shipped_table_is_picked_by_adapter_and_implementation_exactly():
     assert layouts.shipped_for("NVIDIA H200", "wgpu").source == "pipeline/wgsl/tuned/nvidia-h200-wgpu.txt"
     assert layouts.shipped_for("NVIDIA H200", "dawn").source == "pipeline/wgsl/tuned/nvidia-h200-dawn.txt"
+    assert layouts.shipped_for("NVIDIA H100 80GB HBM3", "wgpu").source == (
+        "pipeline/wgsl/tuned/nvidia-h100-80gb-hbm3-wgpu.txt")
     for adapter, implementation in (("NVIDIA H200 NVL", "wgpu"), ("nvidia h200", "wgpu"), ("NVIDIA H200", "vulkan"),
-                                    ("NVIDIA H100 80GB HBM3", "wgpu")):
+                                    ("NVIDIA H100 80GB HBM3", "dawn"), ("NVIDIA H100 PCIe", "wgpu")):
         assert layouts.shipped_for(adapter, implementation) is None
 
 
@@ -464,10 +466,10 @@ def test_both_runtimes_refuse_a_table_they_cannot_read(tmp_path, gpu_info, where
     *(ROOT / "benchmarks" / "results").rglob("*.txt"), *(ROOT / "pipeline" / "wgsl" / "tuned").glob("*.txt")]
     if MAGIC + "\n" in p.read_text() or V2_MAGIC + "\n" in p.read_text()))
 def test_the_committed_device_tables_read_and_relay_their_launches(path):
-    # The H200's tables that docs/measurements.md quotes and the package ships: each entry a
-    # layout its launch's rule takes there (subgroups of 32, pack2x16float), so every line serves.
+    # The H200's and H100's tables that docs/measurements.md quotes and the package ships: each
+    # entry a layout its launch's rule takes there (subgroups of 32, pack2x16float), so every line serves.
     table = read(ROOT / path)
-    assert table.adapter == "NVIDIA H200" and table.entries
+    assert table.adapter in ("NVIDIA H200", "NVIDIA H100 80GB HBM3") and table.entries
     for launch, layout in table.entries.items():
         tuned = table.config(launch.rule(32, True), launch.rows)
         assert (tuned.threads_per_row, tuned.workgroup, tuned.wide_words) == (
