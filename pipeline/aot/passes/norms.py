@@ -177,12 +177,13 @@ def _match(anchor: torch.fx.Node) -> _Chain | LeftNorm | None:
             inner.append(_arg(anchor, 0))
         x, centred, dims = _statistic(stat, inner)
         kind = HAND_WRITTEN if centred is not None else RMS_NORM
-        normed, factor = _normalized(anchor, inner, _val(_root(x)).dtype)
+        root_x = _root(x)
+        normed, factor = _normalized(anchor, inner, _val(root_x).dtype)
         scaled = _other(normed, factor) if normed.target == aten.mul.Tensor else _arg(normed, 0)
+        upcasts = [n for n in _upcasts(x) if n is not root_x]
         if centred is None and dims == 1 and _bias_free_linear(scaled, x):
             # linear(x, W) * rstd: the norm moves before the linear, which is then its only tail.
             inner.append(scaled)
-            upcasts = [n for n in _upcasts(x) if n is not _root(x)]
             _exclusive(inner, normed, upcasts)
             return _Chain(kind, anchor, scaled.args[0], dims, eps, None, None, normed, inner, upcasts, scaled)
         if not _same_centred(scaled, centred, x):
@@ -190,9 +191,7 @@ def _match(anchor: torch.fx.Node) -> _Chain | LeftNorm | None:
             raise _Miss(f"it scales {getattr(scaled, 'name', scaled)}, not the {what} of its statistics")
         if centred is not None and scaled is not centred:
             inner.extend([scaled, scaled.args[1]])
-        root_x = _root(x)
         weight, bias, final = _tail(normed, kind, dims, root_x, inner)
-        upcasts = [n for n in _upcasts(x) if n is not root_x]
         _exclusive(inner, final, upcasts)
         return _Chain(kind, anchor, root_x, dims, eps, weight, bias, final, inner, upcasts)
     except _Miss as miss:
