@@ -12,7 +12,7 @@
 set -euo pipefail
 out=$1 name=$2
 table=$out/$name.txt
-if [ -n "${FROM:-}" ]; then cp "$FROM" "$table"; fi
+if [ -n "${FROM:-}" ]; then cp "$FROM" "$table" && python3 scripts/tune_layouts.py --twin "$table"; fi
 for dtype in ${TUNE_DTYPES-float16 float32}; do
   append=() && [ -e "$table" ] && append=(--append)
   python3 scripts/tune_layouts.py --shapes "${SHAPES:-model}" --dtype "$dtype" --rounds "${ROUNDS:-3}" \

@@ -5,6 +5,7 @@ PIPELINE_LAYOUTS points the runtimes at (the Python runtime and ExecuTorch's C++
     python scripts/tune_layouts.py --norm rms_norm --shapes llm --out layouts/h200-wgpu.txt --append
     python scripts/tune_layouts.py --pte out/bart-base.pte --out layouts/h200-wgpu.txt --append
     PIPELINE_LAYOUTS=layouts/h200-wgpu.txt python scripts/run_pte.py ...
+    python scripts/tune_layouts.py --twin layouts/h200-wgpu.txt   # after editing it by hand
 
 Each launch (a --norm of ROWSxWIDTH at --dtype, weight and bias in that dtype (an RMSNorm's
 weight alone), the output alone stored as the models' delegates do; --stats stores a
@@ -12,7 +13,9 @@ LayerNorm's mean and rstd too) is timed in its rule's layout
 and at half and twice the threads per row in workgroups of 64, 128 and 256; a layout enters
 the table where it beats the rule by --min-gain. Tune through the implementation you will
 run (PIPELINE_WEBGPU: a table names its adapter and implementation, and a runtime refuses
-one tuned elsewhere). --append adds to (and updates) an existing table of this device. A
+one tuned elsewhere). --append adds to (and updates) an existing table of this device. The
+table's binary twin, which the C++ backend reads (pipeline.wgsl.layouts), is written beside
+it (FILE.bin); --twin writes it again for a table edited by hand. A
 table in pipeline/wgsl/tuned/, named as pipeline.wgsl.layouts.shipped_name names it, ships with
 the package: its device takes it without PIPELINE_LAYOUTS (the C++ from its next build).
 
@@ -35,7 +38,7 @@ if __name__ == "__main__":
     _interrupts.while_starting()
 
 from pipeline import cli  # noqa: E402
-from pipeline.ioutil import check_output_file, write_text_atomic  # noqa: E402
+from pipeline.ioutil import check_output_file  # noqa: E402
 from pipeline.benchmark import MAX_REPEATS, parse_shapes  # noqa: E402
 from pipeline.runtime.device import device_info  # noqa: E402
 from pipeline.tune import MIN_GAIN, program_launches, tune  # noqa: E402
@@ -54,7 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pte", metavar="FILE", help="tune the launches this program makes instead of --shapes")
     parser.add_argument("--inputs", metavar="FILE.pt",
                         help="with --pte: run it on these (torch.save of a tensor or tuple) instead of its model's")
-    parser.add_argument("--out", required=True, metavar="FILE", help="the table to write (atomically)")
+    parser.add_argument("--out", metavar="FILE", help="the table to write (atomically, with its binary twin FILE.bin)")
+    parser.add_argument("--twin", metavar="FILE",
+                        help="only write the binary twin of this table (one edited by hand) and stop")
     parser.add_argument("--append", action="store_true",
                         help="keep the entries of an existing --out (tuned on this device) and add these")
     parser.add_argument("--rounds", type=cli.positive_int, default=3, help="interleaved rounds per shape (default 3)")
@@ -63,6 +68,10 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"the rule's time over a layout's for it to enter the table (default {MIN_GAIN})")
     cli.add_verbose(parser)
     args = parser.parse_args(argv)
+    if args.twin:
+        return _write_twin(parser, args)
+    if not args.out:
+        parser.error("the following arguments are required: --out (or --twin)")
     if args.repeats > MAX_REPEATS:
         parser.error(f"argument --repeats: at most {MAX_REPEATS}, got {args.repeats}")
     if not args.min_gain >= 1:
@@ -96,11 +105,24 @@ def main(argv: list[str] | None = None) -> int:
             for launch in launches:
                 kept.entries.pop(launch, None)
             table.entries = {**kept.entries, **table.entries}
-        write_text_atomic(args.out, table.text())
+        table.write(args.out)
     except Exception as exc:  # one line for the user, status 1
         print(f"tune_layouts: {exc}", file=sys.stderr)
         return 1
     cli.print_progress(f"wrote {args.out}: {len(table.entries)} layouts for {table.adapter} ({table.implementation})")
+    return 0
+
+
+def _write_twin(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    if any(getattr(args, name) for name in ("shapes", "dtype", "norm", "stats", "pte", "inputs", "out", "append")):
+        parser.error("argument --twin: alone (it writes the twin of a table and tunes nothing)")
+    try:
+        table = layouts.write_twin(args.twin)
+    except (layouts.LayoutsError, OSError) as exc:
+        print(f"tune_layouts: {exc}", file=sys.stderr)
+        return 1
+    cli.print_progress(f"wrote {layouts.twin_path(args.twin)}: {len(table.entries)} layouts for {table.adapter} "
+                       f"({table.implementation})")
     return 0
 
 

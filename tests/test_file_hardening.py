@@ -576,7 +576,7 @@ def test_a_table_of_another_device_opens_one_device_however_often_refused(fake_d
 
     device, opened = fake_devices
     table = tmp_path / "there.txt"
-    table.write_text(Layouts("Some GPU", "wgpu").text())
+    Layouts("Some GPU", "wgpu").write(table)
     monkeypatch.setenv("PIPELINE_LAYOUTS", str(table))
     for _ in range(3):
         with pytest.raises(LayoutsError, match="tuned on 'Some GPU'"):

@@ -1,6 +1,6 @@
 """Layouts tuned on a device (pipeline.wgsl.layouts, pipeline.tune, scripts/tune_layouts.py):
-the file both runtimes read, the same lines accepted and refused by Python and C++, the same
-module for a launch, a table from another device refused loudly, the tables that ship with
+the file both runtimes read (the C++ from its binary twin: what Python wrote, and a damaged,
+stale or missing twin refused by both), the same module for a launch, a table from another device refused loudly, the tables that ship with
 the package taken by the device they were tuned on unless PIPELINE_LAYOUTS says otherwise, and
 a tuned launch giving the same bits from the Python launch and the C++ call (in a child
 process: both devices take their table once)."""
@@ -9,6 +9,7 @@ import dataclasses
 import json
 import os
 import shutil
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -41,6 +42,13 @@ def table_text(adapter="Some GPU (driver 1.2)", implementation="wgpu", stats=0):
     lines += [f"layout rms_norm {dtype} {dtype} 1 0 0 {width} {rows} {threads} {workgroup} {words} 1.050"
               for rows, width, dtype, threads, workgroup, words in TUNED_RMS]
     return "\n".join(lines) + "\n"
+
+
+def write_table(path: Path, text: str) -> Path:
+    """`text` at `path`, with its binary twin beside it (as tune_layouts writes a table)."""
+    path.write_text(text)
+    layouts.write_twin(path)
+    return path
 
 
 def test_a_table_reads_back_as_written():
@@ -218,8 +226,7 @@ def test_a_device_takes_the_table_shipped_for_it_unless_told_otherwise(fake_devi
     monkeypatch.setenv("PIPELINE_LAYOUTS", "")
     assert fake_device("NVIDIA H200").source == "pipeline/wgsl/tuned/nvidia-h200-wgpu.txt"
     # PIPELINE_LAYOUTS names a table: that one, refused where another device's.
-    path = tmp_path / "mine.txt"
-    path.write_text(table_text(adapter="NVIDIA H200"))
+    path = write_table(tmp_path / "mine.txt", table_text(adapter="NVIDIA H200"))
     monkeypatch.setenv("PIPELINE_LAYOUTS", str(path))
     assert fake_device("NVIDIA H200").source == str(path)
     with pytest.raises(LayoutsError, match="mine.txt: tuned on 'NVIDIA H200' through wgpu; this device is 'NVIDIA "
@@ -248,15 +255,75 @@ def test_cpp_ships_the_tables_python_ships(native):
         assert native.shipped_layouts(adapter, implementation) is None
 
 
-@pytest.mark.parametrize("text, line, why", BAD)
-def test_cpp_refuses_the_same_files_at_the_same_line(native, text, line, why):
-    reason = native.check_layouts(text, "bad.txt")
-    assert reason is not None and reason.startswith(f"bad.txt{f':{line}:' if line else ':'} ") and why in reason
+def cpp_view(table: Layouts) -> tuple[str, str, dict]:
+    return table.adapter, table.implementation, {
+        dataclasses.astuple(launch): (layout.threads_per_row, layout.workgroup, layout.wide_words)
+        for launch, layout in table.entries.items()}
 
 
-def test_cpp_reads_what_python_writes(native):
-    assert native.check_layouts(table_text()) is None
-    assert native.check_layouts("# tuned by hand\r\n\r\n" + table_text().replace("\n", "\r\n")) is None
+@pytest.mark.parametrize("text", [table_text(), "# tuned by hand\r\n\r\n" + table_text().replace("\n", "\r\n"),
+                                  Layouts("Ünïcode GPU", "dawn").text()])
+def test_cpp_reads_the_twin_python_writes(native, text):
+    table = parse(text)
+    assert native.decode_layouts(table.binary(text.encode()), "t.bin", text.encode()) == cpp_view(table)
+
+
+def _resealed(data: bytes) -> bytes:
+    """`data` with its checksum made right again (a twin changed on purpose, not damaged)."""
+    body = data[:-8]
+    return body + struct.pack("<Q", layouts.fnv1a64(body))
+
+
+def _with_word(data: bytes, at: int, value: int) -> bytes:
+    return _resealed(data[:at] + struct.pack("<I", value) + data[at + 4:])
+
+
+def test_cpp_refuses_a_foreign_damaged_stale_or_newer_twin(native):
+    text = table_text().encode()
+    data = parse(table_text()).binary(text)
+    first_record = len(data) - 8 - 11 * 4 * (len(TUNED) + len(TUNED_RMS))
+    cases = [(b"", "not the binary twin of a layouts table"), (text, "not the binary twin of a layouts table"),
+             (data[:-4], "damaged"), (data[:40] + bytes([data[40] ^ 1]) + data[41:], "damaged"),
+             (data + b"\0\0\0\0", "damaged"), (_with_word(data, 4, 2), "of version 2; this backend reads version 1"),
+             (_with_word(data, first_record, 2), "record 0 holds a value out of range")]
+    for bad, why in cases:
+        with pytest.raises(ValueError, match=f"^t.bin: .*{why}"):
+            native.decode_layouts(bad, "t.bin", text)
+    # Written from another text: stale (without a text to check, read as it is).
+    with pytest.raises(ValueError, match="^t.bin: written from another version of its table: write it again"):
+        native.decode_layouts(data, "t.bin", text + b"# edited\n")
+    assert native.decode_layouts(data, "t.bin")[2] == cpp_view(parse(table_text()))[2]
+
+
+def test_python_refuses_a_missing_or_stale_twin_as_the_cpp_does(tmp_path):
+    path = write_table(tmp_path / "t.txt", table_text())
+    assert read(path, twin=True).entries == parse(table_text()).entries
+    with open(path, "a") as f:
+        f.write("# edited by hand\n")
+    with pytest.raises(LayoutsError, match=f"^{path}.bin: not the binary twin of {path} as it reads now .*--twin"):
+        read(path, twin=True)
+    assert read(path).entries == parse(table_text()).entries  # the text alone still reads
+    layouts.write_twin(path)
+    assert read(path, twin=True).entries == parse(table_text()).entries
+    os.unlink(f"{path}.bin")
+    with pytest.raises(LayoutsError, match=f"^{path}.bin: cannot read the binary twin of {path}, the table the C\\+\\+ "
+                                           "backend reads .*No such file"):
+        read(path, twin=True)
+
+
+def test_a_twin_is_written_only_for_a_table_that_reads(tmp_path):
+    path = tmp_path / "t.txt"
+    path.write_text(BAD[6][0])
+    with pytest.raises(LayoutsError, match=f"^{path}:4: unknown line"):
+        layouts.write_twin(path)
+    assert not os.path.exists(f"{path}.bin")
+    result = run_script("tune_layouts", "--twin", str(path))
+    assert result.returncode == 1 and f"{path}:4: unknown line" in result.stderr, result.stderr
+    path.write_text(table_text())
+    result = run_script("tune_layouts", "--twin", str(path))
+    assert result.returncode == 0 and f"wrote {path}.bin: 12 layouts" in result.stdout, result.stderr
+    result = run_script("tune_layouts", "--twin", str(path), "--append")
+    assert result.returncode == 2 and "alone" in result.stderr
 
 
 @pytest.mark.parametrize("rows, width, dtype, threads, workgroup, words", TUNED)
@@ -308,7 +375,7 @@ def test_tune_layouts_writes_a_table_both_runtimes_read_and_appends(tmp_path, gp
     out = tmp_path / "tuned" / "layouts.txt"
     out.parent.mkdir()
     kept = Launch("float32", "float32", True, True, False, 768, 32)
-    out.write_text(Layouts(gpu_info["adapter"], gpu_info["implementation"], {kept: Layout(32, 128, False, 1.1)}).text())
+    Layouts(gpu_info["adapter"], gpu_info["implementation"], {kept: Layout(32, 128, False, 1.1)}).write(out)
     result = run_script("tune_layouts", "--shapes", "64x1024,9x7000", "--dtype", "float16", "--out", str(out),
                         "--append", "--rounds", "1", "--repeats", "3")
     assert result.returncode == 0, result.stderr
@@ -317,7 +384,7 @@ def test_tune_layouts_writes_a_table_both_runtimes_read_and_appends(tmp_path, gp
     assert (table.adapter, table.implementation) == (gpu_info["adapter"], gpu_info["implementation"])
     assert table.entries[kept] == Layout(32, 128, False, 1.1)  # --append kept the other launch's entry
     assert {(e.rows, e.width) for e in table.entries} <= {(32, 768), (64, 1024)}
-    assert native.check_layouts(out.read_text()) is None
+    assert native.decode_layouts(open(f"{out}.bin", "rb").read(), "t.bin", out.read_bytes()) == cpp_view(table)
 
 
 def test_tune_refuses_bad_arguments_before_timing(tmp_path):
@@ -393,8 +460,8 @@ def _child(table: str | None, *args: str, **env: str) -> subprocess.CompletedPro
 
 
 def test_both_runtimes_launch_in_the_tuned_layout(tmp_path, gpu_info):
-    path = tmp_path / "here.txt"
-    path.write_text(table_text(adapter=gpu_info["adapter"], implementation=gpu_info["implementation"]))
+    path = write_table(tmp_path / "here.txt", table_text(adapter=gpu_info["adapter"],
+                                                         implementation=gpu_info["implementation"]))
     result = _child(str(path))
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads(result.stdout.splitlines()[-1])
@@ -431,7 +498,7 @@ def test_both_runtimes_launch_in_the_table_shipped_for_their_device(shipped_here
 def test_pipeline_layouts_overrides_the_shipped_table_in_both_runtimes(shipped_here, tmp_path, gpu_info, setting):
     folder, _, env = shipped_here
     path = tmp_path / "mine.txt"  # of this device, and empty: nothing to launch
-    path.write_text(Layouts(gpu_info["adapter"], gpu_info["implementation"]).text())
+    Layouts(gpu_info["adapter"], gpu_info["implementation"]).write(path)
     result = _child("none" if setting == "none" else str(path), str(folder), **env)
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads(result.stdout.splitlines()[-1])
@@ -442,8 +509,7 @@ def test_pipeline_layouts_overrides_the_shipped_table_in_both_runtimes(shipped_h
 
 
 def test_both_runtimes_refuse_a_table_from_another_device(tmp_path, gpu_info):
-    path = tmp_path / "there.txt"
-    path.write_text(table_text())
+    path = write_table(tmp_path / "there.txt", table_text())
     result = _child(str(path))
     assert result.returncode == 3, result.stdout + result.stderr
     report = json.loads(result.stdout.splitlines()[-1])
@@ -460,6 +526,22 @@ def test_both_runtimes_refuse_a_table_they_cannot_read(tmp_path, gpu_info, where
     why = "Is a directory" if where == "folder" else "No such file or directory"
     for runtime in ("python", "cpp"):
         assert report[runtime].startswith(f"{path}: cannot read the layouts file: ") and why in report[runtime], report
+
+
+@pytest.mark.parametrize("twin", ["missing", "stale"])
+def test_both_runtimes_refuse_a_table_whose_twin_is_missing_or_stale(tmp_path, gpu_info, twin):
+    path = write_table(tmp_path / "here.txt", Layouts(gpu_info["adapter"], gpu_info["implementation"]).text())
+    if twin == "missing":
+        os.unlink(f"{path}.bin")
+    else:
+        path.write_text(path.read_text() + "# edited by hand\n")
+    result = _child(str(path))
+    assert result.returncode == 3, result.stdout + result.stderr
+    report = json.loads(result.stdout.splitlines()[-1])
+    for runtime in ("python", "cpp"):
+        assert report[runtime].startswith(f"{path}.bin: ") and "scripts/tune_layouts.py --twin" in report[runtime]
+    if twin == "missing":
+        assert report["python"] == report["cpp"]
 
 
 @pytest.mark.parametrize("path", sorted(str(p.relative_to(ROOT)) for p in [

@@ -70,7 +70,8 @@ def test_changed_shipped_table_changes_the_build(monkeypatch, tmp_path):
     before = generate.headers()
     stamp = native_build._fingerprint("g++", wheels, before)
     for table in layouts.shipped():
-        assert f'"{table.source}", "{table.adapter}", "{table.implementation}"' in before["tuned_layouts.h"]
+        text = (layouts.SHIPPED_DIR / table.source.rsplit("/", 1)[1]).read_bytes()
+        assert f'{{"{table.source}", {len(table.binary(text))},' in before["tuned_layouts.h"]
     [first, *_] = layouts.shipped()
     launch, layout = min(first.entries.items())
     edited = dataclasses.replace(first, entries={**first.entries, launch: dataclasses.replace(layout, workgroup=256)})

@@ -1,6 +1,6 @@
 // extern "C" entry points that pipeline/native/__init__.py calls through ctypes: the
-// registration, a device probe, and the two checks tests hold against Python (the WGSL
-// module and the blob rules). Each returns a status instead of throwing.
+// registration, a device probe, and what tests hold against Python (the WGSL module, the
+// layouts tables and the blob rules). Each returns a status instead of throwing.
 #include <executorch/runtime/core/error.h>
 
 #include <cstdint>
@@ -21,6 +21,28 @@ executorch::runtime::Error register_webgpu_backend();
 namespace webgpu = pipeline::webgpu;
 
 using pipeline_entry::copy_out;
+
+namespace {
+
+// Each entry of `table` as eleven numbers into `out` while they fit (`capacity` numbers);
+// returns the entries.
+long long entries_out(const webgpu::LayoutTable& table, uint64_t* out, size_t capacity) {
+  size_t at = 0;
+  for (const auto& [launch, layout] : table.entries) {
+    const auto [dtype, affine_dtype, weight, bias, stats, width, rows, rms] = launch;
+    for (const uint64_t value : {uint64_t{dtype}, uint64_t{affine_dtype}, uint64_t{weight}, uint64_t{bias},
+                                 uint64_t{stats}, width, rows, uint64_t{rms}, uint64_t{layout.threads_per_row},
+                                 uint64_t{layout.workgroup}, uint64_t{layout.wide_words}}) {
+      if (at < capacity) {
+        out[at] = value;
+      }
+      ++at;
+    }
+  }
+  return static_cast<long long>(table.entries.size());
+}
+
+}  // namespace
 
 extern "C" {
 
@@ -61,8 +83,8 @@ PIPELINE_EXPORT int pipeline_webgpu_pack2x16float() {
 }
 
 // The WGSL module for a configuration (an RMSNorm's with `rms`), in its layout from the table
-// in `layouts` where that is not null (`layouts_size` bytes, a layouts file's text); returns its length (copy into `out` when it fits `capacity` including the
-// NUL), or -1 on failure.
+// in `layouts` where that is not null (`layouts_size` bytes, a layouts table's binary twin); returns
+// its length (copy into `out` when it fits `capacity` including the NUL), or -1 on failure.
 PIPELINE_EXPORT long long pipeline_webgpu_wgsl_source(uint64_t width, int has_weight, int has_bias,
                                       uint32_t subgroup_size, uint32_t dtype, uint32_t affine_dtype,
                                       int pack2x16float, uint64_t rows, int write_stats, int rms, int tint,
@@ -78,7 +100,7 @@ PIPELINE_EXPORT long long pipeline_webgpu_wgsl_source(uint64_t width, int has_we
     if (layouts != nullptr) {
       webgpu::LayoutTable table;
       std::string why;
-      if (!webgpu::parse_layouts(std::string(layouts, layouts_size), "<layouts>", &table, &why)) {
+      if (!webgpu::decode_layouts(std::string(layouts, layouts_size), "<layouts>", nullptr, &table, &why)) {
         return -1;
       }
       config = table.config(config, rows);
@@ -94,26 +116,34 @@ PIPELINE_EXPORT long long pipeline_webgpu_wgsl_source(uint64_t width, int has_we
   }
 }
 
-// 1 when `text` (`size` bytes) is a layouts file the backend reads, else 0 with the reason
-// (naming `source` and the line) in `reason`.
-PIPELINE_EXPORT int pipeline_webgpu_check_layouts(const char* text, size_t size, const char* source, char* reason,
-                                                  size_t capacity) {
+// The table in `data` (`size` bytes, a layouts table's binary twin: decode_layouts, refused
+// unless written from `text`'s `text_size` bytes where `text` is not null): its adapter and
+// implementation into `names` ("adapter\nimplementation"), and of each entry, in the table's
+// order, eleven numbers into `out` while they fit (`capacity` numbers): dtype, affine_dtype,
+// weight, bias, stats, width, rows, RMSNorm, threads per row, workgroup, words. Returns its
+// entries, or -1 with the reason (naming `source`) in `names`.
+PIPELINE_EXPORT long long pipeline_webgpu_decode_layouts(const char* data, size_t size, const char* source,
+                                                         const char* text, size_t text_size, uint64_t* out,
+                                                         size_t capacity, char* names, size_t names_capacity) {
   try {
     webgpu::LayoutTable table;
     std::string why;
-    const bool ok = webgpu::parse_layouts(std::string(text, size), source, &table, &why);
-    copy_out(why, reason, capacity);
-    return ok ? 1 : 0;
+    const uint64_t hash = text == nullptr ? 0 : webgpu::fnv1a64(std::string(text, text_size));
+    if (!webgpu::decode_layouts(std::string(data, size), source, text == nullptr ? nullptr : &hash, &table, &why)) {
+      copy_out(why, names, names_capacity);
+      return -1;
+    }
+    copy_out(table.adapter + "\n" + table.implementation, names, names_capacity);
+    return entries_out(table, out, capacity);
   } catch (...) {
-    copy_out("unexpected exception", reason, capacity);
-    return 0;
+    copy_out("unexpected exception", names, names_capacity);
+    return -1;
   }
 }
 
 // The table shipped for `adapter` through `implementation` (shipped_layouts): its source into
-// `source`, and of each entry, in the table's order, eleven numbers into `out` while they fit
-// (`capacity` numbers): dtype, affine_dtype, weight, bias, stats, width, rows, RMSNorm, threads
-// per row, workgroup, words. Returns its entries, or -1 where no table ships for them.
+// `source`, and its entries into `out` as pipeline_webgpu_decode_layouts writes them. Returns
+// its entries, or -1 where no table ships for them.
 PIPELINE_EXPORT long long pipeline_webgpu_shipped_layouts(const char* adapter, const char* implementation,
                                                           uint64_t* out, size_t capacity, char* source,
                                                           size_t source_capacity) {
@@ -123,19 +153,7 @@ PIPELINE_EXPORT long long pipeline_webgpu_shipped_layouts(const char* adapter, c
       return -1;
     }
     copy_out(table.source, source, source_capacity);
-    size_t at = 0;
-    for (const auto& [launch, layout] : table.entries) {
-      const auto [dtype, affine_dtype, weight, bias, stats, width, rows, rms] = launch;
-      for (const uint64_t value : {uint64_t{dtype}, uint64_t{affine_dtype}, uint64_t{weight}, uint64_t{bias},
-                                   uint64_t{stats}, width, rows, uint64_t{rms}, uint64_t{layout.threads_per_row},
-                                   uint64_t{layout.workgroup}, uint64_t{layout.wide_words}}) {
-        if (at < capacity) {
-          out[at] = value;
-        }
-        ++at;
-      }
-    }
-    return static_cast<long long>(table.entries.size());
+    return entries_out(table, out, capacity);
   } catch (...) {
     return -1;
   }

@@ -67,11 +67,7 @@ struct Layout {
 // `config` in `layout`, each thread holding its share of the row (KernelConfig.relaid).
 KernelConfig relaid(const KernelConfig& config, const Layout& layout);
 
-// Why `rule` (choose_config's) cannot take `threads` threads per row in workgroups of
-// `workgroup`, in 16-byte words or not, or "" (pipeline/wgsl/layouts.py's `unusable`).
-std::string unusable(const KernelConfig& rule, uint64_t threads, uint64_t workgroup, bool wide_words);
-
-// A layouts file tuned on one device (pipeline/wgsl/layouts.py, which writes it): for a
+// A layouts table tuned on one device (pipeline/wgsl/layouts.py, which writes it): for a
 // launch by dtypes, affine parts, stats, width, rows and norm (RMSNorm or not), its layout.
 struct LayoutTable {
   using Launch = std::tuple<uint32_t, uint32_t, bool, bool, bool, uint64_t, uint64_t, bool>;
@@ -84,12 +80,17 @@ struct LayoutTable {
   KernelConfig config(const KernelConfig& rule, uint64_t rows) const;
 };
 
-// The table in `text` (layouts.parse: the same lines accepted, the same refused); false with
-// `reason` naming `source` and the line.
-bool parse_layouts(const std::string& text, const std::string& source, LayoutTable* table, std::string* reason);
+// The 64-bit FNV-1a hash of `data` (layouts.fnv1a64).
+uint64_t fnv1a64(const std::string& data);
+
+// The table in `data`, a layouts table's binary twin (layouts.Layouts.binary; read as it was
+// written: the C++ parses no text); where `text_hash` is not null, refused unless written from
+// a text of that hash. False with `reason` naming `source`.
+bool decode_layouts(const std::string& data, const std::string& source, const uint64_t* text_hash,
+                    LayoutTable* table, std::string* reason);
 
 // The table that ships with the package for `adapter` through `implementation` (both exactly
-// as it records them; layouts.shipped_for), from the data generated from pipeline/wgsl/tuned/
+// as it records them; layouts.shipped_for), from the twins generated from pipeline/wgsl/tuned/
 // (tuned_layouts.h); false, `table` untouched, where none does.
 bool shipped_layouts(const std::string& adapter, const std::string& implementation, LayoutTable* table);
 

@@ -136,6 +136,48 @@ const char* file_kind(mode_t mode) {
   return "a special file";
 }
 
+// The bytes of the file at `path` into `data`, as the Python runtime reads a layouts file
+// (ioutil.read_regular): "" or why not.
+std::string read_regular(const char* path, std::string* data) {
+  // Opened without blocking (a named pipe would wait for a writer), refused unless a regular
+  // file, and at most kLayoutsMaxBytes read (/dev/zero never ends).
+  std::string why;
+  const int fd = ::open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  struct stat info {};
+  if (fd < 0) {
+    const int error = errno;
+    // A socket, or a device with no driver behind it, does not open: say what it is.
+    why = error == ENXIO && ::stat(path, &info) == 0 ? std::string("Not a regular file (") + file_kind(info.st_mode) + ")"
+                                                     : std::strerror(error);
+  } else if (::fstat(fd, &info) != 0) {
+    why = std::strerror(errno);
+  } else if (S_ISDIR(info.st_mode)) {
+    why = std::strerror(EISDIR);
+  } else if (!S_ISREG(info.st_mode)) {
+    why = std::string("Not a regular file (") + file_kind(info.st_mode) + ")";
+  } else {
+    char chunk[4096];
+    while (why.empty() && data->size() <= kLayoutsMaxBytes) {
+      const ssize_t got = ::read(fd, chunk, sizeof chunk);
+      if (got < 0 && errno != EINTR) {
+        why = std::strerror(errno);
+      } else if (got == 0) {
+        break;
+      } else if (got > 0) {
+        data->append(chunk, static_cast<size_t>(got));
+      }
+    }
+    if (why.empty() && data->size() > kLayoutsMaxBytes) {
+      why = "Larger than " + std::to_string(kLayoutsMaxBytes) + " bytes";
+    }
+  }
+  if (fd >= 0) {
+    ::close(fd);
+  }
+  return why;
+}
+
+
 }  // namespace
 
 WebGPUDevice* WebGPUDevice::get(std::string* reason) {
@@ -229,49 +271,25 @@ bool WebGPUDevice::read_layouts(std::string* reason) {
   if (std::strcmp(path, kLayoutsNone) == 0) {
     return true;
   }
-  // As the Python runtime reads it: opened without blocking (a named pipe would wait for a
-  // writer), refused unless a regular file, and at most kLayoutsMaxBytes read (/dev/zero never ends).
-  std::string text;
-  std::string why;
-  const int fd = ::open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  struct stat info {};
-  if (fd < 0) {
-    const int error = errno;
-    // A socket, or a device with no driver behind it, does not open: say what it is.
-    why = error == ENXIO && ::stat(path, &info) == 0 ? std::string("Not a regular file (") + file_kind(info.st_mode) + ")"
-                                                     : std::strerror(error);
-  } else if (::fstat(fd, &info) != 0) {
-    why = std::strerror(errno);
-  } else if (S_ISDIR(info.st_mode)) {
-    why = std::strerror(EISDIR);
-  } else if (!S_ISREG(info.st_mode)) {
-    why = std::string("Not a regular file (") + file_kind(info.st_mode) + ")";
-  } else {
-    char chunk[4096];
-    while (why.empty() && text.size() <= kLayoutsMaxBytes) {
-      const ssize_t got = ::read(fd, chunk, sizeof chunk);
-      if (got < 0 && errno != EINTR) {
-        why = std::strerror(errno);
-      } else if (got == 0) {
-        break;
-      } else if (got > 0) {
-        text.append(chunk, static_cast<size_t>(got));
-      }
-    }
-    if (why.empty() && text.size() > kLayoutsMaxBytes) {
-      why = "Larger than " + std::to_string(kLayoutsMaxBytes) + " bytes";
-    }
-  }
-  if (fd >= 0) {
-    ::close(fd);
-  }
+  // The text only for its hash: the table comes from its binary twin beside it.
+  std::string text, twin;
+  std::string why = read_regular(path, &text);
   if (!why.empty()) {
     *reason = std::string(path) + ": cannot read the layouts file: " + why;
     return false;
   }
-  if (!parse_layouts(text, path, &layouts_, reason)) {
+  const std::string twin_path = std::string(path) + kLayoutsTwinSuffix;
+  why = read_regular(twin_path.c_str(), &twin);
+  if (!why.empty()) {
+    *reason = twin_path + ": cannot read the binary twin of " + path + ", the table the C++ backend reads (" +
+              "scripts/tune_layouts.py --twin " + path + " writes it): " + why;
+    return false;
+  }
+  const uint64_t hash = fnv1a64(text);
+  if (!decode_layouts(twin, twin_path, &hash, &layouts_, reason)) {
     return false;  // the device does not open: nothing reads layouts_
   }
+  layouts_.source = path;
   if (layouts_.adapter != adapter_name_ || layouts_.implementation != kImplementation) {
     *reason = std::string(path) + ": tuned on '" + layouts_.adapter + "' through " + layouts_.implementation +
               "; this device is '" + adapter_name_ + "' through " + kImplementation +

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from pipeline.blob import BACKEND_ID
 
-__all__ = ["NativeProgram", "check_blob", "check_layouts", "load", "register", "shipped_layouts", "wgsl_source"]
+__all__ = ["NativeProgram", "check_blob", "decode_layouts", "load", "register", "shipped_layouts", "wgsl_source"]
 
 _REASON_BYTES = 512
 
@@ -77,10 +77,11 @@ def library() -> ctypes.CDLL:
                 ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t,
             ]
             lib.pipeline_webgpu_wgsl_source.restype = ctypes.c_longlong
-            lib.pipeline_webgpu_check_layouts.argtypes = [
+            lib.pipeline_webgpu_decode_layouts.argtypes = [
                 ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t,
+                ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t,
             ]
-            lib.pipeline_webgpu_check_layouts.restype = ctypes.c_int
+            lib.pipeline_webgpu_decode_layouts.restype = ctypes.c_longlong
             lib.pipeline_webgpu_shipped_layouts.argtypes = [
                 ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t, ctypes.c_char_p,
                 ctypes.c_size_t,
@@ -131,11 +132,13 @@ def wgsl_source(width: int, has_weight: bool, has_bias: bool, subgroup_size: int
     """The WGSL module the backend compiles for this configuration (no device needed), as
     `compiler` ("naga" or "tint") takes it; `affine_dtype` (of weight and bias) defaults to
     `dtype`; `rows` is the launch's (0: the rule by width alone); `layouts`, a layouts
-    file's text whose layout the launch takes where it has one; `rms`, an RMSNorm's."""
+    file's text (handed to the backend as its binary twin) whose layout the launch takes
+    where it has one; `rms`, an RMSNorm's."""
     from pipeline.blob import DTYPE_CODES
+    from pipeline.wgsl.layouts import parse
 
     lib = library()
-    table = None if layouts is None else layouts.encode()
+    table = None if layouts is None else parse(layouts).binary(layouts.encode())
     args = (width, int(has_weight), int(has_bias), subgroup_size, DTYPE_CODES[dtype], DTYPE_CODES[affine_dtype or dtype],
             int(pack2x16float), rows, int(write_stats), int(rms), int(compiler == "tint"), table, len(table or b""))
     size = lib.pipeline_webgpu_wgsl_source(*args, None, 0)
@@ -146,21 +149,26 @@ def wgsl_source(width: int, has_weight: bool, has_bias: bool, subgroup_size: int
     return out.raw[:size].decode()
 
 
-def check_layouts(text: str, source: str = "<layouts>") -> str | None:
-    """None when the backend reads `text` as a layouts file, else its reason for refusing it."""
-    reason = ctypes.create_string_buffer(_REASON_BYTES)
-    data = text.encode()
-    ok = library().pipeline_webgpu_check_layouts(data, len(data), source.encode(), reason, _REASON_BYTES)
-    return None if ok else reason.value.decode(errors="replace")
+def decode_layouts(data: bytes, source: str = "<layouts>", text: bytes | None = None) -> tuple[str, str, dict]:
+    """The table the backend reads from `data`, a layouts table's binary twin (refused unless
+    written from `text`, where given): its adapter, implementation and entries (as
+    `shipped_layouts` gives them); ValueError with the backend's reason where it refuses it."""
+    lib = library()
+    names = ctypes.create_string_buffer(_REASON_BYTES)
+    args = (data, len(data), source.encode(), text, len(text or b""))
+    count = lib.pipeline_webgpu_decode_layouts(*args, None, 0, names, _REASON_BYTES)
+    if count < 0:
+        raise ValueError(names.value.decode(errors="replace"))
+    numbers = (ctypes.c_uint64 * (11 * count))()
+    lib.pipeline_webgpu_decode_layouts(*args, numbers, len(numbers), names, _REASON_BYTES)
+    adapter, _, implementation = names.value.decode().partition("\n")
+    return adapter, implementation, _entries(numbers)
 
 
 def shipped_layouts(adapter: str, implementation: str) -> tuple[str, dict[tuple, tuple]] | None:
     """The table the backend ships for `adapter` through `implementation`, or None: its source,
     and for each launch (dtype, affine_dtype, weight, bias, stats, width, rows, norm; dtypes
     and norm as names) its threads per row, workgroup and words, as compiled into the library."""
-    from pipeline.blob import DTYPE_CODES
-    from pipeline.wgsl.layouts import NORMS
-
     lib = library()
     key = (adapter.encode(), implementation.encode())
     source = ctypes.create_string_buffer(_REASON_BYTES)
@@ -169,6 +177,13 @@ def shipped_layouts(adapter: str, implementation: str) -> tuple[str, dict[tuple,
         return None
     numbers = (ctypes.c_uint64 * (11 * count))()
     lib.pipeline_webgpu_shipped_layouts(*key, numbers, len(numbers), source, _REASON_BYTES)
+    return source.value.decode(), _entries(numbers)
+
+
+def _entries(numbers) -> dict[tuple, tuple]:
+    from pipeline.blob import DTYPE_CODES
+    from pipeline.wgsl.layouts import NORMS
+
     names = {code: name for name, code in DTYPE_CODES.items()}
     entries = {}
     for at in range(0, len(numbers), 11):
@@ -176,7 +191,7 @@ def shipped_layouts(adapter: str, implementation: str) -> tuple[str, dict[tuple,
         launch = (names[dtype], names[affine_dtype], bool(weight), bool(bias), bool(stats), width, rows,
                   NORMS[rms])
         entries[launch] = (threads, workgroup, bool(words))
-    return source.value.decode(), entries
+    return entries
 
 
 def check_blob(blob: bytes) -> str | None:

@@ -9,7 +9,7 @@ decides is written once (the ExecuTorch Vulkan backend's way with its shader var
 - blob_layout.h: the delegate blob's byte layout and codes (pipeline.blob);
 - environment.h: the names of the environment variables both sides read (pipeline.environment);
 - tuned_layouts.h: the layouts tables that ship with the package (pipeline/wgsl/tuned/, read by
-  pipeline.wgsl.layouts), as data: the C++ parses no table it ships.
+  pipeline.wgsl.layouts), as their binary twins: the C++ parses no text.
 
 Imports no torch and no WebGPU implementation (`pipeline.native.build` runs it before
 anything is compiled).
@@ -100,13 +100,14 @@ def kernel_header() -> str:
                   for k in range(config.MOST_VALUES[marker])]
     return (_preamble("pipeline/wgsl/config.py") + _NAMESPACE[0]
             + "// The configuration rule's numbers (choose_config's).\n" + numbers
-            + "\n// A layouts file's first line and a layout line's fields (pipeline/wgsl/layouts.py).\n"
-            + f'constexpr const char* kLayoutsMagic = "{layouts.MAGIC}";\n'
-            + f'constexpr const char* kLayoutsV2Magic = "{layouts.V2_MAGIC}";\n'
-            + "constexpr const char* kNormNames[] = {" + ", ".join(f'"{n}"' for n in layouts.NORMS) + "};\n"
-            + f'constexpr const char* kLayoutsOldMagic = "{layouts.OLD_MAGIC}";\n'
-            + f'constexpr const char* kLayoutsOldVersion = "{layouts.OLD_VERSION}";\n'
-            + f"constexpr size_t kLayoutFields = {layouts.LAYOUT_FIELDS};\n"
+            + "\n// A layouts table's binary twin (pipeline/wgsl/layouts.py): its first bytes, version,\n"
+            + "// header words after the magic, a record's words in order, and its name's suffix.\n"
+            + f'constexpr char kLayoutsBinaryMagic[] = "{layouts.BINARY_MAGIC.decode("ascii")}";\n'
+            + f"constexpr uint32_t kLayoutsBinaryVersion = {layouts.BINARY_VERSION};\n"
+            + f"constexpr size_t kLayoutsHeaderWords = {layouts.HEADER_WORDS};\n"
+            + f"enum LayoutsRecordField : size_t {{ {', '.join(cpp_name('record_' + f) for f in layouts.RECORD_FIELDS)}, "
+            + "kLayoutsRecordWords };\n"
+            + f"constexpr const char* kLayoutsTwinSuffix = \"{layouts.TWIN_SUFFIX}\";\n"
             + "\n// The shader compilers a module is written for.\n"
             + f"enum class ShaderCompiler {{ {', '.join(cpp_name(c) for c in compilers)} }};\n\n"
             + "// What a module that uses subgroup operations starts with, for `compiler`.\n" + directive
@@ -128,36 +129,18 @@ def environment_header() -> str:
 
 
 def tuned_layouts_header() -> str:
-    """Each shipped layouts table (layouts.shipped: read and checked here, once): its source,
-    adapter and implementation, and its entries, each a launch and its layout."""
-    arrays, tables = [], []
-    for n, table in enumerate(layouts.shipped()):
-        rows = "".join(
-            f"    {{{cpp_name(launch.dtype)}, {cpp_name(launch.affine_dtype)}, {_bool(launch.has_weight)}, "
-            f"{_bool(launch.has_bias)}, {_bool(launch.write_stats)}, {launch.width}, {launch.rows}, "
-            f"{_bool(launch.norm == 'rms_norm')}, "
-            f"{layout.threads_per_row}, {layout.workgroup}, {_bool(layout.wide_words)}}},\n"
-            for launch, layout in sorted(table.entries.items(), key=lambda entry: entry[0]))
-        arrays.append(f"inline constexpr std::array<ShippedLayout, {len(table.entries)}> kShippedLayouts{n}{{{{\n"
-                      f"{rows}}}}};\n")
-        tables.append(f"    {{{literal(table.source)}, {literal(table.adapter)}, {literal(table.implementation)}, "
-                      f"kShippedLayouts{n}.data(), kShippedLayouts{n}.size()}},\n")
-    return (_preamble(layouts.SHIPPED_SOURCE + "/") + "#include <array>\n\n"
-            + '#include "blob_layout.h"\n\n' + _NAMESPACE[0]
-            + "// A launch (dtype codes, affine parts, stats stored, width, rows, RMSNorm) and its tuned layout.\n"
-            + "struct ShippedLayout {\n  uint32_t dtype;\n  uint32_t affine_dtype;\n  bool has_weight;\n"
-            + "  bool has_bias;\n  bool write_stats;\n  uint64_t width;\n  uint64_t rows;\n  bool rms;\n"
-            + "  uint32_t threads_per_row;\n  uint32_t workgroup;\n  bool wide_words;\n};\n"
-            + "// A table as shipped: where it lives in the package, the adapter and implementation it was\n"
-            + "// tuned on (as it records them), and its `count` entries.\n"
-            + "struct ShippedTable {\n  const char* source;\n  const char* adapter;\n  const char* implementation;\n"
-            + "  const ShippedLayout* entries;\n  size_t count;\n};\n\n" + "".join(arrays)
-            + f"inline constexpr std::array<ShippedTable, {len(tables)}> kShippedTables{{{{\n" + "".join(tables)
-            + "}};\n" + _NAMESPACE[1])
-
-
-def _bool(value: bool) -> str:
-    return "true" if value else "false"
+    """Each shipped layouts table (layouts.shipped: read and checked here, once) as its binary
+    twin, the bytes a user's twin holds, with where it lives in the package."""
+    tables = []
+    for table in layouts.shipped():
+        text = (layouts.SHIPPED_DIR / table.source.rpartition("/")[2]).read_bytes()
+        data = table.binary(text)
+        pieces = "\n     ".join('"' + "".join(_escape(b) for b in data[i:i + 16]) + '"' for i in range(0, len(data), 16))
+        tables.append(f"    {{{literal(table.source)}, {len(data)},\n     {pieces}}},\n")
+    return (_preamble(layouts.SHIPPED_SOURCE + "/") + _NAMESPACE[0]
+            + "// A table as shipped: where it lives in the package, and its binary twin's `size` bytes.\n"
+            + "struct ShippedTable {\n  const char* source;\n  size_t size;\n  const char* data;\n};\n\n"
+            + "inline constexpr ShippedTable kShippedTables[] = {\n" + "".join(tables) + "};\n" + _NAMESPACE[1])
 
 
 def blob_header() -> str:

@@ -282,10 +282,11 @@ def _opened(name: str) -> Gpu:
 
 def _tuned_layouts() -> layouts_file.Layouts | None:
     """The table PIPELINE_LAYOUTS names (LayoutsError for a file that cannot be read: not a
-    regular file, or larger than LAYOUTS_MAX_BYTES), or None where it is unset or `none`;
-    checked against the device by the caller."""
+    regular file, or larger than LAYOUTS_MAX_BYTES; or whose binary twin is missing or not
+    its own, as the C++ backend refuses it), or None where it is unset or `none`; checked
+    against the device by the caller."""
     path = os.environ.get(LAYOUTS_ENV, "")
-    return layouts_file.read(path) if path and path != LAYOUTS_NONE else None
+    return layouts_file.read(path, twin=True) if path and path != LAYOUTS_NONE else None
 
 
 def _run_probe(g: Gpu, shader: str, contents: list[np.ndarray], groups: int, read: int,

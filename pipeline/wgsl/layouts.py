@@ -29,6 +29,16 @@ check but do not use. An rms_norm launch has no bias and stores no stats. Versio
 norm column: its files are read as tables of layer_norm launches. Version 1 had no words
 column either; its files are refused, to be tuned again.
 
+The C++ backend reads no text: beside each table lies its binary twin (`twin_path`: the
+file's name and ".bin"), which `Layouts.write` writes with it and `write_twin` writes for a
+table edited by hand. Little-endian u32 words: BINARY_MAGIC's 4 bytes, BINARY_VERSION, the
+FNV-1a 64 hash of the text the twin was written from (low word first: a twin older than its
+text is refused), the adapter's and the implementation's lengths in UTF-8 bytes, the count
+of records; the two names, each padded with zeros to a multiple of 4 bytes; the records,
+RECORD_FIELDS words each (norm code, dtype codes, flags, numbers); last, the FNV-1a 64 of
+every byte before it. The shipped tables reach the C++ as the same bytes, generated into its
+build (pipeline/native/generate.py), so one decoder reads both.
+
 Imports no torch and no WebGPU implementation: the C++ build reads it.
 """
 
@@ -37,11 +47,12 @@ from __future__ import annotations
 import math
 import os
 import re
+import struct
 from dataclasses import dataclass, field, replace
 from importlib import resources
 
 from pipeline.environment import LAYOUTS_MAX_BYTES
-from pipeline.ioutil import read_regular
+from pipeline.ioutil import read_regular, write_files_atomic
 from pipeline.wgsl import DTYPES
 from pipeline.wgsl.config import MAX_HOLD, MAX_THREADS_PER_ROW, MIN_WORKGROUP, KernelConfig, choose_config
 
@@ -52,19 +63,26 @@ LAYOUT_FIELDS = 12
 V2_MAGIC = "pipeline-layouts 2"
 NORMS = ("layer_norm", "rms_norm")  # KernelConfig.rms False, True
 U32_MAX = 2**32 - 1
-# What the C++ reader takes too: lines split at "\n", ASCII blanks, unsigned integers, and a
-# gain of digits with at most one point.
+# Lines split at "\n", fields at ASCII blanks; unsigned integers, and a gain of digits with at
+# most one point.
 _BLANKS = " \t\r\v\f"
 _FIELD = re.compile(r"[^ \t\r\v\f]+")
 _INT = re.compile(r"[0-9]{1,18}")
 _NUMBER = re.compile(r"[0-9]{1,18}(\.[0-9]{1,18})?")
-# The first line of the version before, and what both readers say of a file that has it.
+# The first line of the version before, and what the reader says of a file that has it.
 OLD_MAGIC = "pipeline-layouts 1"
 OLD_VERSION = "a layouts file of version 1, without the words column: tune this device again (scripts/tune_layouts.py)"
 # The tables that ship with the package, one a file named by `shipped_name`; messages name them
 # by their place in the source tree, as the C++ backend (data generated from them) does.
 SHIPPED_DIR = resources.files("pipeline.wgsl") / "tuned"
 SHIPPED_SOURCE = "pipeline/wgsl/tuned"
+# The binary twin (see above): its first bytes, version, a record's words, its name's suffix.
+BINARY_MAGIC = b"PLYT"
+BINARY_VERSION = 1
+HEADER_WORDS = 6  # after the magic: version, text hash (2), the two names' lengths, records
+RECORD_FIELDS = ("norm", "dtype", "affine_dtype", "has_weight", "has_bias", "write_stats", "width", "rows",
+                 "threads_per_row", "workgroup", "wide_words")
+TWIN_SUFFIX = ".bin"
 
 
 class LayoutsError(ValueError):
@@ -133,9 +151,57 @@ class Layouts:
                  "gain"]
         for launch, layout in sorted(self.entries.items(), key=lambda entry: entry[0]):
             flags = " ".join(str(int(f)) for f in (launch.has_weight, launch.has_bias, launch.write_stats))
-            lines.append(f"layout {launch.norm} {launch.dtype} {launch.affine_dtype} {flags} {launch.width} {launch.rows} "
-                         f"{layout.threads_per_row} {layout.workgroup} {int(layout.wide_words)} {layout.gain:.3f}")
+            lines.append(f"layout {launch.norm} {launch.dtype} {launch.affine_dtype} {flags} {launch.width} "
+                         f"{launch.rows} {layout.threads_per_row} {layout.workgroup} {int(layout.wide_words)} {layout.gain:.3f}")
         return "\n".join(lines) + "\n"
+
+    def binary(self, text: bytes) -> bytes:
+        """The binary twin of this table, written from `text` (its file's bytes)."""
+        adapter, implementation = self.adapter.encode("utf-8"), self.implementation.encode("utf-8")
+        words = [BINARY_VERSION, *_halves(fnv1a64(text)), len(adapter), len(implementation), len(self.entries)]
+        for launch, layout in sorted(self.entries.items(), key=lambda entry: entry[0]):
+            record = {**vars(launch), **vars(layout), "norm": NORMS.index(launch.norm),
+                      "dtype": DTYPES.index(launch.dtype), "affine_dtype": DTYPES.index(launch.affine_dtype)}
+            words.extend(int(record[name]) for name in RECORD_FIELDS)
+        head, body = words[:HEADER_WORDS], words[HEADER_WORDS:]
+        head, body = struct.pack(f"<{len(head)}I", *head), struct.pack(f"<{len(body)}I", *body)
+        data = BINARY_MAGIC + head + _padded(adapter) + _padded(implementation) + body
+        return data + struct.pack("<2I", *_halves(fnv1a64(data)))
+
+    def write(self, path: str | os.PathLike) -> None:
+        """The table's text at `path` and its binary twin beside it, atomically as a pair."""
+        text = self.text().encode("utf-8")
+        write_files_atomic([(path, text, None), (twin_path(path), self.binary(text), None)])
+
+
+def twin_path(path: str | os.PathLike) -> str:
+    """Where the binary twin of the table at `path` lies: the C++ backend reads it."""
+    return os.fspath(path) + TWIN_SUFFIX
+
+
+def write_twin(path: str | os.PathLike) -> Layouts:
+    """Write the binary twin of the table at `path` (one edited by hand: checked as `read`
+    checks it); LayoutsError naming the line for a table that does not read."""
+    text = _read_bytes(path)
+    table = parse(_decoded(path, text), os.fspath(path))
+    write_files_atomic([(twin_path(path), table.binary(text), None)])
+    return table
+
+
+def fnv1a64(data: bytes) -> int:
+    """The 64-bit FNV-1a hash of `data` (the C++ backend's `fnv1a64`)."""
+    value = 0xCBF29CE484222325
+    for byte in data:
+        value = ((value ^ byte) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return value
+
+
+def _halves(value: int) -> tuple[int, int]:
+    return value & 0xFFFFFFFF, value >> 32
+
+
+def _padded(data: bytes) -> bytes:
+    return data + bytes(-len(data) % 4)
 
 
 def unusable(config: KernelConfig, threads: int, workgroup: int, wide_words: bool = False) -> str | None:
@@ -230,16 +296,38 @@ def _layout_line(values: list[str], where: str, version: int) -> tuple[Launch, L
     return launch, Layout(threads, workgroup, bool(words), gain)
 
 
-def read(path: str | os.PathLike) -> Layouts:
+def read(path: str | os.PathLike, twin: bool = False) -> Layouts:
     """The table in the file at `path`, read as both runtimes read PIPELINE_LAYOUTS: only a
     regular file, opened without blocking, at most LAYOUTS_MAX_BYTES of it; LayoutsError when
-    it cannot be read (a named pipe, /dev/zero, a larger file) or parsed."""
+    it cannot be read (a named pipe, /dev/zero, a larger file) or parsed. With `twin`, also
+    refused unless its binary twin, which the C++ backend reads, is the one this text makes."""
+    text = _read_bytes(path)
+    table = parse(_decoded(path, text), os.fspath(path))
+    if twin:
+        where, remedy = twin_path(path), f"scripts/tune_layouts.py --twin {os.fspath(path)}"
+        try:
+            data = read_regular(where, LAYOUTS_MAX_BYTES)
+        except OSError as exc:
+            raise LayoutsError(f"{where}: cannot read the binary twin of {os.fspath(path)}, the table the C++ "
+                               f"backend reads ({remedy} writes it): {exc.strerror or exc}") from None
+        if data != table.binary(text):
+            raise LayoutsError(f"{where}: not the binary twin of {os.fspath(path)} as it reads now (written from "
+                               f"another version of it, or damaged): write it again ({remedy})")
+    return table
+
+
+def _read_bytes(path: str | os.PathLike) -> bytes:
     try:
-        # Bytes decoded whole: line ends as the C++ reader sees them.
-        text = read_regular(path, LAYOUTS_MAX_BYTES).decode("utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+        return read_regular(path, LAYOUTS_MAX_BYTES)
+    except OSError as exc:
         raise LayoutsError(f"{path}: cannot read the layouts file: {exc}") from None
-    return parse(text, os.fspath(path))
+
+
+def _decoded(path: str | os.PathLike, text: bytes) -> str:
+    try:
+        return text.decode("utf-8")  # whole: line ends as they are in the file
+    except UnicodeDecodeError as exc:
+        raise LayoutsError(f"{path}: cannot read the layouts file: {exc}") from None
 
 
 def shipped_name(adapter: str, implementation: str) -> str:
