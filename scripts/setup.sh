@@ -4,6 +4,33 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+# What the adapter checks below install on a fresh machine (no Vulkan driver at all: Mesa's
+# lavapipe; no chromium), fetched and installed in the background while pip installs the
+# package; the checks wait for it and install anything still missing themselves.
+early=()
+[ -n "$(ls /usr/share/vulkan/icd.d /etc/vulkan/icd.d 2>/dev/null)" ] || early+=(mesa-vulkan-drivers)
+command -v chromium >/dev/null || early+=(chromium)
+early_job=""
+if [ ${#early[@]} -gt 0 ] && command -v apt-get >/dev/null; then
+    echo "setup: installing ${early[*]} (Debian) in the background" >&2
+    (
+        $sudo apt-get update -q >/dev/null
+        for package in "${early[@]}"; do
+            [ "$package" = chromium ] && recommends=(--no-install-recommends) || recommends=()
+            DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q "${recommends[@]}" "$package" >/dev/null
+        done
+    ) </dev/null 2>/dev/null &
+    early_job=$!
+fi
+wait_early() {
+    if [ -n "$early_job" ]; then
+        wait "$early_job" || echo "setup: the background install of ${early[*]} failed; the checks below try again" >&2
+        early_job=""
+    fi
+}
+
 if [ ! -x .venv/bin/python ]; then
     echo "setup: creating .venv" >&2
     python3 -m venv .venv
@@ -30,12 +57,11 @@ print(f"setup: wgpu adapter: {info['adapter']} ({info['backend']}, subgroup size
 print("ok" if info["backend"] == "Vulkan" and info["subgroup_size"] else "no-subgroups")
 PY
 }
+wait_early
 state=$(adapter_state || true)
 if [ "${state##*$'\n'}" != ok ]; then
     [ -n "$state" ] && echo "${state%$'\n'*}" >&2
     echo "setup: no Vulkan adapter with subgroups; installing Mesa lavapipe (mesa-vulkan-drivers)" >&2
-    sudo=""
-    [ "$(id -u)" -eq 0 ] || sudo="sudo"
     $sudo apt-get update -q >/dev/null
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q mesa-vulkan-drivers >/dev/null
     state=$(adapter_state) || { echo "setup: still no wgpu adapter after installing lavapipe" >&2; exit 1; }
@@ -58,8 +84,6 @@ PY
 }
 if ! command -v chromium >/dev/null || ! dawn=$(dawn_state); then
     echo "setup: installing Debian's chromium (the browser check; SwiftShader's Vulkan driver for Dawn)" >&2
-    sudo=""
-    [ "$(id -u)" -eq 0 ] || sudo="sudo"
     $sudo apt-get update -q >/dev/null
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends chromium >/dev/null
     dawn=$(dawn_state) || { echo "setup: Dawn still finds no adapter after installing SwiftShader" >&2; exit 1; }
