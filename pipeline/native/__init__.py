@@ -23,6 +23,8 @@ from pipeline.blob import BACKEND_ID
 __all__ = ["NativeProgram", "check_blob", "decode_layouts", "load", "register", "shipped_layouts", "wgsl_source"]
 
 _REASON_BYTES = 512
+# Numbers a layouts entry comes back as (BackendLibrary.cpp's entries_out).
+_ENTRY_NUMBERS = 11
 
 _lib: ctypes.CDLL | None = None
 _lock = threading.Lock()
@@ -156,13 +158,12 @@ def decode_layouts(data: bytes, source: str = "<layouts>", text: bytes | None = 
     lib = library()
     names = ctypes.create_string_buffer(_REASON_BYTES)
     args = (data, len(data), source.encode(), text, len(text or b""))
-    count = lib.pipeline_webgpu_decode_layouts(*args, None, 0, names, _REASON_BYTES)
-    if count < 0:
+    entries = _entries(lambda out, capacity: lib.pipeline_webgpu_decode_layouts(*args, out, capacity, names,
+                                                                                  _REASON_BYTES))
+    if entries is None:
         raise ValueError(names.value.decode(errors="replace"))
-    numbers = (ctypes.c_uint64 * (11 * count))()
-    lib.pipeline_webgpu_decode_layouts(*args, numbers, len(numbers), names, _REASON_BYTES)
     adapter, _, implementation = names.value.decode().partition("\n")
-    return adapter, implementation, _entries(numbers)
+    return adapter, implementation, entries
 
 
 def shipped_layouts(adapter: str, implementation: str) -> tuple[str, dict[tuple, tuple]] | None:
@@ -172,22 +173,27 @@ def shipped_layouts(adapter: str, implementation: str) -> tuple[str, dict[tuple,
     lib = library()
     key = (adapter.encode(), implementation.encode())
     source = ctypes.create_string_buffer(_REASON_BYTES)
-    count = lib.pipeline_webgpu_shipped_layouts(*key, None, 0, source, _REASON_BYTES)
-    if count < 0:
-        return None
-    numbers = (ctypes.c_uint64 * (11 * count))()
-    lib.pipeline_webgpu_shipped_layouts(*key, numbers, len(numbers), source, _REASON_BYTES)
-    return source.value.decode(), _entries(numbers)
+    entries = _entries(lambda out, capacity: lib.pipeline_webgpu_shipped_layouts(*key, out, capacity, source,
+                                                                                   _REASON_BYTES))
+    return None if entries is None else (source.value.decode(), entries)
 
 
-def _entries(numbers) -> dict[tuple, tuple]:
+def _entries(call) -> dict[tuple, tuple] | None:
+    """The entries `call(out, capacity)` writes, _ENTRY_NUMBERS numbers each (it returns their
+    count: called once for it, then to fill), or None where it returns -1."""
     from pipeline.blob import DTYPE_CODES
     from pipeline.wgsl.layouts import NORMS
 
+    count = call(None, 0)
+    if count < 0:
+        return None
+    numbers = (ctypes.c_uint64 * (_ENTRY_NUMBERS * count))()
+    call(numbers, len(numbers))
     names = {code: name for name, code in DTYPE_CODES.items()}
     entries = {}
-    for at in range(0, len(numbers), 11):
-        dtype, affine_dtype, weight, bias, stats, width, rows, rms, threads, workgroup, words = numbers[at: at + 11]
+    for at in range(0, len(numbers), _ENTRY_NUMBERS):
+        dtype, affine_dtype, weight, bias, stats, width, rows, rms, threads, workgroup, words = numbers[
+            at: at + _ENTRY_NUMBERS]
         launch = (names[dtype], names[affine_dtype], bool(weight), bool(bias), bool(stats), width, rows,
                   NORMS[rms])
         entries[launch] = (threads, workgroup, bool(words))

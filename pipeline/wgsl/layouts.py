@@ -163,10 +163,9 @@ class Layouts:
             record = {**vars(launch), **vars(layout), "norm": NORMS.index(launch.norm),
                       "dtype": DTYPES.index(launch.dtype), "affine_dtype": DTYPES.index(launch.affine_dtype)}
             words.extend(int(record[name]) for name in RECORD_FIELDS)
-        head, body = words[:HEADER_WORDS], words[HEADER_WORDS:]
-        head, body = struct.pack(f"<{len(head)}I", *head), struct.pack(f"<{len(body)}I", *body)
-        data = BINARY_MAGIC + head + _padded(adapter) + _padded(implementation) + body
-        return data + struct.pack("<2I", *_halves(fnv1a64(data)))
+        data = (BINARY_MAGIC + _u32s(words[:HEADER_WORDS]) + _padded(adapter) + _padded(implementation)
+                + _u32s(words[HEADER_WORDS:]))
+        return data + _u32s(_halves(fnv1a64(data)))
 
     def write(self, path: str | os.PathLike) -> None:
         """The table's text at `path` and its binary twin beside it, atomically as a pair."""
@@ -182,8 +181,7 @@ def twin_path(path: str | os.PathLike) -> str:
 def write_twin(path: str | os.PathLike) -> Layouts:
     """Write the binary twin of the table at `path` (one edited by hand: checked as `read`
     checks it); LayoutsError naming the line for a table that does not read."""
-    text = _read_bytes(path)
-    table = parse(_decoded(path, text), os.fspath(path))
+    table, text = _table_and_text(path)
     write_files_atomic([(twin_path(path), table.binary(text), None)])
     return table
 
@@ -194,6 +192,10 @@ def fnv1a64(data: bytes) -> int:
     for byte in data:
         value = ((value ^ byte) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
     return value
+
+
+def _u32s(words) -> bytes:
+    return struct.pack(f"<{len(words)}I", *words)
 
 
 def _halves(value: int) -> tuple[int, int]:
@@ -301,8 +303,7 @@ def read(path: str | os.PathLike, twin: bool = False) -> Layouts:
     regular file, opened without blocking, at most LAYOUTS_MAX_BYTES of it; LayoutsError when
     it cannot be read (a named pipe, /dev/zero, a larger file) or parsed. With `twin`, also
     refused unless its binary twin, which the C++ backend reads, is the one this text makes."""
-    text = _read_bytes(path)
-    table = parse(_decoded(path, text), os.fspath(path))
+    table, text = _table_and_text(path)
     if twin:
         where, remedy = twin_path(path), f"scripts/tune_layouts.py --twin {os.fspath(path)}"
         try:
@@ -316,17 +317,12 @@ def read(path: str | os.PathLike, twin: bool = False) -> Layouts:
     return table
 
 
-def _read_bytes(path: str | os.PathLike) -> bytes:
+def _table_and_text(path: str | os.PathLike) -> tuple[Layouts, bytes]:
+    """The table at `path` and the file's bytes (decoded whole: line ends as they are in it)."""
     try:
-        return read_regular(path, LAYOUTS_MAX_BYTES)
-    except OSError as exc:
-        raise LayoutsError(f"{path}: cannot read the layouts file: {exc}") from None
-
-
-def _decoded(path: str | os.PathLike, text: bytes) -> str:
-    try:
-        return text.decode("utf-8")  # whole: line ends as they are in the file
-    except UnicodeDecodeError as exc:
+        text = read_regular(path, LAYOUTS_MAX_BYTES)
+        return parse(text.decode("utf-8"), os.fspath(path)), text
+    except (OSError, UnicodeDecodeError) as exc:
         raise LayoutsError(f"{path}: cannot read the layouts file: {exc}") from None
 
 
