@@ -4,9 +4,13 @@ Each script calls `while_starting()` before it imports anything heavy (torch, Ex
 seconds), and hands its `main` to `run()`. While starting, nothing has been written, so a
 signal ends the process at once: no library that catches exceptions during its import can
 swallow it. From `run()` on, a signal raises KeyboardInterrupt, so `finally` blocks remove
-temp files before the one line is printed. One that lands in a `__del__`, where Python
-would print the exception and drop it, or while a set of files takes its names (which must
-not stop half way), is delivered again shortly after.
+temp files before the one line is printed. A signal is delivered again shortly after,
+rather than raised, where raising would do harm: in a `__del__` (which closes a GPU handle),
+while a set of files takes its names (which must not stop half way), and during an import
+(the libraries import lazily, and an extension that imports from C++, as torch's op
+registration does, cannot pass the exception back: the process aborts). One raised where
+Python prints an exception and drops it (a weakref callback) reaches `sys.unraisablehook`:
+it is not printed, and the signal is delivered again.
 """
 
 from __future__ import annotations
@@ -32,11 +36,11 @@ def _exit_at_once(signum, frame) -> None:
     os._exit(INTERRUPTED)
 
 
-def _inside_finalizer(frame) -> bool:
-    """Whether `frame` is a `__del__`'s or below one: an exception raised there is printed
-    and dropped ("Exception ignored in"), and the work goes on."""
+def _finalizing_or_importing(frame) -> bool:
+    """Whether `frame` is a `__del__`'s or an import's, or below one."""
     while frame is not None:
-        if frame.f_code.co_name == "__del__":
+        code = frame.f_code
+        if code.co_name == "__del__" or code.co_filename.startswith("<frozen importlib"):
             return True
         frame = frame.f_back
     return False
@@ -48,13 +52,33 @@ def _renaming() -> bool:
     return ioutil is not None and ioutil.renaming()
 
 
+def _again(signum: int) -> None:
+    again = threading.Timer(AGAIN_SECONDS, os.kill, (os.getpid(), signum))
+    again.daemon = True
+    again.start()
+
+
+class _Interrupt(KeyboardInterrupt):
+    """A signal raised in the main thread; `signum` is what to send again if it is dropped."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"signal {signum}")
+        self.signum = signum
+
+
 def _raise_interrupt(signum, frame) -> None:
-    if _inside_finalizer(frame) or _renaming():
-        again = threading.Timer(AGAIN_SECONDS, os.kill, (os.getpid(), signum))
-        again.daemon = True
-        again.start()
+    if _finalizing_or_importing(frame) or _renaming():
+        _again(signum)
         return
-    raise KeyboardInterrupt(f"signal {signum}")
+    raise _Interrupt(signum)
+
+
+def _dropped(unraisable, report=sys.unraisablehook) -> None:
+    """sys.unraisablehook: our interrupt, dropped where it was raised, comes again."""
+    if isinstance(unraisable.exc_value, _Interrupt):
+        _again(unraisable.exc_value.signum)
+        return
+    report(unraisable)
 
 
 def while_starting() -> None:
@@ -64,6 +88,7 @@ def while_starting() -> None:
 
 def run(main: Callable[[], int]) -> None:
     """sys.exit(main()), a signal turned into the script's one line and status 130."""
+    sys.unraisablehook = _dropped
     signal.signal(signal.SIGINT, _raise_interrupt)
     signal.signal(signal.SIGTERM, _raise_interrupt)
     try:

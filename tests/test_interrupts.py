@@ -102,3 +102,40 @@ def test_a_signal_while_a_set_of_files_takes_its_names_lets_the_set_finish(tmp_p
     _ended_with_one_line(proc, "pair")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["first", "pair.py", "second"]
     assert (tmp_path / "first").read_text() == (tmp_path / "second").read_text() == "new"
+
+
+def test_a_signal_inside_a_weakref_callback_still_ends_the_script(tmp_path):
+    # Python drops an exception raised in a weakref callback (a WeakValueDictionary's entry
+    # removal, while a model is built): it comes again, with no "Exception ignored" lines.
+    proc = _run_script(tmp_path, "callback", (
+        "import weakref\n\n"
+        "class Value:\n"
+        "    pass\n\n"
+        "def removed(ref):\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    time.sleep(0.2)\n\n"
+        "def main():\n"
+        "    value = Value()\n"
+        "    ref = weakref.ref(value, removed)\n"
+        "    del value\n"
+        "    time.sleep(10)\n"
+        "    return 0\n"))
+    _ended_with_one_line(proc, "callback")
+
+
+def test_a_signal_during_an_import_comes_after_it(tmp_path):
+    # The module's body runs whole (an extension that imports from C++ could not pass the
+    # exception back), then the script ends.
+    (tmp_path / "slow_module.py").write_text(
+        "import os, signal, time\n"
+        "os.kill(os.getpid(), signal.SIGTERM)\n"
+        "time.sleep(0.2)\n"
+        "open('imported', 'w').close()\n")
+    proc = _run_script(tmp_path, "importing", (
+        "def main():\n"
+        "    sys.path.insert(0, os.getcwd())\n"
+        "    import slow_module\n"
+        "    time.sleep(10)\n"
+        "    return 0\n"))
+    _ended_with_one_line(proc, "importing")
+    assert (tmp_path / "imported").exists()
