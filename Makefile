@@ -19,15 +19,14 @@ TEST_WORKERS ?= 2
 
 # The test suite (both reduction paths: the adapter's subgroups, which it must find, see
 # tests/conftest.py, and the workgroup memory an adapter without them uses), then the census's
-# CI sample (report-census) and the accuracy report with the coverage audit of its own run (--with-coverage: one lowering and
-# one eager run for both) on the smallest variant of each model, and on an
-# exported file run back from disk, then whisper exported with XNNPACK and run in
-# ExecuTorch's runtime under its rule (against the same export without our delegate; an
-# ETDump of its runs beside the reports): their verdicts gate like tests do (exit status 1
-# when one fails). Whisper is the trained tiny.en: its accuracy report (Python runtime) and
-# its XNNPACK file (ExecuTorch's runtime) transcribe the shipped utterances from eager's and
-# the delegated encoder output and fail on a different token; the other whisper lines (the
-# file run back, Dawn) take one utterance.
+# CI sample (report-census), the accuracy report with the coverage audit of its own run
+# (--with-coverage: one lowering and one eager run for both) of bart and florence2's smallest
+# variants, the trained whisper tiny.en exported and both reports made from its file, then
+# tiny.en exported with XNNPACK and run in ExecuTorch's runtime under its rule (against the
+# same export without our delegate; an ETDump of its runs beside the reports): their verdicts
+# gate like tests do (exit status 1 when one fails). The whisper file and its XNNPACK twin
+# transcribe the shipped utterances from eager's and the delegated encoder output and fail on
+# a different token; Dawn's whisper report takes one utterance.
 test: setup
 	PIPELINE_REQUIRE_GPU=1 PIPELINE_TRAINED_WHISPER=$(TINY_EN) $(PY) -m pytest -q -rs -n $(TEST_WORKERS)
 	$(MAKE) --no-print-directory -j $(TEST_WORKERS) --output-sync=target reports
@@ -40,8 +39,7 @@ test-kernel-full: setup
 
 # Each target one chain of report lines, independent of the others (their files have their
 # own names), so `make test` runs them TEST_WORKERS at a time, the longest first.
-REPORT_TARGETS := report-census report-florence2 report-whisper-xnnpack report-whisper-file report-whisper report-bart \
-	report-whisper-dawn
+REPORT_TARGETS := report-census report-florence2 report-whisper-xnnpack report-whisper-file report-bart report-whisper-dawn
 .PHONY: $(REPORT_TARGETS)
 reports: $(REPORT_TARGETS)
 
@@ -58,13 +56,9 @@ report-whisper-xnnpack:
 	$(PY) scripts/run_pte.py $(REPORTS)/artifacts/whisper-tiny.en-xnnpack.pte --runtime executorch --repeats 1 --etdump $(REPORTS)/whisper-tiny.en-xnnpack.etdp
 
 report-whisper-file:
-	$(PY) scripts/export_model.py whisper --checkpoint $(TINY_EN) --audio $(UTTERANCE) --output-dir $(REPORTS)/artifacts
-	$(PY) scripts/run_pte.py $(REPORTS)/artifacts/whisper-tiny.en.pte --repeats 1
+	$(PY) scripts/export_model.py whisper --checkpoint $(TINY_EN) --output-dir $(REPORTS)/artifacts
 	$(PY) scripts/coverage_audit.py --pte $(REPORTS)/artifacts/whisper-tiny.en.pte --output-dir $(REPORTS)
 	$(PY) scripts/accuracy_report.py --pte $(REPORTS)/artifacts/whisper-tiny.en.pte --output-dir $(REPORTS)
-
-report-whisper:
-	$(PY) scripts/accuracy_report.py whisper --checkpoint $(TINY_EN) --with-coverage --output-dir $(REPORTS)
 
 report-bart:
 	$(PY) scripts/accuracy_report.py bart --with-coverage --output-dir $(REPORTS)
