@@ -30,7 +30,6 @@ from pipeline.evaluation.artifact import runtime_loader
 from pipeline.outputs import same_outputs
 from pipeline.pte import operators
 from pipeline.pte.file import PteError, PteFile
-from support.models import SmallBlock as Block
 from support.waits import within
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,11 +39,10 @@ def randn(*shape, seed=0):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
 
 
-@pytest.fixture(scope="module")
-def small(tmp_path_factory):
-    inputs = (randn(2, 5, 12), randn(2, 6, 7, seed=1))
-    path = tmp_path_factory.mktemp("small") / "small.pte"
-    pipeline.lower(Block().eval(), inputs).save(path)
+@pytest.fixture
+def small(small_block):
+    """conftest's SmallBlock file (read, never changed here): (.pte, inputs)."""
+    _, inputs, _, path, _ = small_block
     return path, inputs
 
 
@@ -278,15 +276,11 @@ def _tiny_bart_checkpoint(directory: Path, seed: int) -> Path:
     return directory
 
 
-@pytest.fixture(scope="module")
-def exported(tmp_path_factory):
-    """A tiny bart exported: (output folder, .pte, coverage file)."""
-    from pipeline.aot.export import export_model
-
-    folder = tmp_path_factory.mktemp("export")
-    checkpoint = _tiny_bart_checkpoint(folder / "checkpoint", seed=1)
-    summary = export_model("bart", checkpoint=checkpoint, output_dir=folder / "out")
-    return folder / "out", Path(summary["pte"]), Path(summary["coverage_json"])
+@pytest.fixture
+def exported(exported):
+    """conftest's tiny bart export (read, never changed here): (output folder, .pte, coverage file)."""
+    out = exported("bart").out
+    return out, next(out.glob("*.pte")), next(out.glob("*.coverage.json"))
 
 
 def test_an_export_writes_its_pte_and_coverage_file_as_a_pair(exported):

@@ -528,7 +528,12 @@ def _float64_error_ratio(model: nn.Module, inputs: tuple, got: torch.Tensor) -> 
     return (got.double() - exact).abs().max().item() / eager_err
 
 
-@pytest.mark.parametrize("cpu_backend", ["xnnpack", pytest.param("portable", marks=pytest.mark.slow)])
+# Full size, so slow: `make test`'s report-whisper-xnnpack runs the trained tiny.en exported with
+# XNNPACK in ExecuTorch's runtime, held against the same export without our delegate and
+# transcribing the shipped utterances; test_small_model_with_xnnpack_runs_in_executorch_runtime
+# keeps the placement in the suite.
+@pytest.mark.slow
+@pytest.mark.parametrize("cpu_backend", ["xnnpack", "portable"])
 def test_whisper_tiny_runs_in_executorch_runtime(native_runtime, tmp_path, cpu_backend):
     spec = pipeline.models.build("whisper", variant="tiny")
     model = spec.module.eval()
