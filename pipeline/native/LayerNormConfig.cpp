@@ -30,34 +30,20 @@ void bool_constant(std::string* text, const char* name, bool value) {
   *text += std::string("const ") + name + ": bool = " + (value ? "true" : "false") + ";\n";
 }
 
-// The kernel file with each marked line written out as often as config.marker_counts says:
-// `held` or `step` times, held rows' lines of one path (in their frame, or plain:
-// plain_two_pass), and of the held lines that load or use weight and bias those of
-// late_affine's form only, of those that take the squares those of squares_with_correction's.
+// The kernel file with each marked line written out as often as config.WRITTEN says (kWritten).
 std::string written_out_kernel(const KernelConfig& config) {
   const uint32_t held = std::max<uint32_t>(config.hold, 1);
-  const bool late = config.late_affine();
-  const bool merged = config.squares_with_correction();
-  const bool plain = config.plain_two_pass();
-  const bool wide = config.wide_words;
-  const uint32_t framed = plain ? 0 : held;
+  const uint32_t counts[] = {1, held, config.unroll, held / 2};  // by Count
+  const uint32_t forms = (config.late_affine() ? kLateAffine : 0) |
+                         (config.squares_with_correction() ? kSquaresWithCorrection : 0) |
+                         (config.plain_two_pass() ? kPlainTwoPass : 0) | (config.wide_words ? kWideWords : 0);
   std::string kernel;
   for (const KernelPart& part : kKernelParts) {
     uint32_t values = 1;
-    switch (part.marker) {
-      case Marker::kNone: break;
-      case Marker::kEachHeldValue: values = framed; break;
-      case Marker::kEachHeldValueWeightAndBiasWithX: values = late ? 0 : framed; break;
-      case Marker::kEachHeldValueWeightAndBiasAtTheStore: values = late ? framed : 0; break;
-      case Marker::kEachHeldValueSquaresAfterTheMean: values = merged ? 0 : framed; break;
-      case Marker::kEachHeldValueSquaresWithTheCorrection: values = merged ? framed : 0; break;
-      case Marker::kSquaresWithTheCorrection: values = merged && !plain ? 1 : 0; break;
-      case Marker::kEachStepValue: values = config.unroll; break;
-      case Marker::kRowsInTheirFrame: values = plain ? 0 : 1; break;
-      case Marker::kPlainRows: values = plain && !wide ? 1 : 0; break;
-      case Marker::kEachPlainValue: values = plain && !wide ? held : 0; break;
-      case Marker::kPlainRowsIn16ByteWords: values = wide ? 1 : 0; break;
-      case Marker::kEach16ByteWord: values = wide ? held / 2 : 0; break;
+    if (part.marker != Marker::kNone) {
+      const Written& rule = kWritten[static_cast<uint32_t>(part.marker) - 1];
+      const bool written = (forms & rule.when) == rule.when && (forms & rule.unless) == 0;
+      values = written ? counts[static_cast<uint32_t>(rule.count)] : 0;
     }
     if (part.value < values) {
       kernel += part.text;

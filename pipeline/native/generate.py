@@ -117,7 +117,21 @@ def kernel_header() -> str:
             + "// each value it is written out for.\n"
             + f"enum class Marker : uint32_t {{ kNone, {', '.join(cpp_name(m) for m in markers)} }};\n"
             + "struct KernelPart {\n  Marker marker;\n  uint32_t value;\n  const char* text;\n};\n"
-            + "inline constexpr KernelPart kKernelParts[] = {\n" + "".join(parts) + "};\n" + _NAMESPACE[1])
+            + "inline constexpr KernelPart kKernelParts[] = {\n" + "".join(parts) + "};\n"
+            + "\n// How often each marker's lines are written out (config.WRITTEN, by Marker after kNone):\n"
+            + "// `count` times where every form of `when` holds and none of `unless` does.\n"
+            + f"enum class Count : uint32_t {{ {', '.join(cpp_name(c) for c in config.COUNTS)} }};\n"
+            + f"enum Form : uint32_t {{ {', '.join(f'{cpp_name(f)} = {1 << i}' for i, f in enumerate(config.FORMS))} }};\n"
+            + "struct Written {\n  Count count;\n  uint32_t when;\n  uint32_t unless;\n};\n"
+            + "inline constexpr Written kWritten[] = {\n" + "".join(
+                f"    {{Count::{cpp_name(rule.count)}, {_forms(rule.when)}, {_forms(rule.unless)}}},\n"
+                for rule in config.WRITTEN.values()) + "};\n" + _NAMESPACE[1])
+
+
+
+def _forms(forms: tuple[str, ...]) -> str:
+    """A set of KernelConfig forms as the C++ Form bits."""
+    return " | ".join(cpp_name(form) for form in forms) or "0"
 
 
 def environment_header() -> str:

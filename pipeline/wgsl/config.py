@@ -13,6 +13,7 @@ import functools
 import math
 import re
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from pipeline.blob import DTYPE_CODES
 from pipeline.wgsl import ShaderFiles
@@ -77,11 +78,11 @@ LATE_AFFINE_VALUES = 20
 # frame's path took 0.8-20% more time at all 19 model shapes (docs/measurements.md, "How the
 # kernel got here").
 
-# The markers of the kernel file's lines written out once per value (`written_out`), and
-# the most values `choose_config` writes each out for. Held lines that load or use weight
-# and bias come in two forms: with x, or at the store (`late_affine`); held lines that take
-# the squares, in two: after the mean, or with the correction (`squares_with_correction`),
-# whose lines marked SQUARES_WITH_CORRECTION are written once or not at all.
+# The markers of the kernel file's lines written out once per value (`written_out`). Held
+# lines that load or use weight and bias come in two forms: with x, or at the store
+# (`late_affine`); held lines that take the squares, in two: after the mean, or with the
+# correction (`squares_with_correction`), whose lines marked SQUARES_WITH_CORRECTION are
+# written once or not at all.
 EACH_HELD_VALUE = "each held value"
 EACH_HELD_AFFINE_WITH_X = "each held value, weight and bias with x"
 EACH_HELD_AFFINE_AT_STORE = "each held value, weight and bias at the store"
@@ -94,10 +95,39 @@ PLAIN_ROWS = "plain rows"
 EACH_PLAIN_VALUE = "each plain value"
 WIDE_ROWS = "plain rows in 16-byte words"
 EACH_WIDE_WORD = "each 16-byte word"
-MOST_VALUES = {EACH_HELD_VALUE: MAX_HOLD, EACH_HELD_AFFINE_WITH_X: MAX_HOLD, EACH_HELD_AFFINE_AT_STORE: MAX_HOLD,
-               EACH_HELD_SQUARES_AFTER_MEAN: MAX_HOLD, EACH_HELD_SQUARES_WITH_CORRECTION: MAX_HOLD,
-               SQUARES_WITH_CORRECTION: 1, EACH_STEP_VALUE: STREAM_UNROLL, ROWS_IN_THEIR_FRAME: 1, PLAIN_ROWS: 1,
-               EACH_PLAIN_VALUE: MAX_HOLD, WIDE_ROWS: 1, EACH_WIDE_WORD: MAX_HOLD // 2}
+
+
+class Written(NamedTuple):
+    """How often a marker's lines are written out: `count` times ("once", "held": the values a
+    thread holds, at least 1; "step": a loop step's; "words": held // 2, the 16-byte words)
+    where every form in `when` holds and none in `unless` does, else not at all. The forms
+    are KernelConfig's FORMS."""
+
+    count: str
+    when: tuple[str, ...] = ()
+    unless: tuple[str, ...] = ()
+
+
+FORMS = ("late_affine", "squares_with_correction", "plain_two_pass", "wide_words")
+COUNTS = ("once", "held", "step", "words")
+# The one rule for every marker (`KernelConfig.marker_counts`; the C++ reads it generated).
+WRITTEN = {
+    EACH_HELD_VALUE: Written("held", unless=("plain_two_pass",)),
+    EACH_HELD_AFFINE_WITH_X: Written("held", unless=("plain_two_pass", "late_affine")),
+    EACH_HELD_AFFINE_AT_STORE: Written("held", when=("late_affine",), unless=("plain_two_pass",)),
+    EACH_HELD_SQUARES_AFTER_MEAN: Written("held", unless=("plain_two_pass", "squares_with_correction")),
+    EACH_HELD_SQUARES_WITH_CORRECTION: Written("held", when=("squares_with_correction",), unless=("plain_two_pass",)),
+    SQUARES_WITH_CORRECTION: Written("once", when=("squares_with_correction",), unless=("plain_two_pass",)),
+    EACH_STEP_VALUE: Written("step"),
+    ROWS_IN_THEIR_FRAME: Written("once", unless=("plain_two_pass",)),
+    PLAIN_ROWS: Written("once", when=("plain_two_pass",), unless=("wide_words",)),
+    EACH_PLAIN_VALUE: Written("held", when=("plain_two_pass",), unless=("wide_words",)),
+    WIDE_ROWS: Written("once", when=("wide_words",)),
+    EACH_WIDE_WORD: Written("words", when=("wide_words",)),
+}
+# The most values `choose_config` writes each marker's lines out for.
+MOST_VALUES = {marker: {"once": 1, "held": MAX_HOLD, "step": STREAM_UNROLL, "words": MAX_HOLD // 2}[rule.count]
+               for marker, rule in WRITTEN.items()}
 
 # Per components in one load: the WGSL type of V, the sum of its components and its first.
 _V_TYPES = {4: ("vec4<f32>", "v.x + v.y + v.z + v.w", "v.x"), 2: ("vec2<f32>", "v.x + v.y", "v.x"),
@@ -248,20 +278,14 @@ class KernelConfig:
         return files.module(body, subgroups=self.subgroup_size > 0)
 
     def marker_counts(self) -> dict[str, int]:
-        """How often the kernel file's lines of each marker are written out: held rows' lines
-        of one path (in their frame, plain in V, or plain in 16-byte words), of one form each."""
+        """How often the kernel file's lines of each marker are written out (WRITTEN): held
+        rows' lines of one path (in their frame, plain in V, or plain in 16-byte words), of
+        one form each."""
         held = max(self.hold, 1)
-        late, merged, plain = self.late_affine, self.squares_with_correction, self.plain_two_pass
-        framed = 0 if plain else held
-        wide = self.wide_words
-        return {EACH_HELD_VALUE: framed, EACH_HELD_AFFINE_WITH_X: 0 if late else framed,
-                EACH_HELD_AFFINE_AT_STORE: framed if late else 0,
-                EACH_HELD_SQUARES_AFTER_MEAN: 0 if merged else framed,
-                EACH_HELD_SQUARES_WITH_CORRECTION: framed if merged else 0,
-                SQUARES_WITH_CORRECTION: int(merged and not plain), EACH_STEP_VALUE: self.unroll,
-                ROWS_IN_THEIR_FRAME: int(not plain), PLAIN_ROWS: int(plain and not wide),
-                EACH_PLAIN_VALUE: held if plain and not wide else 0, WIDE_ROWS: int(wide),
-                EACH_WIDE_WORD: held // 2 if wide else 0}
+        counts = {"once": 1, "held": held, "step": self.unroll, "words": held // 2}
+        forms = {form for form in FORMS if getattr(self, form)}
+        return {marker: counts[rule.count] if forms.issuperset(rule.when) and forms.isdisjoint(rule.unless) else 0
+                for marker, rule in WRITTEN.items()}
 
 
 def constant(name: str, value: int | bool) -> str:
