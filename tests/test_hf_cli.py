@@ -3,12 +3,14 @@ the reports, the file rebuilt from its coverage file; and what the commands refu
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 
 import pytest
 import torch
 
-from support.scripts import load_script, run_script
+from support.scripts import load_script
 
 
 @pytest.fixture(scope="module")
@@ -25,30 +27,35 @@ def bert_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def exported(bert_dir, tmp_path_factory):
+    """export_model.py --hf's main() in this process: (the output folder, what it printed to stderr)."""
     out = tmp_path_factory.mktemp("out")
-    result = run_script("export_model", "--hf", str(bert_dir), "--output-dir", str(out))
-    assert result.returncode == 0, result.stderr
-    return out, result
+    stderr = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(stderr):
+        status = load_script("export_model").main(["--hf", str(bert_dir), "--output-dir", str(out)])
+    assert status == 0, stderr.getvalue()
+    return out, stderr.getvalue()
 
 
 def test_export_names_files_after_the_directory_and_records_it(bert_dir, exported):
-    out, result = exported
+    out, stderr = exported
     assert sorted(p.name for p in out.iterdir()) == ["my-bert.coverage.json", "my-bert.pte"]
     summary = json.loads((out / "my-bert.coverage.json").read_text())
     assert summary["hf"] == str(bert_dir.resolve()) and summary["model"] == "bert" and summary["variant"] == "hf"
     assert summary["checkpoint_sha256"] and summary["layer_norm_ops"] == summary["delegated"] > 0
-    assert "weights from the directory" in result.stderr
+    assert "weights from the directory" in stderr
 
 
-def test_run_pte_rebuilds_the_model_from_the_coverage_file(exported):
+def test_run_pte_rebuilds_the_model_from_the_coverage_file(exported, capsys):
     out, _ = exported
+    run_pte = load_script("run_pte")
     for runtime in ("python", "executorch"):
-        result = run_script("run_pte", str(out / "my-bert.pte"), "--runtime", runtime, "--repeats", "1")
-        assert result.returncode == 0, result.stderr
-        assert "passed" in result.stdout
+        status = run_pte.main([str(out / "my-bert.pte"), "--runtime", runtime, "--repeats", "1"])
+        captured = capsys.readouterr()
+        assert status == 0, captured.err
+        assert "passed" in captured.out
 
 
-def test_a_changed_directory_is_refused_when_the_file_is_rebuilt(bert_dir, exported, tmp_path):
+def test_a_changed_directory_is_refused_when_the_file_is_rebuilt(bert_dir, exported, tmp_path, capsys):
     out, _ = exported
     copied = tmp_path / "copy"
     copied.mkdir()
@@ -58,10 +65,10 @@ def test_a_changed_directory_is_refused_when_the_file_is_rebuilt(bert_dir, expor
     original = config.read_bytes()
     try:
         config.write_bytes(original.replace(b'"layer_norm_eps": 1e-12', b'"layer_norm_eps": 1e-06'))
-        result = run_script("run_pte", str(copied / "my-bert.pte"))
+        status = load_script("run_pte").main([str(copied / "my-bert.pte")])
     finally:
         config.write_bytes(original)
-    assert result.returncode == 1 and "changed since the export" in result.stderr.strip().splitlines()[-1]
+    assert status == 1 and "changed since the export" in capsys.readouterr().err.strip().splitlines()[-1]
 
 
 def test_a_directory_without_weights_says_seeded_random(tmp_path, capsys):
@@ -69,7 +76,7 @@ def test_a_directory_without_weights_says_seeded_random(tmp_path, capsys):
 
     directory = tmp_path / "no-weights"
     tiny_config("vit").save_pretrained(directory)
-    # coverage_audit.py's command line in this process (the scripts run as processes above).
+    # coverage_audit.py's command line in this process, as the scripts above run.
     assert _report_main("coverage_audit")(["--hf", str(directory), "--output-dir", str(tmp_path / "reports")]) == 0
     assert "seeded random weights" in capsys.readouterr().out
     report = json.loads((tmp_path / "reports" / "no-weights.coverage.json").read_text())
@@ -100,9 +107,9 @@ def _report_main(script: str):
     return lambda argv: report_main(kind, script, argv)
 
 
-def test_a_missing_directory_exits_1_with_one_line(tmp_path):
-    result = run_script("export_model", "--hf", str(tmp_path / "absent"), "--output-dir", str(tmp_path / "out"))
-    assert result.returncode == 1
-    last = result.stderr.strip().splitlines()[-1]
+def test_a_missing_directory_exits_1_with_one_line(tmp_path, capsys):
+    argv = ["--hf", str(tmp_path / "absent"), "--output-dir", str(tmp_path / "out")]
+    assert load_script("export_model").main(argv) == 1
+    last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.startswith("export_model: ") and "absent" in last
     assert not (tmp_path / "out").exists()

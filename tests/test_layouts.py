@@ -20,7 +20,7 @@ import torch
 from pipeline.wgsl import ShaderFiles, layouts
 from pipeline.wgsl.config import choose_config
 from pipeline.wgsl.layouts import MAGIC, V2_MAGIC, Launch, Layout, Layouts, LayoutsError, parse, read
-from support.scripts import ROOT, load_script, run_script
+from support.scripts import ROOT, load_script
 
 HEADER = f"{MAGIC}\nadapter Some GPU (driver 1.2)\nimplementation wgpu\n"
 # (rows, width, dtype, threads per row, workgroup, 16-byte words): launches the rule holds, each
@@ -309,19 +309,35 @@ def test_python_refuses_a_missing_or_stale_twin_as_the_cpp_does(tmp_path):
         read(path, twin=True)
 
 
-def test_a_twin_is_written_only_for_a_table_that_reads(tmp_path):
+@pytest.fixture
+def tune_layouts():
+    """scripts/tune_layouts.py's main(argv), in this process (bad usage raises SystemExit(2)):
+    it times the layouts it is given on this process's device, the one a child started with
+    the same environment would open. What it sets in the environment (cli.quiet_dependencies:
+    XDG_RUNTIME_DIR) is undone after the test."""
+    before = dict(os.environ)
+    yield load_script("tune_layouts").main
+    for name in os.environ.keys() - before.keys():
+        del os.environ[name]
+    os.environ.update(before)
+
+
+def test_a_twin_is_written_only_for_a_table_that_reads(tmp_path, tune_layouts, capsys):
     path = tmp_path / "t.txt"
     path.write_text(BAD[6][0])
     with pytest.raises(LayoutsError, match=f"^{path}:4: unknown line"):
         layouts.write_twin(path)
     assert not os.path.exists(f"{path}.bin")
-    result = run_script("tune_layouts", "--twin", str(path))
-    assert result.returncode == 1 and f"{path}:4: unknown line" in result.stderr, result.stderr
+    status = tune_layouts(["--twin", str(path)])
+    err = capsys.readouterr().err
+    assert status == 1 and f"{path}:4: unknown line" in err, err
     path.write_text(table_text())
-    result = run_script("tune_layouts", "--twin", str(path))
-    assert result.returncode == 0 and f"wrote {path}.bin: 12 layouts" in result.stdout, result.stderr
-    result = run_script("tune_layouts", "--twin", str(path), "--append")
-    assert result.returncode == 2 and "alone" in result.stderr
+    status = tune_layouts(["--twin", str(path)])
+    printed = capsys.readouterr()
+    assert status == 0 and f"wrote {path}.bin: 12 layouts" in printed.out, printed.err
+    with pytest.raises(SystemExit) as exit:
+        tune_layouts(["--twin", str(path), "--append"])
+    assert exit.value.code == 2 and "alone" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("rows, width, dtype, threads, workgroup, words", TUNED)
@@ -369,15 +385,17 @@ def test_tune_takes_the_best_other_layout_and_skips_streamed_rows(gpu_info):
     assert any(line.startswith("[2/3] rms_norm float32 16x2304:") for line in lines)
 
 
-def test_tune_layouts_writes_a_table_both_runtimes_read_and_appends(tmp_path, gpu_info, native):
+def test_tune_layouts_writes_a_table_both_runtimes_read_and_appends(tmp_path, gpu_info, native, tune_layouts,
+                                                                    capsys):
     out = tmp_path / "tuned" / "layouts.txt"
     out.parent.mkdir()
     kept = Launch("float32", "float32", True, True, False, 768, 32)
     Layouts(gpu_info["adapter"], gpu_info["implementation"], {kept: Layout(32, 128, False, 1.1)}).write(out)
-    result = run_script("tune_layouts", "--shapes", "64x1024,9x7000", "--dtype", "float16", "--out", str(out),
-                        "--append", "--rounds", "1", "--repeats", "3")
-    assert result.returncode == 0, result.stderr
-    assert "9x7000: rows streamed" in result.stdout and f"wrote {out}" in result.stdout
+    status = tune_layouts(["--shapes", "64x1024,9x7000", "--dtype", "float16", "--out", str(out), "--append",
+                           "--rounds", "1", "--repeats", "3"])
+    printed = capsys.readouterr()
+    assert status == 0, printed.err
+    assert "9x7000: rows streamed" in printed.out and f"wrote {out}" in printed.out
     table = read(out)
     assert (table.adapter, table.implementation) == (gpu_info["adapter"], gpu_info["implementation"])
     assert table.entries[kept] == Layout(32, 128, False, 1.1)  # --append kept the other launch's entry
@@ -385,7 +403,7 @@ def test_tune_layouts_writes_a_table_both_runtimes_read_and_appends(tmp_path, gp
     assert native.decode_layouts(open(f"{out}.bin", "rb").read(), "t.bin", out.read_bytes()) == cpp_view(table)
 
 
-def test_tune_refuses_bad_arguments_before_timing(tmp_path):
+def test_tune_refuses_bad_arguments_before_timing(tmp_path, tune_layouts, capsys):
     (tmp_path / "other.txt").write_text(table_text())
     for args, why in ((["--min-gain", "0.5"], "at least 1"), (["--shapes", "0x5"], "positive"),
                       (["--norm", "rms_norm", "--stats"], "an rms_norm stores no mean and rstd"),
@@ -395,11 +413,13 @@ def test_tune_refuses_bad_arguments_before_timing(tmp_path):
             (tmp_path / "bad.txt").write_text("nonsense\n")
             why = "not a layouts file"
         full = ["--out", str(tmp_path / "t.txt"), *args] if "--out" not in args else args
-        result = run_script("tune_layouts", *full)
-        assert result.returncode == 2 and why in result.stderr, result.stderr
-    result = run_script("tune_layouts", "--shapes", "8x64", "--out", str(tmp_path / "other.txt"), "--append",
-                        "--rounds", "1", "--repeats", "2")
-    assert result.returncode == 1 and "tuned on 'Some GPU" in result.stderr
+        with pytest.raises(SystemExit) as exit:
+            tune_layouts(full)
+        err = capsys.readouterr().err
+        assert exit.value.code == 2 and why in err, err
+    status = tune_layouts(["--shapes", "8x64", "--out", str(tmp_path / "other.txt"), "--append", "--rounds", "1",
+                           "--repeats", "2"])
+    assert status == 1 and "tuned on 'Some GPU" in capsys.readouterr().err
     assert (tmp_path / "other.txt").read_text() == table_text()  # nothing lost
 
 
@@ -417,7 +437,7 @@ class TwoNorms(torch.nn.Module):
         return z.sum() + mean.sum() + y
 
 
-def test_a_program_s_launches_are_what_it_runs(tmp_path, gpu_info, capsys):
+def test_a_program_s_launches_are_what_it_runs(tmp_path, gpu_info, tune_layouts, capsys):
     import pipeline
     from pipeline.tune import program_launches
 
@@ -431,19 +451,20 @@ def test_a_program_s_launches_are_what_it_runs(tmp_path, gpu_info, capsys):
     program.save(tmp_path / "two.pte")
     torch.save((x,), tmp_path / "inputs.pt")
     out = tmp_path / "two.txt"
-    result = run_script("tune_layouts", "--pte", str(tmp_path / "two.pte"), "--inputs", str(tmp_path / "inputs.pt"),
-                        "--out", str(out), "--rounds", "1", "--repeats", "3")
-    assert result.returncode == 0, result.stderr
-    assert "2 distinct launches" in result.stdout
-    assert "float32 240x96:" in result.stdout and "float32 80x96:" in result.stdout  # each timed
+    capsys.readouterr()  # from here on, what the script prints
+    status = tune_layouts(["--pte", str(tmp_path / "two.pte"), "--inputs", str(tmp_path / "inputs.pt"), "--out",
+                           str(out), "--rounds", "1", "--repeats", "3"])
+    printed = capsys.readouterr()
+    assert status == 0, printed.err
+    assert "2 distinct launches" in printed.out
+    assert "float32 240x96:" in printed.out and "float32 80x96:" in printed.out  # each timed
     assert {(e.rows, e.has_weight, e.write_stats) for e in read(out).entries} <= {(240, True, False), (80, False, True)}
-    main = load_script("tune_layouts").main
     for args, why in ((["--shapes", "8x64"], "not with --shapes"), (["--dtype", "float16"], "not with --shapes"),
                       (["--stats"], "not with --shapes"), (["--inputs", "x.pt"], "only with --pte")):
         with pytest.raises(SystemExit) as exit:
-            main(["--out", str(out), *(["--pte", "two.pte"] if args[0] != "--inputs" else []), *args])
+            tune_layouts(["--out", str(out), *(["--pte", "two.pte"] if args[0] != "--inputs" else []), *args])
         assert exit.value.code == 2 and why in capsys.readouterr().err
-    assert main(["--pte", str(tmp_path / "two.pte"), "--out", str(out)]) == 1  # no model recorded beside it
+    assert tune_layouts(["--pte", str(tmp_path / "two.pte"), "--out", str(out)]) == 1  # no model recorded beside it
     assert "coverage" in capsys.readouterr().err
 
 

@@ -1,7 +1,7 @@
 """A delegate's call through the C++ library (pipeline.runtime.native_call) against the
 same delegate launching from Python: the same bits for every dtype, shape, affine form and
 output set, on both reduction paths (the library's device reads PIPELINE_WGPU_SUBGROUPS
-once, so the workgroup-memory path runs this file again in a child process)."""
+once, so the workgroup-memory path runs the kernel's tests again in a child process)."""
 
 import ctypes
 import os
@@ -263,12 +263,21 @@ def test_threaded_copy_size_is_pythons():
     assert entry() == runtime_device.THREADED_COPY_BYTES
 
 
-def test_the_tests_above_on_the_workgroup_memory_path():
+# The tests whose bits the reduction path decides: the kernel's output for each dtype, shape,
+# eps, affine form and output set, and which path the library takes. The others check what
+# happens around the kernel (shared buffers, threads, copies, waits, counters, refusals, the
+# fallback), which is the same code on either path.
+ON_EACH_REDUCTION_PATH = (test_same_bits_as_the_python_launch, test_every_eps_gives_the_python_launch_s_bits,
+                          test_affine_forms_and_output_sets, test_mixed_precision_float32_affine_with_half_input,
+                          test_strided_and_empty_inputs, test_the_library_uses_the_devices_reduction_path)
+
+
+def test_the_kernel_tests_above_on_the_workgroup_memory_path():
     # The library's device reads PIPELINE_WGPU_SUBGROUPS once, when a process opens it: the
     # workgroup-memory path (an adapter without subgroups) needs a process of its own.
     env = {**os.environ, runtime_device.SUBGROUPS_ENV: "0"}
     here = Path(__file__).relative_to(ROOT)
-    this = f"{here}::test_the_tests_above_on_the_workgroup_memory_path"
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(here), "--deselect", this],
+    tests = [f"{here}::{test.__name__}" for test in ON_EACH_REDUCTION_PATH]
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
                          capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
     assert run.returncode == 0 and " passed" in run.stdout and "skipped" not in run.stdout, run.stdout[-4000:]
