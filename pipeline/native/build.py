@@ -11,6 +11,11 @@ device, the blob decoder, the configuration rule):
   native_call): wgpu's headers only, no ExecuTorch; it binds to the wgpu-native that
   wgpu-py has loaded, and carries its own C++ runtime (static libstdc++), so it loads on
   any Linux host with the same wgpu wheel (the lent H200 has no ExecuTorch).
+With dawn-python installed, the same sources build a second pair for Dawn (PIPELINE_WEBGPU=dawn),
+libpipeline_webgpu_dawn.so and libpipeline_layer_norm_dawn.so: Dawn's own webgpu.h (the
+pre-1.0 one of Chromium 133, which dawn-python 0.3.0 ships without its headers: found in
+PIPELINE_DAWN_INCLUDE, default build/dawn/include, as dawn/webgpu.h), every call bound by
+dlsym on dawn-python's library at run time (WebGPUApi.h); nothing links against it.
 What the Python side decides reaches the C++ as headers generated first (generate.py: the
 WGSL files and module pieces, the configuration rule's numbers, the blob layout), so the C++
 kernel is the Python runtime's kernel and reads the blob Python writes.
@@ -46,9 +51,13 @@ LIBRARY_NAME = "libpipeline_webgpu.so"
 RUNTIME_LIBRARY_NAME = "libpipeline_layer_norm.so"
 # The runtime library's sources (the backend takes every other file and not its entry points).
 RUNTIME_SOURCES = (
-    "HostCopy.cpp", "LayerNormLaunch.cpp", "LayerNormConfig.cpp", "WebGPUDelegateHeader.cpp",
+    "HostCopy.cpp", "LayerNormLaunch.cpp", "LayerNormConfig.cpp", "WebGPUApi.cpp", "WebGPUDelegateHeader.cpp",
     "WebGPUDevice.cpp", "CallLibrary.cpp",
 )
+# The Dawn build: its libraries are these names with DAWN_SUFFIX before ".so".
+DAWN_SUFFIX = "_dawn"
+DAWN_INCLUDE_ENV = "PIPELINE_DAWN_INCLUDE"
+DAWN_FLAGS = ("-DPIPELINE_WEBGPU_DAWN",)
 CALL_LIBRARY_SOURCE = "CallLibrary.cpp"
 # The runtime library brings its own C++ runtime; wgpu-native's symbols come from the process.
 RUNTIME_LINK_FLAGS = ("-static-libstdc++", "-static-libgcc", "-Wl,--exclude-libs,ALL")
@@ -70,9 +79,10 @@ class Wheels:
     """Where the installed wheels keep what the build needs."""
 
     executorch_version: str
-    wgpu_version: str
+    wgpu_version: str  # for Dawn: dawn-python's
     includes: tuple[Path, ...]
     libraries: tuple[Path, ...]  # linked by file name, found at run time through rpath
+    dawn: bool = False
 
 
 def build_dir() -> Path:
@@ -80,12 +90,23 @@ def build_dir() -> Path:
     return Path(override) if override else SOURCE_DIR.parents[1] / "build" / "native"
 
 
-def library_path() -> Path:
-    return build_dir() / LIBRARY_NAME
+def library_name(runtime: bool = False, dawn: bool = False) -> str:
+    name = RUNTIME_LIBRARY_NAME if runtime else LIBRARY_NAME
+    return name.replace(".so", DAWN_SUFFIX + ".so") if dawn else name
 
 
-def runtime_library_path() -> Path:
-    return build_dir() / RUNTIME_LIBRARY_NAME
+def library_path(dawn: bool = False) -> Path:
+    return build_dir() / library_name(dawn=dawn)
+
+
+def runtime_library_path(dawn: bool = False) -> Path:
+    return build_dir() / library_name(runtime=True, dawn=dawn)
+
+
+def dawn_include() -> Path:
+    """The folder holding dawn/webgpu.h for the Dawn build."""
+    override = os.environ.get(DAWN_INCLUDE_ENV)
+    return Path(override) if override else SOURCE_DIR.parents[1] / "build" / "dawn" / "include"
 
 
 def _package_dir(name: str) -> Path:
@@ -95,9 +116,12 @@ def _package_dir(name: str) -> Path:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
-def find_wheels(executorch: bool = True) -> Wheels:
+def find_wheels(executorch: bool = True, dawn: bool = False) -> Wheels:
     """The headers and libraries of the installed executorch and wgpu wheels (wgpu's
-    alone without `executorch`: the runtime library's build)."""
+    alone without `executorch`: the runtime library's build); with `dawn`, Dawn's header in
+    place of wgpu's (BuildError, in one line, without dawn-python or the header)."""
+    if dawn:
+        return _dawn_wheels(find_wheels(executorch) if executorch else None)
     wgpu_dir = _package_dir("wgpu")
     if not executorch:
         header = wgpu_dir / "resources" / "wgpu.h"
@@ -134,6 +158,27 @@ def find_wheels(executorch: bool = True) -> Wheels:
     )
 
 
+def _dawn_wheels(executorch: Wheels | None) -> Wheels:
+    if importlib.util.find_spec("pydawn") is None:
+        raise BuildError("dawn-python (package pydawn) is not installed: no Dawn build")
+    header = dawn_include() / "dawn" / "webgpu.h"
+    if not header.is_file():
+        raise BuildError(f"Dawn's webgpu.h not found at {header} (dawn-python ships none: put Chromium 133's, "
+                         f"from pydawn's build/Desktop/include, there or set {DAWN_INCLUDE_ENV})")
+    et_includes = executorch.includes[:2] if executorch else ()
+    et_libraries = executorch.libraries[:2] if executorch else ()
+    return Wheels(executorch_version=executorch.executorch_version if executorch else "",
+                  wgpu_version=importlib.metadata.version("dawn-python"),
+                  includes=(dawn_include(), *et_includes), libraries=et_libraries, dawn=True)
+
+
+def dawn_library() -> Path:
+    """dawn-python's libwebgpu_dawn, whose calls the Dawn libraries bind at run time."""
+    from pydawn import webgpu
+
+    return Path(webgpu.dll_path)
+
+
 def version_mismatches(wheels: Wheels) -> list[str]:
     """Installed versions that differ from PINNED_VERSIONS (local tags like +cpu ignored)."""
     found = {"executorch": wheels.executorch_version, "wgpu": wheels.wgpu_version}
@@ -145,6 +190,7 @@ def version_mismatches(wheels: Wheels) -> list[str]:
 
 
 def _sources(runtime: bool = False) -> list[Path]:
+    # WebGPUApi.cpp holds both implementations' differences (the Dawn build defines which).
     if runtime:
         return [SOURCE_DIR / name for name in RUNTIME_SOURCES]
     return [p for p in sorted(SOURCE_DIR.glob("*.cpp")) if p.name != CALL_LIBRARY_SOURCE]
@@ -154,12 +200,13 @@ def _fingerprint(compiler: str, wheels: Wheels, generated: dict[str, str], runti
     """What a library's bytes follow from: sources, headers, this file, the generated headers,
     the compiler's name, flags and the wheels' versions (not where they are installed)."""
     digest = hashlib.sha256()
-    for path in [*_sources(runtime), *sorted(SOURCE_DIR.glob("*.h")), Path(__file__)]:
+    headers = [dawn_include() / "dawn" / "webgpu.h"] if wheels.dawn else []
+    for path in [*_sources(runtime), *sorted(SOURCE_DIR.glob("*.h")), Path(__file__), *headers]:
         digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     for name, text in sorted(generated.items()):
         digest.update(name.encode() + b"\0" + text.encode() + b"\0")
     versions = (wheels.executorch_version, wheels.wgpu_version)
-    digest.update(repr((Path(compiler).name, CXX_FLAGS, versions, runtime)).encode())
+    digest.update(repr((Path(compiler).name, CXX_FLAGS, versions, runtime, wheels.dawn)).encode())
     return digest.hexdigest()
 
 
@@ -174,17 +221,18 @@ def find_compiler() -> str:
     return compiler
 
 
-def build(force: bool = False, log=None, runtime: bool = False) -> Path:
-    """Build the backend library (`runtime`: the Python runtime's call library) if
-    sources, generated headers, flags or wheels changed; return its path. An up-to-date library needs
-    no compiler."""
-    wheels = find_wheels(executorch=not runtime)
+def build(force: bool = False, log=None, runtime: bool = False, dawn: bool = False) -> Path:
+    """Build the backend library (`runtime`: the Python runtime's call library; `dawn`: its
+    Dawn build) if sources, generated headers, flags or wheels changed; return its path. An
+    up-to-date library needs no compiler."""
+    wheels = find_wheels(executorch=not runtime, dawn=dawn)
     generated = generate.headers()
     out_dir = build_dir()
-    name = RUNTIME_LIBRARY_NAME if runtime else LIBRARY_NAME
-    what = "runtime call library" if runtime else "native backend"
+    name = library_name(runtime, dawn)
+    suffix = DAWN_SUFFIX.replace("_", "-") if dawn else ""
+    what = ("runtime call library" if runtime else "native backend") + (" for Dawn" if dawn else "")
     library = out_dir / name
-    stamp = out_dir / ("stamp-runtime" if runtime else "stamp")
+    stamp = out_dir / (("stamp-runtime" if runtime else "stamp") + suffix)
     fingerprint = _fingerprint(compiler_name(), wheels, generated, runtime)
     if not force and library.is_file() and stamp.is_file() and stamp.read_text() == fingerprint:
         if log is not None:
@@ -194,16 +242,19 @@ def build(force: bool = False, log=None, runtime: bool = False) -> Path:
     compiler = find_compiler()
     started = time.monotonic()
     gen = out_dir / "gen"
-    objects = out_dir / ("obj-runtime" if runtime else "obj")
+    objects = out_dir / (("obj-runtime" if runtime else "obj") + suffix)
     gen.mkdir(parents=True, exist_ok=True)
     objects.mkdir(parents=True, exist_ok=True)
     for name, text in generated.items():
         _write_atomically(gen / name, text)
-    includes = [f"-I{p}" for p in (SOURCE_DIR, gen, *wheels.includes)]
+    # Dawn's header before anything else's.
+    includes = [f"-I{p}" for p in ((*wheels.includes[:1], SOURCE_DIR, gen, *wheels.includes[1:]) if dawn
+                                   else (SOURCE_DIR, gen, *wheels.includes))]
+    flags = [*CXX_FLAGS, *(DAWN_FLAGS if dawn else ())]
 
     def compile_one(source: Path) -> Path:
         target = objects / (source.stem + ".o")
-        _run([compiler, *CXX_FLAGS, *includes, "-c", str(source), "-o", str(target)])
+        _run([compiler, *flags, *includes, "-c", str(source), "-o", str(target)])
         return target
 
     with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
@@ -215,6 +266,8 @@ def build(force: bool = False, log=None, runtime: bool = False) -> Path:
         link = ["-Wl,--no-undefined"]
         for lib in wheels.libraries:
             link += [f"-L{lib.parent}", f"-l:{lib.name}", f"-Wl,-rpath,{lib.parent}"]
+    if dawn:
+        link.append("-ldl")
     partial = out_dir / (name + ".tmp")
     _run([compiler, "-shared", "-o", str(partial), *map(str, compiled), *link])
     os.replace(partial, library)
@@ -256,6 +309,12 @@ def main(argv: list[str] | None = None) -> int:
     except BuildError as exc:
         log(f"native backend: {exc}")
         return 1
+    try:
+        build(force=args.force, log=log, runtime=True, dawn=True)
+        if not args.runtime_only:
+            build(force=args.force, log=log, dawn=True)
+    except BuildError as exc:
+        log(f"native build for Dawn skipped: {exc}")
     return 0
 
 
