@@ -12,18 +12,25 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 import pipeline
 from pipeline import runtime
+from pipeline.runtime import delegate as delegate_module
 from pipeline.runtime import device as runtime_device
+from pipeline.runtime import native_call
 from pipeline.wgsl.config import STREAM_UNROLL
+from support.delegates import DTYPES, bits, make_delegate
 from support.gpu import REQUIRE_GPU_ENV
 from support.grids import AFFINE, thinned
 from support.lowering import lower_and_compare
 from support.reference import assert_close_to_reference
+from support.scripts import ROOT
 
 kernel = importlib.import_module("pipeline.runtime.launch")
 pytestmark = pytest.mark.usefixtures("gpu_info")
@@ -178,3 +185,49 @@ def test_program_runs_its_delegates_on_dawn(monkeypatch, dawn, tmp_path):
     torch.testing.assert_close(loaded(x), prog(x), rtol=0, atol=0)
     assert runtime.stats()["dispatches"] - before == 4  # two delegates, two calls: all on Dawn
     assert runtime.device_info()["implementation"] == "dawn"
+
+
+# Delegates on Dawn call through the C++ library's Dawn build (libpipeline_layer_norm_dawn.so:
+# the same sources against Dawn's webgpu.h), as they call the wgpu build on wgpu. Scalar,
+# vec2 and vec4 rows, a row streamed, hard rows; the device reads PIPELINE_WGPU_SUBGROUPS once,
+# so the workgroup-memory path runs these again in a process of its own.
+LIBRARY_CASES = [("float32", 7, 5), ("float16", 64, 768), ("bfloat16", 33, 1023), ("float32", 9, 3000),
+                 ("float16", 6, 4098)]
+
+
+@pytest.mark.parametrize("dtype, rows, width", LIBRARY_CASES)
+def test_delegates_call_the_dawn_library_with_the_python_launch_s_bits(monkeypatch, dawn, dtype, rows, width):
+    data, _ = make_delegate(width, dtype, outputs=(0, 1, 2))
+    native = delegate_module.LayerNormDelegate(data)
+    assert native._native is not None, "the Dawn call library did not open the delegate"
+    with monkeypatch.context() as m:
+        m.setenv(native_call.NATIVE_CALL_ENV, "0")
+        python = delegate_module.LayerNormDelegate(data)
+    gen = torch.Generator().manual_seed(rows + width)
+    x = torch.randn(rows, width, generator=gen) * 3
+    if rows >= 5:  # a large mean with a small variance, a constant row, NaN, infinity
+        x[1] = 1e4 + torch.randn(width, generator=gen) * 1e-2
+        x[2] = 7.0
+        x[3, width // 2] = float("nan")
+        x[4, 0] = float("inf")
+    x = x.to(DTYPES[dtype])
+    for i, (a, b) in enumerate(zip(native(x), python(x), strict=True)):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        assert torch.equal(bits(a), bits(b)), f"output {i}: the Dawn library differs from the Python launch"
+
+
+def test_the_dawn_library_runs_on_the_python_runtime_s_device(dawn):
+    assert native_call.device_name() == dawn.impl.info["adapter"]
+    assert native_call.subgroup_size() == dawn.subgroup_size
+    if os.environ.get(runtime_device.SUBGROUPS_ENV) == "0":
+        assert native_call.subgroup_size() == 0
+
+
+def test_the_dawn_library_on_the_workgroup_memory_path(dawn):
+    if os.environ.get(runtime_device.SUBGROUPS_ENV) == "0":
+        pytest.skip("this process is the workgroup-memory run")
+    env = {**os.environ, runtime_device.SUBGROUPS_ENV: "0"}
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+                          str(Path(__file__).relative_to(ROOT)), "-k", "dawn_library and not workgroup_memory"],
+                         capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
+    assert run.returncode == 0 and " passed" in run.stdout and "skipped" not in run.stdout, run.stdout[-4000:]
