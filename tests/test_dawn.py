@@ -231,3 +231,42 @@ def test_the_dawn_library_on_the_workgroup_memory_path(dawn):
                           str(Path(__file__).relative_to(ROOT)), "-k", "dawn_library and not workgroup_memory"],
                          capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
     assert run.returncode == 0 and " passed" in run.stdout and "skipped" not in run.stdout, run.stdout[-4000:]
+
+
+def test_executorch_runtime_runs_the_dawn_backend_with_the_python_launch_s_bits(dawn, tmp_path):
+    # The backend library's Dawn build (libpipeline_webgpu_dawn.so) registered in ExecuTorch's
+    # runtime: a process of its own, since a process registers one WebGPUBackend, the one its
+    # PIPELINE_WEBGPU names when first asked.
+    code = f"""
+import os, torch
+from torch import nn
+import pipeline, pipeline.native
+
+class Norms(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm, self.odd = nn.LayerNorm(128), nn.LayerNorm(15)
+        with torch.no_grad():
+            for p in self.parameters():
+                p.normal_()
+
+    def forward(self, x, y):
+        out, mean, rstd = torch.ops.aten.native_layer_norm(x * 2, [128], self.norm.weight, self.norm.bias, 1e-5)
+        return self.norm(x), out, mean, rstd, self.odd(y)
+
+torch.manual_seed(0)
+x, y = torch.randn(40, 128) * 4 + 30, torch.randn(3, 5, 15).half()
+model = Norms().eval()
+model.odd.half()
+os.environ["PIPELINE_NATIVE_CALL"] = "0"  # the lowered program's delegates launch from Python
+prog = pipeline.lower(model, (x, y))
+prog.save({str(tmp_path / "norms.pte")!r})
+python = prog(x, y)
+available, adapter = pipeline.native.device()
+got = pipeline.native.load({str(tmp_path / "norms.pte")!r})(x, y)
+print(available, adapter == {dawn.impl.info["adapter"]!r}, prog.coverage.delegated,
+      all(torch.equal(g, p) for g, p in zip(got, python, strict=True)))
+"""
+    env = {**os.environ, runtime_device.IMPLEMENTATION_ENV: "dawn"}
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
+    assert run.stdout.split()[-4:] == ["True", "True", "3", "True"], run.stderr[-3000:]

@@ -102,7 +102,7 @@ def _load(name: str) -> ctypes.CDLL:
     if dawn:
         # The process's copy of dawn-python's library (it loads it privately); the device is
         # opened here, while SwiftShader is offered to the Vulkan loader as for the Python runtime's.
-        from pipeline.runtime.webgpu import with_swiftshader
+        from pipeline.environment import with_swiftshader
 
         reason = ctypes.create_string_buffer(_REASON_BYTES)
         if not lib.pipeline_layer_norm_bind(str(dawn_library()).encode(), reason, _REASON_BYTES):
