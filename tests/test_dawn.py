@@ -197,6 +197,7 @@ LIBRARY_CASES = [("float32", 7, 5), ("float16", 64, 768), ("bfloat16", 33, 1023)
 
 @pytest.mark.parametrize("dtype, rows, width", LIBRARY_CASES)
 def test_delegates_call_the_dawn_library_with_the_python_launch_s_bits(monkeypatch, dawn, dtype, rows, width):
+    native_call.library()  # raises, saying why, where the Dawn build cannot be had
     data, _ = make_delegate(width, dtype, outputs=(0, 1, 2))
     native = delegate_module.LayerNormDelegate(data)
     assert native._native is not None, "the Dawn call library did not open the delegate"
