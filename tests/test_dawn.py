@@ -21,6 +21,8 @@ import torch
 
 import pipeline
 from pipeline import runtime
+from pipeline.native import build as native_build
+from pipeline.native import dawn_webgpu
 from pipeline.runtime import delegate as delegate_module
 from pipeline.runtime import device as runtime_device
 from pipeline.runtime import native_call
@@ -187,8 +189,34 @@ def test_program_runs_its_delegates_on_dawn(monkeypatch, dawn, tmp_path):
     assert runtime.device_info()["implementation"] == "dawn"
 
 
+def test_dawn_declarations_cover_every_bound_call_and_hold_ctypes_layouts(tmp_path):
+    # dawn_webgpu.h, generated from dawn-python's ctypes bindings: a WGPUProc type for every call
+    # the C++ binds, and it compiles, its static_asserts holding each struct to ctypes' layout.
+    pytest.importorskip("pydawn")
+    text = dawn_webgpu.header()
+    for name, symbol in dawn_webgpu.calls():
+        assert f"(*WGPUProc{symbol})(" in text and f"X({name}, {symbol})" in text, name
+    assert text.count("static_assert(sizeof(") == text.count("\nstruct ")
+    try:
+        compiler = native_build.find_compiler()
+    except native_build.BuildError as exc:
+        pytest.skip(str(exc))
+    header = tmp_path / dawn_webgpu.HEADER_NAME
+    header.write_text(text)
+    run = subprocess.run([compiler, "-std=c++17", "-fsyntax-only", "-x", "c++", str(header)],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-4000:]
+
+
+def test_dawn_declarations_refuse_a_call_dawn_lacks(monkeypatch):
+    pytest.importorskip("pydawn")
+    monkeypatch.setattr(dawn_webgpu, "CALLS", (*dawn_webgpu.CALLS, "DeviceTeleport"))
+    with pytest.raises(dawn_webgpu.DeclarationError, match="WGPUProcDeviceTeleport"):
+        dawn_webgpu.header()
+
+
 # Delegates on Dawn call through the C++ library's Dawn build (libpipeline_layer_norm_dawn.so:
-# the same sources against Dawn's webgpu.h), as they call the wgpu build on wgpu. Scalar,
+# the same sources against Dawn's C API), as they call the wgpu build on wgpu. Scalar,
 # vec2 and vec4 rows, a row streamed, hard rows; the device reads PIPELINE_WGPU_SUBGROUPS once,
 # so the workgroup-memory path runs these again in a process of its own.
 LIBRARY_CASES = [("float32", 7, 5), ("float16", 64, 768), ("bfloat16", 33, 1023), ("float32", 9, 3000),

@@ -14,12 +14,9 @@ constexpr uint64_t kWaitSliceNs = 100'000'000;
 bool bound = false;
 }  // namespace
 
-#define PIPELINE_DAWN_DEFINE(name) WGPUProc##name wgpu##name = nullptr;
-#define PIPELINE_DAWN_DEFINE_2(name) WGPUProc##name##2 wgpu##name = nullptr;
+#define PIPELINE_DAWN_DEFINE(name, symbol) WGPUProc##symbol wgpu##name = nullptr;
 PIPELINE_DAWN_CALLS(PIPELINE_DAWN_DEFINE)
-PIPELINE_DAWN_CALLS_2(PIPELINE_DAWN_DEFINE_2)
 #undef PIPELINE_DAWN_DEFINE
-#undef PIPELINE_DAWN_DEFINE_2
 
 bool bind_library(const char* path, std::string* reason) {
   if (bound) {
@@ -36,16 +33,11 @@ bool bind_library(const char* path, std::string* reason) {
     return false;
   }
   std::string missing;
-#define PIPELINE_DAWN_BIND(name, symbol)                                   \
-  wgpu##name = reinterpret_cast<decltype(wgpu##name)>(dlsym(handle, symbol)); \
-  if (wgpu##name == nullptr) missing += std::string(missing.empty() ? "" : ", ") + symbol;
-#define PIPELINE_DAWN_BIND_1(name) PIPELINE_DAWN_BIND(name, "wgpu" #name)
-#define PIPELINE_DAWN_BIND_2(name) PIPELINE_DAWN_BIND(name, "wgpu" #name "2")
-  PIPELINE_DAWN_CALLS(PIPELINE_DAWN_BIND_1)
-  PIPELINE_DAWN_CALLS_2(PIPELINE_DAWN_BIND_2)
+#define PIPELINE_DAWN_BIND(name, symbol)                                                  \
+  wgpu##name = reinterpret_cast<decltype(wgpu##name)>(dlsym(handle, "wgpu" #symbol)); \
+  if (wgpu##name == nullptr) missing += std::string(missing.empty() ? "" : ", ") + "wgpu" #symbol;
+  PIPELINE_DAWN_CALLS(PIPELINE_DAWN_BIND)
 #undef PIPELINE_DAWN_BIND
-#undef PIPELINE_DAWN_BIND_1
-#undef PIPELINE_DAWN_BIND_2
   if (!missing.empty()) {
     *reason = std::string(path) + " lacks " + missing + " (built for dawn-python 0.3.0's Dawn)";
     return false;

@@ -1,10 +1,11 @@
 // The webgpu.h the library is built against, and the one place where the two
 // implementations differ. Built plain, it is wgpu-native's (the wgpu wheel's headers; its
-// symbols come from the process). Built with -DPIPELINE_WEBGPU_DAWN, it is Dawn's pre-1.0
-// header (Chromium 133's, as dawn-python 0.3.0 ships it), and every call goes through a
-// function pointer bound by dlsym on dawn-python's library: both libraries export the same
-// names and a process may hold both. The rest of the C++ calls webgpu.h by its names and
-// uses the aliases below where the headers name a type differently.
+// symbols come from the process). Built with -DPIPELINE_WEBGPU_DAWN, it is Dawn's pre-1.0 C
+// API (Chromium 133's, as dawn-python 0.3.0 ships it) as dawn_webgpu.h declares it, generated
+// from dawn-python's ctypes bindings (dawn_webgpu.py), and every call goes through a function
+// pointer bound by dlsym on dawn-python's library: both libraries export the same names and a
+// process may hold both. The rest of the C++ calls webgpu.h by its names and uses the aliases
+// below where the headers name a type differently.
 #pragma once
 
 #include <cstdint>
@@ -12,8 +13,7 @@
 #include <vector>
 
 #ifdef PIPELINE_WEBGPU_DAWN
-#define WGPU_SKIP_DECLARATIONS
-#include <dawn/webgpu.h>
+#include "dawn_webgpu.h"
 #else
 #include <webgpu.h>
 #include <wgpu.h>
@@ -39,29 +39,43 @@ constexpr ShaderCompiler kShaderCompiler = ShaderCompiler::kTint;
 constexpr const char* kNoAdapterHelp =
     "without a GPU Dawn needs SwiftShader's Vulkan driver (Debian's chromium-common): run `make setup`";
 
-// Every call the C++ makes, bound from dawn-python's library by bind_library.
-#define PIPELINE_DAWN_CALLS(X)                                                                             \
-  X(AdapterGetInfo) X(AdapterGetLimits) X(AdapterHasFeature) X(AdapterInfoFreeMembers) X(AdapterRelease)   \
-  X(BindGroupLayoutRelease) X(BindGroupRelease) X(BufferDestroy) X(BufferGetConstMappedRange)              \
-  X(BufferGetMappedRange) X(BufferRelease) X(BufferUnmap) X(CommandBufferRelease)                          \
-  X(CommandEncoderBeginComputePass) X(CommandEncoderCopyBufferToBuffer) X(CommandEncoderFinish)            \
-  X(CommandEncoderRelease) X(CommandEncoderResolveQuerySet) X(ComputePassEncoderDispatchWorkgroups)        \
-  X(ComputePassEncoderEnd) X(ComputePassEncoderRelease) X(ComputePassEncoderSetBindGroup)                  \
-  X(ComputePassEncoderSetPipeline) X(ComputePipelineGetBindGroupLayout) X(ComputePipelineRelease)          \
-  X(CreateInstance) X(DeviceCreateBindGroup) X(DeviceCreateBindGroupLayout) X(DeviceCreateBuffer)          \
-  X(DeviceCreateCommandEncoder) X(DeviceCreateComputePipeline) X(DeviceCreatePipelineLayout)               \
-  X(DeviceCreateQuerySet) X(DeviceCreateShaderModule) X(DeviceGetLimits) X(DeviceGetQueue)                 \
-  X(DevicePushErrorScope) X(InstanceProcessEvents) X(InstanceWaitAny) X(PipelineLayoutRelease)             \
-  X(QuerySetRelease) X(QueueSubmit) X(QueueWriteBuffer) X(ShaderModuleRelease)
-// Bound to Dawn's "2" symbols under wgpu-native's names.
-#define PIPELINE_DAWN_CALLS_2(X) \
-  X(InstanceRequestAdapter) X(AdapterRequestDevice) X(BufferMapAsync) X(DevicePopErrorScope)
-#define PIPELINE_DAWN_DECLARE(name) extern WGPUProc##name wgpu##name;
-#define PIPELINE_DAWN_DECLARE_2(name) extern WGPUProc##name##2 wgpu##name;
+// Every call the C++ makes (dawn_webgpu.CALLS), bound from dawn-python's library by
+// bind_library; wgpu##name is WGPUProc##symbol, Dawn's "2" symbol where it has one.
+#define PIPELINE_DAWN_DECLARE(name, symbol) extern WGPUProc##symbol wgpu##name;
 PIPELINE_DAWN_CALLS(PIPELINE_DAWN_DECLARE)
-PIPELINE_DAWN_CALLS_2(PIPELINE_DAWN_DECLARE_2)
 #undef PIPELINE_DAWN_DECLARE
-#undef PIPELINE_DAWN_DECLARE_2
+
+// The shared code starts its structs from wgpu-native's *_INIT macros. Here each is zero,
+// which every field the shared code leaves has for its default, but a WGSL source's sType and
+// the adapter's feature level (Core).
+#define WGPU_STRLEN SIZE_MAX
+#define WGPU_ADAPTER_INFO_INIT WGPUAdapterInfo{}
+#define WGPU_BIND_GROUP_DESCRIPTOR_INIT WGPUBindGroupDescriptor{}
+#define WGPU_BIND_GROUP_ENTRY_INIT WGPUBindGroupEntry{}
+#define WGPU_BIND_GROUP_LAYOUT_DESCRIPTOR_INIT WGPUBindGroupLayoutDescriptor{}
+#define WGPU_BIND_GROUP_LAYOUT_ENTRY_INIT WGPUBindGroupLayoutEntry{}
+#define WGPU_BUFFER_DESCRIPTOR_INIT WGPUBufferDescriptor{}
+#define WGPU_COMPUTE_PASS_DESCRIPTOR_INIT WGPUComputePassDescriptor{}
+#define WGPU_COMPUTE_PIPELINE_DESCRIPTOR_INIT WGPUComputePipelineDescriptor{}
+#define WGPU_DEVICE_DESCRIPTOR_INIT WGPUDeviceDescriptor{}
+#define WGPU_LIMITS_INIT WGPULimits{}
+#define WGPU_PIPELINE_LAYOUT_DESCRIPTOR_INIT WGPUPipelineLayoutDescriptor{}
+#define WGPU_QUERY_SET_DESCRIPTOR_INIT WGPUQuerySetDescriptor{}
+#define WGPU_SHADER_MODULE_DESCRIPTOR_INIT WGPUShaderModuleDescriptor{}
+#define WGPU_REQUEST_ADAPTER_OPTIONS_INIT ::pipeline::webgpu::request_adapter_options()
+#define WGPU_SHADER_SOURCE_WGSL_INIT ::pipeline::webgpu::shader_source_wgsl()
+
+inline WGPURequestAdapterOptions request_adapter_options() {
+  WGPURequestAdapterOptions options = {};
+  options.featureLevel = WGPUFeatureLevel_Core;
+  return options;
+}
+
+inline WGPUShaderSourceWGSL shader_source_wgsl() {
+  WGPUShaderSourceWGSL source = {};
+  source.chain.sType = WGPUSType_ShaderSourceWGSL;
+  return source;
+}
 #else
 using RequestAdapterCallbackInfo = WGPURequestAdapterCallbackInfo;
 using RequestDeviceCallbackInfo = WGPURequestDeviceCallbackInfo;

@@ -12,10 +12,10 @@ device, the blob decoder, the configuration rule):
   wgpu-py has loaded, and carries its own C++ runtime (static libstdc++), so it loads on
   any Linux host with the same wgpu wheel (the lent H200 has no ExecuTorch).
 With dawn-python installed, the same sources build a second pair for Dawn (PIPELINE_WEBGPU=dawn),
-libpipeline_webgpu_dawn.so and libpipeline_layer_norm_dawn.so: Dawn's own webgpu.h (the
-pre-1.0 one of Chromium 133, which dawn-python 0.3.0 ships without its headers: found in
-PIPELINE_DAWN_INCLUDE, default build/dawn/include, as dawn/webgpu.h), every call bound by
-dlsym on dawn-python's library at run time (WebGPUApi.h); nothing links against it.
+libpipeline_webgpu_dawn.so and libpipeline_layer_norm_dawn.so: Dawn's pre-1.0 C API (Chromium
+133's, which dawn-python 0.3.0 ships without a header) as dawn_webgpu.h declares it, generated
+from dawn-python's ctypes bindings (dawn_webgpu.py), every call bound by dlsym on dawn-python's
+library at run time (WebGPUApi.h); nothing links against it.
 What the Python side decides reaches the C++ as headers generated first (generate.py: the
 WGSL files and module pieces, the configuration rule's numbers, the blob layout), so the C++
 kernel is the Python runtime's kernel and reads the blob Python writes.
@@ -40,7 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.native import generate
+from pipeline.native import dawn_webgpu, generate
 
 # The wheels this build was written and tested against: which of their libraries exports the
 # backend registry and which exports resize_tensor_impl is not an API promise.
@@ -56,7 +56,6 @@ RUNTIME_SOURCES = (
 )
 # The Dawn build: its libraries are these names with DAWN_SUFFIX before ".so".
 DAWN_SUFFIX = "_dawn"
-DAWN_INCLUDE_ENV = "PIPELINE_DAWN_INCLUDE"
 DAWN_FLAGS = ("-DPIPELINE_WEBGPU_DAWN",)
 CALL_LIBRARY_SOURCE = "CallLibrary.cpp"
 # The runtime library brings its own C++ runtime; wgpu-native's symbols come from the process.
@@ -103,12 +102,6 @@ def runtime_library_path(dawn: bool = False) -> Path:
     return build_dir() / library_name(runtime=True, dawn=dawn)
 
 
-def dawn_include() -> Path:
-    """The folder holding dawn/webgpu.h for the Dawn build."""
-    override = os.environ.get(DAWN_INCLUDE_ENV)
-    return Path(override) if override else SOURCE_DIR.parents[1] / "build" / "dawn" / "include"
-
-
 def _package_dir(name: str) -> Path:
     spec = importlib.util.find_spec(name)
     if spec is None or not spec.submodule_search_locations:
@@ -118,8 +111,8 @@ def _package_dir(name: str) -> Path:
 
 def find_wheels(executorch: bool = True, dawn: bool = False) -> Wheels:
     """The headers and libraries of the installed executorch and wgpu wheels (wgpu's
-    alone without `executorch`: the runtime library's build); with `dawn`, Dawn's header in
-    place of wgpu's (BuildError, in one line, without dawn-python or the header)."""
+    alone without `executorch`: the runtime library's build); with `dawn`, none of wgpu's (the
+    Dawn declarations are generated; BuildError, in one line, without dawn-python)."""
     if dawn:
         return _dawn_wheels(find_wheels(executorch) if executorch else None)
     wgpu_dir = _package_dir("wgpu")
@@ -161,15 +154,18 @@ def find_wheels(executorch: bool = True, dawn: bool = False) -> Wheels:
 def _dawn_wheels(executorch: Wheels | None) -> Wheels:
     if importlib.util.find_spec("pydawn") is None:
         raise BuildError("dawn-python (package pydawn) is not installed: no Dawn build")
-    header = dawn_include() / "dawn" / "webgpu.h"
-    if not header.is_file():
-        raise BuildError(f"Dawn's webgpu.h not found at {header} (dawn-python ships none: put Chromium 133's, "
-                         f"from pydawn's build/Desktop/include, there or set {DAWN_INCLUDE_ENV})")
     et_includes = executorch.includes[:2] if executorch else ()
     et_libraries = executorch.libraries[:2] if executorch else ()
     return Wheels(executorch_version=executorch.executorch_version if executorch else "",
                   wgpu_version=importlib.metadata.version("dawn-python"),
-                  includes=(dawn_include(), *et_includes), libraries=et_libraries, dawn=True)
+                  includes=et_includes, libraries=et_libraries, dawn=True)
+
+
+def _dawn_header() -> str:
+    try:
+        return dawn_webgpu.header()
+    except dawn_webgpu.DeclarationError as exc:
+        raise BuildError(f"{exc} (built for dawn-python 0.3.0)") from exc
 
 
 def dawn_library() -> Path:
@@ -200,8 +196,7 @@ def _fingerprint(compiler: str, wheels: Wheels, generated: dict[str, str], runti
     """What a library's bytes follow from: sources, headers, this file, the generated headers,
     the compiler's name, flags and the wheels' versions (not where they are installed)."""
     digest = hashlib.sha256()
-    headers = [dawn_include() / "dawn" / "webgpu.h"] if wheels.dawn else []
-    for path in [*_sources(runtime), *sorted(SOURCE_DIR.glob("*.h")), Path(__file__), *headers]:
+    for path in [*_sources(runtime), *sorted(SOURCE_DIR.glob("*.h")), Path(__file__)]:
         digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     for name, text in sorted(generated.items()):
         digest.update(name.encode() + b"\0" + text.encode() + b"\0")
@@ -227,6 +222,8 @@ def build(force: bool = False, log=None, runtime: bool = False, dawn: bool = Fal
     up-to-date library needs no compiler."""
     wheels = find_wheels(executorch=not runtime, dawn=dawn)
     generated = generate.headers()
+    if dawn:
+        generated[dawn_webgpu.HEADER_NAME] = _dawn_header()
     out_dir = build_dir()
     name = library_name(runtime, dawn)
     suffix = DAWN_SUFFIX.replace("_", "-") if dawn else ""
@@ -247,9 +244,7 @@ def build(force: bool = False, log=None, runtime: bool = False, dawn: bool = Fal
     objects.mkdir(parents=True, exist_ok=True)
     for name, text in generated.items():
         _write_atomically(gen / name, text)
-    # Dawn's header before anything else's.
-    includes = [f"-I{p}" for p in ((*wheels.includes[:1], SOURCE_DIR, gen, *wheels.includes[1:]) if dawn
-                                   else (SOURCE_DIR, gen, *wheels.includes))]
+    includes = [f"-I{p}" for p in (SOURCE_DIR, gen, *wheels.includes)]
     flags = [*CXX_FLAGS, *(DAWN_FLAGS if dawn else ())]
 
     def compile_one(source: Path) -> Path:

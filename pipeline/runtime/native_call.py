@@ -10,7 +10,7 @@ GIL released.
 
 The library binds to the wgpu-native that wgpu-py loaded (made global here first), so the
 process holds one copy of it. With PIPELINE_WEBGPU=dawn its Dawn build
-(libpipeline_layer_norm_dawn.so, the same sources against Dawn's webgpu.h) binds every call
+(libpipeline_layer_norm_dawn.so, the same sources against Dawn's C API) binds every call
 to dawn-python's library by dlsym; each implementation has its library and device, and both
 may be open in one process. PIPELINE_NATIVE_CALL=0 makes delegates launch from Python
 (to compare, or where no C++ compiler can build the library).
