@@ -333,8 +333,8 @@ def wall_us(call, budget_s: float = 0.5, least: int = 5, most: int = 100) -> flo
 
 def layer_norm_delegate(weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5):
     """A LayerNorm delegate as the three models' are: constant weight and bias (of one
-    dtype, also the input's), the output alone returned. Its call crosses into C++ on wgpu
-    (pipeline.runtime.native_call) and launches from Python on Dawn or with
+    dtype, also the input's), the output alone returned. Its call crosses into C++
+    (pipeline.runtime.native_call, on wgpu or Dawn) and launches from Python with
     PIPELINE_NATIVE_CALL=0, as the process's setting says when it is made."""
     from pipeline import blob
     from pipeline.runtime.delegate import LayerNormDelegate

@@ -34,8 +34,8 @@ import numpy as np
 import torch
 
 from pipeline.benchmark import Runner, warm_gpu, wall_us
+from pipeline.environment import SWIFTSHADER_ICD, swiftshader_offered, with_swiftshader
 from pipeline.runtime.launch import DTYPES
-from pipeline.runtime.webgpu import SWIFTSHADER_ICD, swiftshader_offered, with_swiftshader
 
 PROVIDER = "WebGpuExecutionProvider"
 OPSET = 17

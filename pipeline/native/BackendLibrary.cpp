@@ -46,6 +46,18 @@ long long entries_out(const webgpu::LayoutTable& table, uint64_t* out, size_t ca
 
 extern "C" {
 
+// Binds the WebGPU calls from the implementation's library at `path` (the Dawn build:
+// dawn-python's; wgpu-native's are linked, and there it does nothing). Call before any other.
+// 1 on success, else 0 and the reason.
+PIPELINE_EXPORT int pipeline_webgpu_bind(const char* path, char* reason, size_t capacity) {
+  std::string why;
+  if (!webgpu::bind_library(path, &why)) {
+    copy_out(why, reason, capacity);
+    return 0;
+  }
+  return 1;
+}
+
 // The executorch::runtime::Error of registering "WebGPUBackend" (0: Ok). Idempotent.
 PIPELINE_EXPORT int pipeline_webgpu_register() {
   return static_cast<int>(webgpu::register_webgpu_backend());

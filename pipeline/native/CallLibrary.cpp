@@ -1,7 +1,8 @@
 // extern "C" entry points of libpipeline_layer_norm.so, the Python runtime's delegate call
 // in one crossing (pipeline/runtime/native_call.py): a delegate opened from its blob, then
 // each call uploads, launches and reads back in C++ (LayerNormLaunch, the native backend's
-// own launch). No ExecuTorch here: the library links nothing but what wgpu-py has loaded.
+// own launch). No ExecuTorch here: the library links nothing but what wgpu-py has loaded
+// (its Dawn build, nothing: it binds dawn-python's library when told where it is).
 // Each function returns a status instead of throwing.
 #include <cstdint>
 #include <cstring>
@@ -31,6 +32,18 @@ struct Delegate {
 }  // namespace
 
 extern "C" {
+
+// Binds the WebGPU calls from the implementation's library at `path` (Dawn: dawn-python's;
+// wgpu-native's come from the process, and there it does nothing). Call before any other.
+// 1 on success, else 0 and the reason.
+PIPELINE_EXPORT int pipeline_layer_norm_bind(const char* path, char* reason, size_t capacity) {
+  std::string why;
+  if (!webgpu::bind_library(path, &why)) {
+    copy_out(why, reason, capacity);
+    return 0;
+  }
+  return 1;
+}
 
 // 1 when a device is available, with the adapter's name in `text`; else 0 and the reason.
 PIPELINE_EXPORT int pipeline_layer_norm_device(char* text, size_t capacity) {

@@ -172,7 +172,8 @@ WGPUComputePipeline LayerNormLaunch::pipeline_for(const KernelConfig& config, st
     return known->second;
   }
   WGPUComputePipeline pipeline =
-      device_->create_pipeline(kernel_source(config), pipeline_layout_, "native_layer_norm.wgsl", reason);
+      device_->create_pipeline(kernel_source(config, kShaderCompiler), pipeline_layout_, "native_layer_norm.wgsl",
+                               reason);
   if (pipeline != nullptr) {
     pipelines_.emplace(key, pipeline);
     device_->pipelines_compiled.fetch_add(1, std::memory_order_relaxed);
@@ -360,7 +361,7 @@ WGPUBindGroup LayerNormLaunch::bind_group(const LaunchPlan& plan, const LaunchBu
 bool LayerNormLaunch::submit(WGPUComputePipeline pipeline, const LaunchPlan& plan, const LaunchBuffers& b,
                              bool timed, std::string* reason) {
   WGPUBindGroup group = bind_group(plan, b);
-  WGPUPassTimestampWrites writes = WGPU_PASS_TIMESTAMP_WRITES_INIT;
+  PassTimestampWrites writes = {};
   writes.querySet = queries_;
   writes.beginningOfPassWriteIndex = 0;
   writes.endOfPassWriteIndex = 1;

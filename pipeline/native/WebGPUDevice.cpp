@@ -33,9 +33,6 @@ constexpr int kMaxPollRounds = 100000;
 // its "GPU" is these cores.
 constexpr const char* kPollSpinEnv = "PIPELINE_POLL_SPIN_US";
 constexpr long kPollSpinMicros = 1000;
-// The implementation this device runs, as layouts tables name it: wgpu-native, as the Python
-// runtime's wgpu implementation (one compiler, naga, so one table serves both).
-constexpr const char* kImplementation = "wgpu";
 
 WGPUStringView view(const char* s) { return WGPUStringView{s, s ? std::strlen(s) : 0}; }
 WGPUStringView view(const std::string& s) { return WGPUStringView{s.data(), s.size()}; }
@@ -121,7 +118,7 @@ void on_uncaptured_error(WGPUDevice const*, WGPUErrorType, WGPUStringView messag
   auto* first = static_cast<std::string*>(userdata1);
   if (first->empty()) {
     *first = text(message);
-    if (first->empty()) *first = "unspecified wgpu error";
+    if (first->empty()) *first = std::string("unspecified ") + kImplementation + " error";
   }
 }
 
@@ -201,7 +198,7 @@ WebGPUDevice* WebGPUDevice::get(std::string* reason) {
   return shared;
 }
 
-bool WebGPUDevice::wait(const bool* done) {
+bool WebGPUDevice::wait(const bool* done, WGPUFuture future) {
   long spin = cpu_adapter_ ? 0 : kPollSpinMicros;
   if (const char* env = std::getenv(kPollSpinEnv); env != nullptr && *env != '\0') {
     spin = std::max(0L, std::strtol(env, nullptr, 10));
@@ -209,15 +206,11 @@ bool WebGPUDevice::wait(const bool* done) {
   if (spin > 0 && device_ != nullptr) {
     const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(spin);
     while (!*done && std::chrono::steady_clock::now() < until) {
-      wgpuDevicePoll(device_, false, nullptr);
-      wgpuInstanceProcessEvents(instance_);
+      poll(instance_, device_, future, false);
     }
   }
   for (int round = 0; round < kMaxPollRounds && !*done; ++round) {
-    if (device_ != nullptr) {
-      wgpuDevicePoll(device_, true, nullptr);
-    }
-    wgpuInstanceProcessEvents(instance_);
+    poll(instance_, device_, future, true);
     if (!*done && device_ == nullptr) {
       std::this_thread::sleep_for(std::chrono::microseconds(100));
     }
@@ -226,7 +219,10 @@ bool WebGPUDevice::wait(const bool* done) {
 }
 
 bool WebGPUDevice::open(std::string* reason) {
-  instance_ = wgpuCreateInstance(nullptr);
+  if (!library_bound(reason)) {
+    return false;
+  }
+  instance_ = create_instance();
   if (instance_ == nullptr) {
     *reason = "wgpuCreateInstance failed";
     return false;
@@ -300,13 +296,16 @@ bool WebGPUDevice::read_layouts(std::string* reason) {
 }
 
 bool WebGPUDevice::adapter_named(const char* wanted, std::string* reason) {
-  size_t count = wgpuInstanceEnumerateAdapters(instance_, nullptr, nullptr);
-  std::vector<WGPUAdapter> adapters(count);
-  if (count > 0) {
-    count = wgpuInstanceEnumerateAdapters(instance_, nullptr, adapters.data());
+  std::vector<WGPUAdapter> adapters;
+  if (!enumerate_adapters(instance_, &adapters)) {  // the one adapter offered, by its name
+    if (!request_adapter(reason)) {
+      return false;
+    }
+    adapters.push_back(adapter_);
+    adapter_ = nullptr;
   }
   std::string seen;
-  for (size_t i = 0; i < count; ++i) {
+  for (size_t i = 0; i < adapters.size(); ++i) {
     std::string name = name_of(adapters[i]);
     if (adapter_ == nullptr && lower(name).find(lower(wanted)) != std::string::npos) {
       adapter_ = adapters[i];
@@ -316,7 +315,7 @@ bool WebGPUDevice::adapter_named(const char* wanted, std::string* reason) {
     seen += (seen.empty() ? "" : ", ") + name;
   }
   if (adapter_ == nullptr) {
-    *reason = std::string(kAdapterEnv) + "=" + wanted + " matches no adapter; wgpu sees: " +
+    *reason = std::string(kAdapterEnv) + "=" + wanted + " matches no adapter; " + kImplementation + " sees: " +
               (seen.empty() ? "none" : seen);
     return false;
   }
@@ -327,14 +326,13 @@ bool WebGPUDevice::request_adapter(std::string* reason) {
   WGPURequestAdapterOptions options = WGPU_REQUEST_ADAPTER_OPTIONS_INIT;
   options.powerPreference = WGPUPowerPreference_HighPerformance;
   AdapterRequest request;
-  WGPURequestAdapterCallbackInfo callback = WGPU_REQUEST_ADAPTER_CALLBACK_INFO_INIT;
+  RequestAdapterCallbackInfo callback = {};
   callback.mode = WGPUCallbackMode_AllowProcessEvents;
   callback.callback = on_adapter;
   callback.userdata1 = &request;
-  wgpuInstanceRequestAdapter(instance_, &options, callback);
-  if (!wait(&request.done) || request.adapter == nullptr) {
-    *reason = "wgpu found no GPU adapter (" + request.message +
-              "); without a GPU install Mesa's lavapipe: apt-get install mesa-vulkan-drivers";
+  const WGPUFuture future = wgpuInstanceRequestAdapter(instance_, &options, callback);
+  if (!wait(&request.done, future) || request.adapter == nullptr) {
+    *reason = std::string(kImplementation) + " found no GPU adapter (" + request.message + "); " + kNoAdapterHelp;
     return false;
   }
   adapter_ = request.adapter;
@@ -343,41 +341,35 @@ bool WebGPUDevice::request_adapter(std::string* reason) {
 
 bool WebGPUDevice::open_device(std::string* reason) {
   // The adapter's full limits, subgroups and timestamp queries when offered.
-  WGPULimits adapter_limits = WGPU_LIMITS_INIT;
-  if (wgpuAdapterGetLimits(adapter_, &adapter_limits) != WGPUStatus_Success) {
+  WGPULimits adapter_limits;
+  if (!get_limits(adapter_, &adapter_limits)) {
     *reason = "wgpuAdapterGetLimits failed on " + adapter_name_;
     return false;
   }
-  adapter_limits.nextInChain = nullptr;
-  const auto subgroup_feature = static_cast<WGPUFeatureName>(WGPUNativeFeature_Subgroup);
-  has_subgroups_ = wgpuAdapterHasFeature(adapter_, subgroup_feature);
+  has_subgroups_ = wgpuAdapterHasFeature(adapter_, kSubgroupsFeature);
   has_timestamps_ = wgpuAdapterHasFeature(adapter_, WGPUFeatureName_TimestampQuery);
   std::vector<WGPUFeatureName> features;
-  if (has_subgroups_) features.push_back(subgroup_feature);
+  if (has_subgroups_) features.push_back(kSubgroupsFeature);
   if (has_timestamps_) features.push_back(WGPUFeatureName_TimestampQuery);
   WGPUDeviceDescriptor descriptor = WGPU_DEVICE_DESCRIPTOR_INIT;
   descriptor.label = view("pipeline native");
   descriptor.requiredFeatureCount = features.size();
   descriptor.requiredFeatures = features.empty() ? nullptr : features.data();
-  descriptor.requiredLimits = &adapter_limits;
-  descriptor.deviceLostCallbackInfo.mode = WGPUCallbackMode_AllowSpontaneous;
-  descriptor.deviceLostCallbackInfo.callback = on_device_lost;
-  descriptor.uncapturedErrorCallbackInfo.callback = on_uncaptured_error;
-  descriptor.uncapturedErrorCallbackInfo.userdata1 = &uncaptured_error_;
+  DeviceExtras extras;
+  describe_device(&descriptor, &extras, adapter_limits, on_device_lost, on_uncaptured_error, &uncaptured_error_);
   DeviceRequest request;
-  WGPURequestDeviceCallbackInfo callback = WGPU_REQUEST_DEVICE_CALLBACK_INFO_INIT;
+  RequestDeviceCallbackInfo callback = {};
   callback.mode = WGPUCallbackMode_AllowProcessEvents;
   callback.callback = on_device;
   callback.userdata1 = &request;
-  wgpuAdapterRequestDevice(adapter_, &descriptor, callback);
-  if (!wait(&request.done) || request.device == nullptr) {
+  const WGPUFuture future = wgpuAdapterRequestDevice(adapter_, &descriptor, callback);
+  if (!wait(&request.done, future) || request.device == nullptr) {
     *reason = "requesting a device from " + adapter_name_ + " failed: " + request.message;
     return false;
   }
   device_ = request.device;
   queue_ = wgpuDeviceGetQueue(device_);
-  limits_ = WGPU_LIMITS_INIT;
-  if (wgpuDeviceGetLimits(device_, &limits_) != WGPUStatus_Success) {
+  if (!get_limits(device_, &limits_)) {
     *reason = "wgpuDeviceGetLimits failed";
     return false;
   }
@@ -389,10 +381,12 @@ bool WebGPUDevice::open_device(std::string* reason) {
 // it is not null; the bytes of binding `read` are copied to `out`. False when the shader is
 // missing or does not compile, or the read-back fails.
 bool WebGPUDevice::run_probe(const char* shader, const std::vector<ProbeBinding>& bindings, uint32_t groups,
-                             size_t read, void* out) {
+                             size_t read, void* out, bool subgroups) {
   const std::string* source = wgsl_file(shader);
   std::string reason;
-  WGPUComputePipeline pipeline = source ? create_pipeline(*source, nullptr, shader, &reason) : nullptr;
+  // With the directives the compiler needs for subgroup operations (Tint's), as the kernel's.
+  const std::string code = source ? (subgroups ? subgroups_directive(kShaderCompiler) : "") + *source : "";
+  WGPUComputePipeline pipeline = source ? create_pipeline(code, nullptr, shader, &reason) : nullptr;
   if (pipeline == nullptr) {
     return false;
   }
@@ -472,7 +466,7 @@ void WebGPUDevice::probe_f16_pack() {
 void WebGPUDevice::probe_subgroup_size() {
   const uint32_t start = 0xFFFFFFFFu;
   uint32_t size = 0;
-  if (run_probe("subgroup_size.wgsl", {{&start, sizeof start}}, 1, 0, &size)) {
+  if (run_probe("subgroup_size.wgsl", {{&start, sizeof start}}, 1, 0, &size, true)) {
     subgroup_size_ = size > 0 && size <= 256 && (size & (size - 1)) == 0 ? size : 0;
   }
 }
@@ -493,12 +487,12 @@ WGPUComputePipeline WebGPUDevice::create_pipeline(const std::string& wgsl, WGPUP
   desc.compute.entryPoint = view("main");
   WGPUComputePipeline pipeline = wgpuDeviceCreateComputePipeline(device_, &desc);
   ScopeResult scope;
-  WGPUPopErrorScopeCallbackInfo callback = WGPU_POP_ERROR_SCOPE_CALLBACK_INFO_INIT;
+  PopErrorScopeCallbackInfo callback = {};
   callback.mode = WGPUCallbackMode_AllowProcessEvents;
   callback.callback = on_scope;
   callback.userdata1 = &scope;
-  wgpuDevicePopErrorScope(device_, callback);
-  const bool answered = wait(&scope.done);
+  const WGPUFuture future = wgpuDevicePopErrorScope(device_, callback);
+  const bool answered = wait(&scope.done, future);
   if (module != nullptr) {
     wgpuShaderModuleRelease(module);
   }
@@ -518,21 +512,22 @@ std::shared_ptr<WebGPUDevice::MapRequest> WebGPUDevice::map_async(WGPUBuffer buf
   auto request = std::make_shared<MapRequest>();
   request->mode = mode;
   request->size = size;
-  WGPUBufferMapCallbackInfo callback = WGPU_BUFFER_MAP_CALLBACK_INFO_INIT;
+  BufferMapCallbackInfo callback = {};
   callback.mode = WGPUCallbackMode_AllowProcessEvents;
   callback.callback = on_map;
   callback.userdata1 = new std::shared_ptr<MapRequest>(request);
-  wgpuBufferMapAsync(buffer, mode, 0, size, callback);
+  request->future = wgpuBufferMapAsync(buffer, mode, 0, size, callback);
   return request;
 }
 
 void* WebGPUDevice::mapped(WGPUBuffer buffer, const MapRequest& request, const char* what, std::string* reason) {
-  if (!wait(&request.done) || request.status != WGPUMapAsyncStatus_Success) {
+  if (!wait(&request.done, request.future) || request.status != WGPUMapAsyncStatus_Success) {
     *reason = std::string("mapping the ") + what + " buffer failed: " +
               (request.done ? request.message : std::string("no answer from the device"));
     return nullptr;
   }
-  // wgpu-native hands out a read mapping through either call; the const one is WebGPU's for reads.
+  // wgpu-native hands out a read mapping through either call, Dawn only through the const
+  // one, WebGPU's for reads.
   void* range = request.mode == WGPUMapMode_Write
                     ? wgpuBufferGetMappedRange(buffer, 0, request.size)
                     : const_cast<void*>(wgpuBufferGetConstMappedRange(buffer, 0, request.size));
@@ -611,13 +606,13 @@ WebGPUDevice::Scratch* WebGPUDevice::scratch(ScratchRole role, uint64_t size, WG
 }
 
 bool WebGPUDevice::finish(std::string* reason) {
-  wgpuDevicePoll(device_, true, nullptr);
+  poll(instance_, device_, WGPUFuture{}, true);
   return check(reason);
 }
 
 bool WebGPUDevice::check(std::string* reason) {
   if (!uncaptured_error_.empty()) {
-    *reason = "wgpu error: " + uncaptured_error_;
+    *reason = std::string(kImplementation) + " error: " + uncaptured_error_;
     uncaptured_error_.clear();
     return false;
   }

@@ -1,11 +1,11 @@
-// The process's wgpu-native adapter, device and queue, created on first use and shared by
-// every delegate. wgpu-native specifics: no wgpuInstanceWaitAny (it panics), so every
-// asynchronous step uses WGPUCallbackMode_AllowProcessEvents and a poll loop; errors go
-// to an uncaptured-error callback or an error scope instead of the default fatal handler.
+// The process's adapter, device and queue (wgpu-native's, or Dawn's: WebGPUApi.h), created
+// on first use and shared by every delegate. wgpu-native has no wgpuInstanceWaitAny (it
+// panics), so every asynchronous step uses WGPUCallbackMode_AllowProcessEvents and a poll
+// loop (on Dawn the loop waits on the step's future); errors go to an uncaptured-error
+// callback or an error scope instead of the default fatal handler.
 #pragma once
 
-#include <webgpu.h>
-#include <wgpu.h>
+#include "WebGPUApi.h"
 
 #include <atomic>
 #include <cstdint>
@@ -75,6 +75,7 @@ class WebGPUDevice {
     bool done = false;
     WGPUMapAsyncStatus status = WGPUMapAsyncStatus_Error;
     std::string message;
+    WGPUFuture future = {};
   };
   // Asks for the first `size` bytes of `buffer` mapped once the GPU is done with it; returns
   // at once. Waiting polls the device, so requests made earlier are answered meanwhile.
@@ -136,11 +137,11 @@ class WebGPUDevice {
     size_t size;
   };
   bool run_probe(const char* shader, const std::vector<ProbeBinding>& bindings, uint32_t groups, size_t read,
-                 void* out);
+                 void* out, bool subgroups = false);
   void probe_subgroup_size();
   void probe_f16_pack();
-  // Polls the device and processes events until `*done`, or gives up.
-  bool wait(const bool* done);
+  // Polls the device and processes events until `*done` (the callback of `future`), or gives up.
+  bool wait(const bool* done, WGPUFuture future = {});
 
   WGPUInstance instance_ = nullptr;
   WGPUAdapter adapter_ = nullptr;

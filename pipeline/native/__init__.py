@@ -7,7 +7,8 @@
 
 The backend (C++ in this folder) decodes the same blob as `pipeline.blob`, runs the same
 WGSL files with the same configuration rule as `pipeline.runtime`, and is built against
-the installed executorch and wgpu wheels by `python -m pipeline.native.build`.
+the installed executorch and wgpu wheels by `python -m pipeline.native.build`; with
+PIPELINE_WEBGPU=dawn its Dawn build runs instead, on dawn-python's Dawn.
 """
 
 from __future__ import annotations
@@ -49,18 +50,22 @@ def _start_threadpool_quietly() -> None:
 
 
 def library() -> ctypes.CDLL:
-    """The backend library loaded into this process (built first if out of date).
+    """The backend library loaded into this process (built first if out of date): its Dawn
+    build where PIPELINE_WEBGPU is dawn when first asked for. One per process: both register
+    the one name, WebGPUBackend.
 
     Raises pipeline.native.build.BuildError when it cannot be built (no compiler, wheels
-    missing), saying why.
+    missing), saying why; RuntimeError where Dawn's library cannot be bound.
     """
     global _lib
     with _lock:
         if _lib is None:
             # Imported here: `python -m pipeline.native.build` must not find it imported.
-            from pipeline.native.build import build
+            from pipeline.native.build import build, dawn_library
+            from pipeline.environment import implementation
 
-            path = build()
+            dawn = implementation() == "dawn"
+            path = build(dawn=dawn)
             # Our library links against _portable_lib and the registry it uses: load them
             # the way executorch.runtime does first, so that one registry is shared.
             import executorch.extension.pybindings.portable_lib  # noqa: F401
@@ -93,8 +98,24 @@ def library() -> ctypes.CDLL:
                 ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t,
             ]
             lib.pipeline_webgpu_check_blob.restype = ctypes.c_int
+            if dawn:
+                _bind_dawn(lib, dawn_library())
             _lib = lib
         return _lib
+
+
+def _bind_dawn(lib: ctypes.CDLL, dawn: Path) -> None:
+    """Binds the Dawn build's calls to dawn-python's library and opens its device while
+    SwiftShader is offered to the Vulkan loader, as the Python runtime's Dawn device is opened."""
+    from pipeline.environment import with_swiftshader
+
+    lib.pipeline_webgpu_bind.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]
+    lib.pipeline_webgpu_bind.restype = ctypes.c_int
+    reason = ctypes.create_string_buffer(_REASON_BYTES)
+    if not lib.pipeline_webgpu_bind(str(dawn).encode(), reason, _REASON_BYTES):
+        raise RuntimeError(reason.value.decode(errors="replace"))
+    with with_swiftshader():
+        lib.pipeline_webgpu_probe(reason, _REASON_BYTES)
 
 
 def register() -> None:

@@ -11,6 +11,11 @@ device, the blob decoder, the configuration rule):
   native_call): wgpu's headers only, no ExecuTorch; it binds to the wgpu-native that
   wgpu-py has loaded, and carries its own C++ runtime (static libstdc++), so it loads on
   any Linux host with the same wgpu wheel (the lent H200 has no ExecuTorch).
+With dawn-python installed, the same sources build a second pair for Dawn (PIPELINE_WEBGPU=dawn),
+libpipeline_webgpu_dawn.so and libpipeline_layer_norm_dawn.so: Dawn's pre-1.0 C API (Chromium
+133's, which dawn-python 0.3.0 ships without a header) as dawn_webgpu.h declares it, generated
+from dawn-python's ctypes bindings (dawn_webgpu.py), every call bound by dlsym on dawn-python's
+library at run time (WebGPUApi.h); nothing links against it.
 What the Python side decides reaches the C++ as headers generated first (generate.py: the
 WGSL files and module pieces, the configuration rule's numbers, the blob layout), so the C++
 kernel is the Python runtime's kernel and reads the blob Python writes.
@@ -35,7 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.native import generate
+from pipeline.native import dawn_webgpu, generate
 
 # The wheels this build was written and tested against: which of their libraries exports the
 # backend registry and which exports resize_tensor_impl is not an API promise.
@@ -46,9 +51,12 @@ LIBRARY_NAME = "libpipeline_webgpu.so"
 RUNTIME_LIBRARY_NAME = "libpipeline_layer_norm.so"
 # The runtime library's sources (the backend takes every other file and not its entry points).
 RUNTIME_SOURCES = (
-    "HostCopy.cpp", "LayerNormLaunch.cpp", "LayerNormConfig.cpp", "WebGPUDelegateHeader.cpp",
+    "HostCopy.cpp", "LayerNormLaunch.cpp", "LayerNormConfig.cpp", "WebGPUApi.cpp", "WebGPUDelegateHeader.cpp",
     "WebGPUDevice.cpp", "CallLibrary.cpp",
 )
+# The Dawn build: its libraries are these names with DAWN_SUFFIX before ".so".
+DAWN_SUFFIX = "_dawn"
+DAWN_FLAGS = ("-DPIPELINE_WEBGPU_DAWN",)
 CALL_LIBRARY_SOURCE = "CallLibrary.cpp"
 # The runtime library brings its own C++ runtime; wgpu-native's symbols come from the process.
 RUNTIME_LINK_FLAGS = ("-static-libstdc++", "-static-libgcc", "-Wl,--exclude-libs,ALL")
@@ -70,9 +78,10 @@ class Wheels:
     """Where the installed wheels keep what the build needs."""
 
     executorch_version: str
-    wgpu_version: str
+    wgpu_version: str  # for Dawn: dawn-python's
     includes: tuple[Path, ...]
     libraries: tuple[Path, ...]  # linked by file name, found at run time through rpath
+    dawn: bool = False
 
 
 def build_dir() -> Path:
@@ -80,12 +89,17 @@ def build_dir() -> Path:
     return Path(override) if override else SOURCE_DIR.parents[1] / "build" / "native"
 
 
-def library_path() -> Path:
-    return build_dir() / LIBRARY_NAME
+def library_name(runtime: bool = False, dawn: bool = False) -> str:
+    name = RUNTIME_LIBRARY_NAME if runtime else LIBRARY_NAME
+    return name.replace(".so", DAWN_SUFFIX + ".so") if dawn else name
 
 
-def runtime_library_path() -> Path:
-    return build_dir() / RUNTIME_LIBRARY_NAME
+def library_path(dawn: bool = False) -> Path:
+    return build_dir() / library_name(dawn=dawn)
+
+
+def runtime_library_path(dawn: bool = False) -> Path:
+    return build_dir() / library_name(runtime=True, dawn=dawn)
 
 
 def _package_dir(name: str) -> Path:
@@ -95,9 +109,12 @@ def _package_dir(name: str) -> Path:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
-def find_wheels(executorch: bool = True) -> Wheels:
+def find_wheels(executorch: bool = True, dawn: bool = False) -> Wheels:
     """The headers and libraries of the installed executorch and wgpu wheels (wgpu's
-    alone without `executorch`: the runtime library's build)."""
+    alone without `executorch`: the runtime library's build); with `dawn`, none of wgpu's (the
+    Dawn declarations are generated; BuildError, in one line, without dawn-python)."""
+    if dawn:
+        return _dawn_wheels(find_wheels(executorch) if executorch else None)
     wgpu_dir = _package_dir("wgpu")
     if not executorch:
         header = wgpu_dir / "resources" / "wgpu.h"
@@ -134,6 +151,30 @@ def find_wheels(executorch: bool = True) -> Wheels:
     )
 
 
+def _dawn_wheels(executorch: Wheels | None) -> Wheels:
+    if importlib.util.find_spec("pydawn") is None:
+        raise BuildError("dawn-python (package pydawn) is not installed: no Dawn build")
+    et_includes = executorch.includes[:2] if executorch else ()
+    et_libraries = executorch.libraries[:2] if executorch else ()
+    return Wheels(executorch_version=executorch.executorch_version if executorch else "",
+                  wgpu_version=importlib.metadata.version("dawn-python"),
+                  includes=et_includes, libraries=et_libraries, dawn=True)
+
+
+def _dawn_header() -> str:
+    try:
+        return dawn_webgpu.header()
+    except dawn_webgpu.DeclarationError as exc:
+        raise BuildError(f"{exc} (built for dawn-python 0.3.0)") from exc
+
+
+def dawn_library() -> Path:
+    """dawn-python's libwebgpu_dawn, whose calls the Dawn libraries bind at run time."""
+    from pydawn import webgpu
+
+    return Path(webgpu.dll_path)
+
+
 def version_mismatches(wheels: Wheels) -> list[str]:
     """Installed versions that differ from PINNED_VERSIONS (local tags like +cpu ignored)."""
     found = {"executorch": wheels.executorch_version, "wgpu": wheels.wgpu_version}
@@ -145,6 +186,7 @@ def version_mismatches(wheels: Wheels) -> list[str]:
 
 
 def _sources(runtime: bool = False) -> list[Path]:
+    # WebGPUApi.cpp holds both implementations' differences (the Dawn build defines which).
     if runtime:
         return [SOURCE_DIR / name for name in RUNTIME_SOURCES]
     return [p for p in sorted(SOURCE_DIR.glob("*.cpp")) if p.name != CALL_LIBRARY_SOURCE]
@@ -159,7 +201,7 @@ def _fingerprint(compiler: str, wheels: Wheels, generated: dict[str, str], runti
     for name, text in sorted(generated.items()):
         digest.update(name.encode() + b"\0" + text.encode() + b"\0")
     versions = (wheels.executorch_version, wheels.wgpu_version)
-    digest.update(repr((Path(compiler).name, CXX_FLAGS, versions, runtime)).encode())
+    digest.update(repr((Path(compiler).name, CXX_FLAGS, versions, runtime, wheels.dawn)).encode())
     return digest.hexdigest()
 
 
@@ -174,17 +216,20 @@ def find_compiler() -> str:
     return compiler
 
 
-def build(force: bool = False, log=None, runtime: bool = False) -> Path:
-    """Build the backend library (`runtime`: the Python runtime's call library) if
-    sources, generated headers, flags or wheels changed; return its path. An up-to-date library needs
-    no compiler."""
-    wheels = find_wheels(executorch=not runtime)
+def build(force: bool = False, log=None, runtime: bool = False, dawn: bool = False) -> Path:
+    """Build the backend library (`runtime`: the Python runtime's call library; `dawn`: its
+    Dawn build) if sources, generated headers, flags or wheels changed; return its path. An
+    up-to-date library needs no compiler."""
+    wheels = find_wheels(executorch=not runtime, dawn=dawn)
     generated = generate.headers()
+    if dawn:
+        generated[dawn_webgpu.HEADER_NAME] = _dawn_header()
     out_dir = build_dir()
-    name = RUNTIME_LIBRARY_NAME if runtime else LIBRARY_NAME
-    what = "runtime call library" if runtime else "native backend"
+    name = library_name(runtime, dawn)
+    suffix = DAWN_SUFFIX.replace("_", "-") if dawn else ""
+    what = ("runtime call library" if runtime else "native backend") + (" for Dawn" if dawn else "")
     library = out_dir / name
-    stamp = out_dir / ("stamp-runtime" if runtime else "stamp")
+    stamp = out_dir / (("stamp-runtime" if runtime else "stamp") + suffix)
     fingerprint = _fingerprint(compiler_name(), wheels, generated, runtime)
     if not force and library.is_file() and stamp.is_file() and stamp.read_text() == fingerprint:
         if log is not None:
@@ -194,16 +239,17 @@ def build(force: bool = False, log=None, runtime: bool = False) -> Path:
     compiler = find_compiler()
     started = time.monotonic()
     gen = out_dir / "gen"
-    objects = out_dir / ("obj-runtime" if runtime else "obj")
+    objects = out_dir / (("obj-runtime" if runtime else "obj") + suffix)
     gen.mkdir(parents=True, exist_ok=True)
     objects.mkdir(parents=True, exist_ok=True)
     for name, text in generated.items():
         _write_atomically(gen / name, text)
     includes = [f"-I{p}" for p in (SOURCE_DIR, gen, *wheels.includes)]
+    flags = [*CXX_FLAGS, *(DAWN_FLAGS if dawn else ())]
 
     def compile_one(source: Path) -> Path:
         target = objects / (source.stem + ".o")
-        _run([compiler, *CXX_FLAGS, *includes, "-c", str(source), "-o", str(target)])
+        _run([compiler, *flags, *includes, "-c", str(source), "-o", str(target)])
         return target
 
     with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
@@ -215,6 +261,8 @@ def build(force: bool = False, log=None, runtime: bool = False) -> Path:
         link = ["-Wl,--no-undefined"]
         for lib in wheels.libraries:
             link += [f"-L{lib.parent}", f"-l:{lib.name}", f"-Wl,-rpath,{lib.parent}"]
+    if dawn:
+        link.append("-ldl")
     partial = out_dir / (name + ".tmp")
     _run([compiler, "-shared", "-o", str(partial), *map(str, compiled), *link])
     os.replace(partial, library)
@@ -256,6 +304,12 @@ def main(argv: list[str] | None = None) -> int:
     except BuildError as exc:
         log(f"native backend: {exc}")
         return 1
+    try:
+        build(force=args.force, log=log, runtime=True, dawn=True)
+        if not args.runtime_only:
+            build(force=args.force, log=log, dawn=True)
+    except BuildError as exc:
+        log(f"native build for Dawn skipped: {exc}")
     return 0
 
 

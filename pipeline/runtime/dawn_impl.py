@@ -14,7 +14,8 @@ import os
 import numpy as np
 from pydawn import webgpu as w
 
-from pipeline.runtime.webgpu import ADAPTER_ENV, Pipeline, no_adapter_help, with_swiftshader
+from pipeline.environment import with_swiftshader
+from pipeline.runtime.webgpu import ADAPTER_ENV, Pipeline, no_adapter_help
 
 NAME = "dawn"
 COMPILER = "tint"

@@ -1,8 +1,8 @@
 """Run a WebGPU delegate blob: decode once, then each call launches the native_layer_norm kernel
 (a LayerNorm's, or an RMSNorm's).
 
-On wgpu the call crosses into C++ once (native_call: the native backend's launch, built
-without ExecuTorch); on Dawn, or with PIPELINE_NATIVE_CALL=0, it launches from Python
+The call crosses into C++ once (native_call: the native backend's launch, built without
+ExecuTorch, for wgpu or for Dawn); with PIPELINE_NATIVE_CALL=0 it launches from Python
 (native_layer_norm). Same WGSL, same configuration, the same bits either way.
 Shares only `pipeline.blob` with the ahead-of-time side; never imports ExecuTorch.
 """

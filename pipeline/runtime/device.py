@@ -20,13 +20,11 @@ import numpy as np
 import torch
 
 from pipeline import wgsl
-from pipeline.environment import F16_PACK_ENV, LAYOUTS_ENV, LAYOUTS_NONE, SUBGROUPS_ENV
+from pipeline.environment import (F16_PACK_ENV, IMPLEMENTATION_ENV, IMPLEMENTATIONS, LAYOUTS_ENV, LAYOUTS_NONE,
+                                  SUBGROUPS_ENV, implementation)
 from pipeline.runtime.webgpu import Pipeline
 from pipeline.wgsl import layouts as layouts_file
 from pipeline.wgsl.config import THREADED_COPY_BYTES
-
-IMPLEMENTATION_ENV = "PIPELINE_WEBGPU"
-IMPLEMENTATIONS = ("wgpu", "dawn")
 
 # Buffer usages, as WebGPU numbers them (wgpu and webgpu.h alike).
 MAP_READ, COPY_SRC, COPY_DST, UNIFORM, STORAGE_USAGE, QUERY_RESOLVE = 0x1, 0x4, 0x8, 0x40, 0x80, 0x200
@@ -49,15 +47,6 @@ def _forked() -> None:
 
 
 os.register_at_fork(after_in_child=_forked)
-
-
-def implementation() -> str:
-    """The WebGPU implementation PIPELINE_WEBGPU names (default wgpu)."""
-    name = os.environ.get(IMPLEMENTATION_ENV, "").strip().lower() or "wgpu"
-    if name not in IMPLEMENTATIONS:
-        raise RuntimeError(f"{IMPLEMENTATION_ENV}={name!r} is not a WebGPU implementation of ours; "
-                           f"use one of {', '.join(IMPLEMENTATIONS)}")
-    return name
 
 
 def _padded(size: int) -> int:

@@ -9,9 +9,11 @@ arguments, makes the output tensors and calls once; the device work runs in C++ 
 GIL released.
 
 The library binds to the wgpu-native that wgpu-py loaded (made global here first), so the
-process holds one copy of it. It runs on wgpu only: with PIPELINE_WEBGPU=dawn delegates
-launch from Python as before. PIPELINE_NATIVE_CALL=0 makes them launch from Python on wgpu
-too (to compare, or where no C++ compiler can build the library).
+process holds one copy of it. With PIPELINE_WEBGPU=dawn its Dawn build
+(libpipeline_layer_norm_dawn.so, the same sources against Dawn's C API) binds every call
+to dawn-python's library by dlsym; each implementation has its library and device, and both
+may be open in one process. PIPELINE_NATIVE_CALL=0 makes delegates launch from Python
+(to compare, or where no C++ compiler can build the library).
 """
 
 from __future__ import annotations
@@ -28,50 +30,56 @@ from pipeline.runtime import device
 NATIVE_CALL_ENV = "PIPELINE_NATIVE_CALL"
 _REASON_BYTES = 512
 
-_lib: ctypes.CDLL | None = None
-_failure: str | None = None
+# By implementation (PIPELINE_WEBGPU): its library, or why it cannot be had.
+_libs: dict[str, ctypes.CDLL] = {}
+_failures: dict[str, str] = {}
 _lock = threading.Lock()
-# The runtime's stats() for calls made here: launches, pipelines and buffers counted by the
-# library (from a baseline that reset_counters moves), bytes counted by NativeCall.
+# The runtime's stats() for calls made here: launches, pipelines and buffers counted by each
+# implementation's library (from a baseline that reset_counters moves), bytes counted by NativeCall.
 _LIBRARY_COUNTERS = ("dispatches", "pipelines_compiled", "buffers_allocated")
-_opened = False
-_baseline = dict.fromkeys(_LIBRARY_COUNTERS, 0)
+_opened: set[str] = set()
+_baselines: dict[str, dict[str, int]] = {}
 _bytes = {"bytes_uploaded": 0, "bytes_read_back": 0}
 _warned = False  # that the library is unavailable, once per process
 
 
 def wanted() -> bool:
-    """Whether delegates call through the library: wgpu is the implementation and
-    PIPELINE_NATIVE_CALL is not 0."""
-    return device.implementation() == "wgpu" and os.environ.get(NATIVE_CALL_ENV, "").strip() != "0"
+    """Whether delegates call through the library: PIPELINE_NATIVE_CALL is not 0."""
+    device.implementation()  # an unknown PIPELINE_WEBGPU is refused here too
+    return os.environ.get(NATIVE_CALL_ENV, "").strip() != "0"
 
 
 def library() -> ctypes.CDLL:
-    """The call library, built first if out of date (no compiler is needed when it is up to
-    date). Raises RuntimeError saying why it cannot be had."""
-    global _lib, _failure
+    """The call library of the implementation PIPELINE_WEBGPU names, built first if out of
+    date (no compiler is needed when it is up to date). Raises RuntimeError saying why it
+    cannot be had."""
+    name = device.implementation()
     with _lock:
-        if _lib is None and _failure is None:
+        if name not in _libs and name not in _failures:
             try:
-                _lib = _load()
-            except Exception as exc:  # BuildError, OSError from dlopen
-                _failure = f"{type(exc).__name__}: {exc}"
-        if _lib is None:
-            raise RuntimeError(f"the native call library is unavailable: {_failure}")
-        return _lib
+                _libs[name] = _load(name)
+            except Exception as exc:  # BuildError, OSError from dlopen, RuntimeError from binding
+                _failures[name] = f"{type(exc).__name__}: {exc}"
+        if name not in _libs:
+            raise RuntimeError(f"the native call library for {name} is unavailable: {_failures[name]}")
+        return _libs[name]
 
 
-def _load() -> ctypes.CDLL:
+def _load(name: str) -> ctypes.CDLL:
     # Imported here: the build module reads the package's sources, which a process that
     # never opens a delegate does not need.
-    from wgpu.backends.wgpu_native import _ffi
+    from pipeline.native.build import build, dawn_library
 
-    from pipeline.native.build import build
+    dawn = name == "dawn"
+    path = build(runtime=True, dawn=dawn)
+    if not dawn:
+        from wgpu.backends.wgpu_native import _ffi
 
-    path = build(runtime=True)
-    # wgpu-py loaded wgpu-native privately; made global, it resolves the library's calls.
-    ctypes.CDLL(_ffi.lib_path, mode=os.RTLD_NOW | os.RTLD_GLOBAL)
+        # wgpu-py loaded wgpu-native privately; made global, it resolves the library's calls.
+        ctypes.CDLL(_ffi.lib_path, mode=os.RTLD_NOW | os.RTLD_GLOBAL)
     lib = ctypes.CDLL(str(path))
+    lib.pipeline_layer_norm_bind.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]
+    lib.pipeline_layer_norm_bind.restype = ctypes.c_int
     lib.pipeline_layer_norm_device.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
     lib.pipeline_layer_norm_device.restype = ctypes.c_int
     lib.pipeline_layer_norm_layouts.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
@@ -91,26 +99,40 @@ def _load() -> ctypes.CDLL:
     lib.pipeline_layer_norm_binding_limit.restype = ctypes.c_uint64
     lib.pipeline_layer_norm_counters.argtypes = [ctypes.POINTER(ctypes.c_uint64)]
     lib.pipeline_layer_norm_counters.restype = None
+    if dawn:
+        # The process's copy of dawn-python's library (it loads it privately); the device is
+        # opened here, while SwiftShader is offered to the Vulkan loader as for the Python runtime's.
+        from pipeline.environment import with_swiftshader
+
+        reason = ctypes.create_string_buffer(_REASON_BYTES)
+        if not lib.pipeline_layer_norm_bind(str(dawn_library()).encode(), reason, _REASON_BYTES):
+            raise RuntimeError(reason.value.decode(errors="replace"))
+        with with_swiftshader():
+            lib.pipeline_layer_norm_device(reason, _REASON_BYTES)
     return lib
 
 
 def counters() -> dict[str, int]:
-    """Launches, pipelines, buffers and bytes of the calls made through the library since
+    """Launches, pipelines, buffers and bytes of the calls made through the libraries since
     the last reset (zeros before a delegate has been opened)."""
-    library_counts = _library_counters() if _opened else dict.fromkeys(_LIBRARY_COUNTERS, 0)
-    return {**{k: library_counts[k] - _baseline[k] for k in _LIBRARY_COUNTERS}, **_bytes}
+    counts = dict.fromkeys(_LIBRARY_COUNTERS, 0)
+    for name in _opened:
+        now, base = _library_counters(name), _baselines.get(name, {})
+        for k in _LIBRARY_COUNTERS:
+            counts[k] += now[k] - base.get(k, 0)
+    return {**counts, **_bytes}
 
 
 def reset_counters() -> None:
-    if _opened:
-        _baseline.update(_library_counters())
+    for name in _opened:
+        _baselines[name] = _library_counters(name)
     for k in _bytes:
         _bytes[k] = 0
 
 
-def _library_counters() -> dict[str, int]:
+def _library_counters(name: str) -> dict[str, int]:
     values = (ctypes.c_uint64 * len(_LIBRARY_COUNTERS))()
-    _lib.pipeline_layer_norm_counters(values)
+    _libs[name].pipeline_layer_norm_counters(values)
     return dict(zip(_LIBRARY_COUNTERS, values))
 
 
@@ -165,14 +187,13 @@ class NativeCall:
     """One delegate opened in the library: its constants on the device, its pipeline compiled."""
 
     def __init__(self, blob: bytes) -> None:
-        global _opened
         self._lib = library()
         reason = ctypes.create_string_buffer(_REASON_BYTES)
         handle = self._lib.pipeline_layer_norm_open(blob, len(blob), reason, _REASON_BYTES)
         if not handle:
             raise RuntimeError(f"opening the delegate on the GPU failed: {reason.value.decode(errors='replace')}")
         self._handle = handle
-        _opened = True
+        _opened.add(device.implementation())
 
     def __call__(self, x: torch.Tensor, rows: int, width: int, weight: torch.Tensor | None,
                  bias: torch.Tensor | None, out: torch.Tensor, mean: torch.Tensor | None,
