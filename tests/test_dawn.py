@@ -299,3 +299,29 @@ print(available, adapter == {dawn.impl.info["adapter"]!r}, prog.coverage.delegat
     env = {**os.environ, runtime_device.IMPLEMENTATION_ENV: "dawn"}
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
     assert run.stdout.split()[-4:] == ["True", "True", "3", "True"], run.stderr[-3000:]
+
+
+def test_the_three_families_files_run_in_executorch_runtime_on_dawn(dawn, checkpoints, exported):
+    # bart's, whisper's and florence2's exported files in ExecuTorch's runtime with the Dawn
+    # backend (a process of its own: one WebGPUBackend per process), each against eager as
+    # test_pte holds the Python runtime, and against the Python runtime on Dawn.
+    files = {name: (exported(name).summary["pte"], str(checkpoints[name][0])) for name in ("bart", "whisper", "florence2")}
+    code = f"""
+import torch, pipeline, pipeline.native
+from support.reference import assert_same_outputs
+available, adapter = pipeline.native.device()
+assert available and adapter == {dawn.impl.info["adapter"]!r}, adapter
+listed = lambda out: list(out) if isinstance(out, (list, tuple)) else [out]  # ExecuTorch's runtime gives a list
+for name, (pte, checkpoint) in {files!r}.items():
+    spec = pipeline.models.build(name, checkpoint=checkpoint, seed=1)
+    got = listed(pipeline.native.load(pte)(*spec.example_inputs))
+    with torch.no_grad():
+        assert_same_outputs(got, listed(spec.module(*spec.example_inputs)), atol=1e-4)
+    assert_same_outputs(got, listed(pipeline.load(pte)(*spec.example_inputs)), atol=1e-5)
+    print(name, "ok")
+"""
+    env = {**os.environ, runtime_device.IMPLEMENTATION_ENV: "dawn",
+           "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
+    assert run.returncode == 0 and run.stdout.split() == ["bart", "ok", "whisper", "ok", "florence2", "ok"], \
+        run.stderr[-3000:]
