@@ -50,12 +50,7 @@ extern "C" {
 // dawn-python's; wgpu-native's are linked, and there it does nothing). Call before any other.
 // 1 on success, else 0 and the reason.
 PIPELINE_EXPORT int pipeline_webgpu_bind(const char* path, char* reason, size_t capacity) {
-  std::string why;
-  if (!webgpu::bind_library(path, &why)) {
-    copy_out(why, reason, capacity);
-    return 0;
-  }
-  return 1;
+  return pipeline_entry::bind_into(path, reason, capacity);
 }
 
 // The executorch::runtime::Error of registering "WebGPUBackend" (0: Ok). Idempotent.

@@ -37,12 +37,7 @@ extern "C" {
 // wgpu-native's come from the process, and there it does nothing). Call before any other.
 // 1 on success, else 0 and the reason.
 PIPELINE_EXPORT int pipeline_layer_norm_bind(const char* path, char* reason, size_t capacity) {
-  std::string why;
-  if (!webgpu::bind_library(path, &why)) {
-    copy_out(why, reason, capacity);
-    return 0;
-  }
-  return 1;
+  return pipeline_entry::bind_into(path, reason, capacity);
 }
 
 // 1 when a device is available, with the adapter's name in `text`; else 0 and the reason.

@@ -8,6 +8,8 @@
 #include <cstring>
 #include <string>
 
+#include "WebGPUApi.h"
+
 // Only functions marked so are a library's interface.
 #define PIPELINE_EXPORT __attribute__((visibility("default")))
 
@@ -21,6 +23,17 @@ inline size_t copy_out(const std::string& text, char* out, size_t capacity) {
     out[n] = '\0';
   }
   return text.size();
+}
+
+// A library's bind entry point: the WebGPU calls bound from the implementation's library at
+// `path` (webgpu::bind_library). 1 on success, else 0 and the reason in `reason`.
+inline int bind_into(const char* path, char* reason, size_t capacity) {
+  std::string why;
+  if (!pipeline::webgpu::bind_library(path, &why)) {
+    copy_out(why, reason, capacity);
+    return 0;
+  }
+  return 1;
 }
 
 }  // namespace pipeline_entry

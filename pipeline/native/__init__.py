@@ -61,7 +61,7 @@ def library() -> ctypes.CDLL:
     with _lock:
         if _lib is None:
             # Imported here: `python -m pipeline.native.build` must not find it imported.
-            from pipeline.native.build import build, dawn_library
+            from pipeline.native.build import build
             from pipeline.environment import implementation
 
             dawn = implementation() == "dawn"
@@ -99,23 +99,26 @@ def library() -> ctypes.CDLL:
             ]
             lib.pipeline_webgpu_check_blob.restype = ctypes.c_int
             if dawn:
-                _bind_dawn(lib, dawn_library())
+                bind_dawn(lib.pipeline_webgpu_bind, lib.pipeline_webgpu_probe)
             _lib = lib
         return _lib
 
 
-def _bind_dawn(lib: ctypes.CDLL, dawn: Path) -> None:
-    """Binds the Dawn build's calls to dawn-python's library and opens its device while
-    SwiftShader is offered to the Vulkan loader, as the Python runtime's Dawn device is opened."""
+def bind_dawn(bind, open_device) -> None:
+    """A Dawn build's calls bound to dawn-python's library through its `bind` entry point
+    (the process's copy: dawn-python loads it privately), then its device opened by
+    `open_device(reason, capacity)` while SwiftShader is offered to the Vulkan loader, as the
+    Python runtime's Dawn device is opened. RuntimeError with the library's reason."""
     from pipeline.environment import with_swiftshader
+    from pipeline.native.build import dawn_library
 
-    lib.pipeline_webgpu_bind.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]
-    lib.pipeline_webgpu_bind.restype = ctypes.c_int
+    bind.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]
+    bind.restype = ctypes.c_int
     reason = ctypes.create_string_buffer(_REASON_BYTES)
-    if not lib.pipeline_webgpu_bind(str(dawn).encode(), reason, _REASON_BYTES):
+    if not bind(str(dawn_library()).encode(), reason, _REASON_BYTES):
         raise RuntimeError(reason.value.decode(errors="replace"))
     with with_swiftshader():
-        lib.pipeline_webgpu_probe(reason, _REASON_BYTES)
+        open_device(reason, _REASON_BYTES)
 
 
 def register() -> None:

@@ -68,7 +68,7 @@ def library() -> ctypes.CDLL:
 def _load(name: str) -> ctypes.CDLL:
     # Imported here: the build module reads the package's sources, which a process that
     # never opens a delegate does not need.
-    from pipeline.native.build import build, dawn_library
+    from pipeline.native.build import build
 
     dawn = name == "dawn"
     path = build(runtime=True, dawn=dawn)
@@ -78,8 +78,6 @@ def _load(name: str) -> ctypes.CDLL:
         # wgpu-py loaded wgpu-native privately; made global, it resolves the library's calls.
         ctypes.CDLL(_ffi.lib_path, mode=os.RTLD_NOW | os.RTLD_GLOBAL)
     lib = ctypes.CDLL(str(path))
-    lib.pipeline_layer_norm_bind.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]
-    lib.pipeline_layer_norm_bind.restype = ctypes.c_int
     lib.pipeline_layer_norm_device.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
     lib.pipeline_layer_norm_device.restype = ctypes.c_int
     lib.pipeline_layer_norm_layouts.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
@@ -100,15 +98,9 @@ def _load(name: str) -> ctypes.CDLL:
     lib.pipeline_layer_norm_counters.argtypes = [ctypes.POINTER(ctypes.c_uint64)]
     lib.pipeline_layer_norm_counters.restype = None
     if dawn:
-        # The process's copy of dawn-python's library (it loads it privately); the device is
-        # opened here, while SwiftShader is offered to the Vulkan loader as for the Python runtime's.
-        from pipeline.environment import with_swiftshader
+        from pipeline.native import bind_dawn
 
-        reason = ctypes.create_string_buffer(_REASON_BYTES)
-        if not lib.pipeline_layer_norm_bind(str(dawn_library()).encode(), reason, _REASON_BYTES):
-            raise RuntimeError(reason.value.decode(errors="replace"))
-        with with_swiftshader():
-            lib.pipeline_layer_norm_device(reason, _REASON_BYTES)
+        bind_dawn(lib.pipeline_layer_norm_bind, lib.pipeline_layer_norm_device)
     return lib
 
 
