@@ -74,23 +74,56 @@ def small_block(gpu_info, tmp_path_factory):
     return module, inputs, program, folder / "small.pte", folder / "inputs.pt"
 
 
+@contextlib.contextmanager
+def made_once(tmp_path_factory, name: str):
+    """A folder of this test run that every xdist worker shares, held under a lock: yields
+    (folder, made); the caller fills it where `made` is False, and what it filled counts as
+    made only when the block ends without an exception. So each worker's session fixture reads
+    what the first one made instead of making it again."""
+    import fcntl
+    import shutil
+
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # the workers' folders sit side by side in the run's own folder
+    base = base / "made-once"
+    base.mkdir(exist_ok=True)
+    folder, mark = base / name, base / f"{name}.made"
+    with open(base / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        made = mark.exists()
+        if not made:
+            shutil.rmtree(folder, ignore_errors=True)  # a worker that failed to make it left this
+            folder.mkdir()
+        yield folder, made
+        mark.touch()
+
+
 @pytest.fixture(scope="session")
 def checkpoints(tmp_path_factory):
     """name -> (directory, the transformers model saved there) for each family, shrunken
-    (support.tiny_models). Tests read them; one that damages a checkpoint copies it first."""
+    (support.tiny_models, seeded: each worker builds the same model). Tests read them; one that
+    damages a checkpoint copies it first."""
     from pipeline import models
-    from support.tiny_models import write_checkpoint
+    from support.tiny_models import tiny_full_model
 
-    root = tmp_path_factory.mktemp("checkpoints")
-    return {name: (root / name, write_checkpoint(name, root / name)) for name in models.NAMES}
+    found = {}
+    for name in models.NAMES:
+        model = tiny_full_model(name)
+        with made_once(tmp_path_factory, f"checkpoint-{name}") as (folder, made):
+            if not made:
+                model.save_pretrained(folder)
+        found[name] = (folder, model)
+    return found
 
 
 @pytest.fixture(scope="session")
 def exported(checkpoints, tmp_path_factory):
     """export(name, dynamic=False): the shrunken checkpoint of family `name` exported once per
-    test run by scripts/export_model.py's main(), in this process (a new one would add ~10 s of
-    imports to an export of seconds). Returns the output folder, the summary written there and
-    what main() printed. Tests read the files; one that changes them copies them first."""
+    test run (by the first worker to ask; the others read its files) by
+    scripts/export_model.py's main(), in this process (a new one would add ~10 s of imports to
+    an export of seconds). Returns the output folder, the summary written there and what main()
+    printed. Tests read the files; one that changes them copies them first."""
     from support.scripts import load_script
 
     cli = load_script("export_model")
@@ -98,14 +131,17 @@ def exported(checkpoints, tmp_path_factory):
 
     def export(name: str, dynamic: bool = False) -> SimpleNamespace:
         if (name, dynamic) not in done:
-            out = tmp_path_factory.mktemp(f"{name}-export")
-            stdout, stderr = io.StringIO(), io.StringIO()
-            with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-                status = cli.main([name, "--checkpoint", str(checkpoints[name][0]), "--output-dir", str(out),
-                                   *(["--dynamic"] if dynamic else [])])
-            assert status == 0, stderr.getvalue()
+            with made_once(tmp_path_factory, f"{name}-export" + ("-dynamic" if dynamic else "")) as (out, made):
+                if not made:
+                    stdout, stderr = io.StringIO(), io.StringIO()
+                    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+                        status = cli.main([name, "--checkpoint", str(checkpoints[name][0]), "--output-dir", str(out),
+                                           *(["--dynamic"] if dynamic else [])])
+                    assert status == 0, stderr.getvalue()
+                    (out.parent / f"{out.name}.stdout").write_text(stdout.getvalue())
             summary = json.loads(next(out.glob("*.coverage.json")).read_text())
-            done[name, dynamic] = SimpleNamespace(out=out, summary=summary, stdout=stdout.getvalue())
+            done[name, dynamic] = SimpleNamespace(out=out, summary=summary,
+                                                  stdout=(out.parent / f"{out.name}.stdout").read_text())
         return done[name, dynamic]
 
     return export

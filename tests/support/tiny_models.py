@@ -1,8 +1,6 @@
-"""Shrunken configs of the three zoo families and checkpoints written from them, for fast tests."""
+"""Shrunken configs of the three zoo families and the seeded models built from them, for fast tests."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import torch
 from transformers import (
@@ -61,9 +59,3 @@ def reference_output(name: str, model: PreTrainedModel, inputs: tuple[torch.Tens
         if name == "whisper":
             return model.model.encoder(inputs[0]).last_hidden_state
         return model.model.get_image_features(inputs[0]).pooler_output
-
-
-def write_checkpoint(name: str, directory: Path) -> PreTrainedModel:
-    model = tiny_full_model(name)
-    model.save_pretrained(directory)
-    return model
