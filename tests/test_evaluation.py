@@ -328,6 +328,25 @@ def test_the_accuracy_report_with_coverage_writes_the_coverage_audit_of_its_own_
         runner.run_reports("coverage", "bart", output_dir=together, with_coverage=True)
 
 
+def test_the_accuracy_report_of_a_file_with_coverage_writes_the_file_s_coverage_audit(exported, tmp_path, capsys):
+    # What coverage_audit.py --pte FILE writes, from the accuracy report's own run of the file.
+    from pipeline.evaluation.runner import report_main
+
+    pte = exported("whisper").summary["pte"]
+    alone, together = tmp_path / "alone", tmp_path / "together"
+    assert report_main("coverage", "report", ["--pte", pte, "--output-dir", str(alone)]) == 0
+    assert report_main("accuracy", "report", ["--pte", pte, "--with-coverage", "--output-dir", str(together)]) == 0
+    stem = pte.rsplit("/", 1)[-1]
+    assert sorted(p.name for p in together.iterdir()) == [
+        f"{stem}.{kind}.{ext}" for kind in ("accuracy", "coverage") for ext in ("html", "json", "md")]
+    audit = json.loads((together / f"{stem}.coverage.json").read_text())
+    assert audit["verdict"] == "complete" and audit["program"]["source"] == "file"
+    assert audit == json.loads((alone / f"{stem}.coverage.json").read_text())
+    with pytest.raises(SystemExit) as info:
+        report_main("accuracy", "report", ["--pte", pte, "--with-coverage", "--runtime", "executorch"])
+    assert info.value.code == 2 and "not with --runtime executorch" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("kind", ["coverage", "accuracy"])
 def test_scripts_exit_2_on_bad_usage(kind, capsys):
     # The command line of coverage_audit.py and accuracy_report.py, in this process (the scripts

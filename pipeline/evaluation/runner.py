@@ -181,8 +181,8 @@ def run_reports(
     `dtype` (float32, float16, bfloat16) casts the model and its inputs; the accuracy verdict
     then holds the program against eager at that dtype, both against float64.
 
-    `with_coverage` (accuracy of a fresh lowering): also writes the coverage audit of the same
-    eager run and lowering, as `kind="coverage"` would; its verdict counts too.
+    `with_coverage` (accuracy, in the Python runtime): also writes the coverage audit of the same
+    eager run and lowering or file, as `kind="coverage"` would; its verdict counts too.
 
     `runtime="executorch"` (accuracy of a `pte` only) runs the file in ExecuTorch's runtime
     and holds it against the same model exported with the same CPU backend and no WebGPU
@@ -194,8 +194,9 @@ def run_reports(
     """
     if kind not in ("coverage", "accuracy"):
         raise ValueError(f"kind must be 'coverage' or 'accuracy', got {kind!r}")
-    if with_coverage and (kind != "accuracy" or pte is not None):
-        raise ValueError("with_coverage is for the accuracy report of a fresh lowering (not coverage, not pte=)")
+    if with_coverage and (kind != "accuracy" or runtime != "python"):
+        raise ValueError("with_coverage is for the accuracy report in the Python runtime (not coverage, not "
+                         "runtime='executorch')")
     if runtime == "executorch":
         if kind != "accuracy" or pte is None:
             raise ValueError("runtime='executorch' is for the accuracy report of a file (pte)")
@@ -216,7 +217,8 @@ def run_reports(
             progress(f"[{pte}] building its model for the eager reference, loading the file ...")
             summary, spec, program = _build_and_load(pte)
             name, seed = spec.name, summary.get("seed", 0)
-            stem = f"{Path(pte).name.removesuffix('.pte')}.pte.{kind}"
+            file_stem = f"{Path(pte).name.removesuffix('.pte')}.pte"
+            stem = f"{file_stem}.{kind}"
         elif hf is not None:
             progress(f"[{hf}] building the Hugging Face model and lowering ...")
             spec, program = _build_and_lower(None, None, seed, dtype, hf=hf, task=task, inputs=inputs)
@@ -249,8 +251,9 @@ def run_reports(
             failed.append(name)
         if audits:
             audit = {**audits[0], "program": data["program"]}
-            paths = write_report(output_dir, _stem(report_name, report_variant, "coverage", dtype), audit,
-                                 coverage_markdown(audit), coverage_html(audit))
+            audit_stem = f"{file_stem}.coverage" if pte is not None else _stem(report_name, report_variant,
+                                                                                "coverage", dtype)
+            paths = write_report(output_dir, audit_stem, audit, coverage_markdown(audit), coverage_html(audit))
             progress(f"[{name}] wrote {', '.join(str(p) for p in paths)}")
             lines.append(coverage_line(audit))
             if audit["verdict"] != "complete":
@@ -323,8 +326,8 @@ def report_main(kind: str, description: str, argv: list[str] | None = None) -> i
                             "runtime, held against the same model exported without the WebGPU delegate")
     if kind == "accuracy":
         parser.add_argument("--with-coverage", action="store_true",
-                            help="also write the coverage audit of the same eager run and lowering (what "
-                            "coverage_audit.py writes for the model; its verdict counts too)")
+                            help="also write the coverage audit of the same eager run and lowering or file (what "
+                            "coverage_audit.py writes for the model or --pte FILE; its verdict counts too)")
     parser.add_argument("--audio", metavar="A.wav[,B.wav]", type=cli.audio_files, help="whisper: the log-mel of these WAV files (any rate "
                         "and channel count) as the inputs, one batch row each (default with --checkpoint: the "
                         "utterances the package ships); a checkpoint with its decoder transcribes them")
@@ -346,8 +349,8 @@ def report_main(kind: str, description: str, argv: list[str] | None = None) -> i
         parser.error("argument --checkpoint: for one model, not with all or --pte (the file names its checkpoint)")
     runtime = getattr(args, "runtime", "python")
     with_coverage = getattr(args, "with_coverage", False)
-    if with_coverage and args.pte is not None:
-        parser.error("argument --with-coverage: not with --pte (run coverage_audit.py --pte)")
+    if with_coverage and runtime == "executorch":
+        parser.error("argument --with-coverage: not with --runtime executorch (run coverage_audit.py --pte)")
     if runtime == "executorch" and args.pte is None:
         parser.error("argument --runtime: executorch needs --pte FILE")
     try:
