@@ -4,7 +4,7 @@ Python runtime, native runtime, coverage, accuracy), each in its own process; wh
 and why, ours or not. Records go to OUTPUT_DIR/census.jsonl as they come (a second run resumes),
 the report to census.json, .md and .html. Exit status 1 when a row fails in one of our stages.
     python scripts/census.py [NAME ...] [--only A,B] [--sample] [--jobs N] [--timeout S] [--memory GB]
-        [--output-dir DIR] [--fresh] [--ray ADDRESS]
+        [--output-dir DIR] [--fresh] [--ray ADDRESS] [--control {first,on-failure}]
 """
 
 from __future__ import annotations

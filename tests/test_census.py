@@ -92,13 +92,25 @@ def test_hang_and_crash_are_recorded_with_their_stage(tmp_path, monkeypatch):
 class _Staged(Census):
     """Stages that do nothing but what a test asks: `fail` raises in that stage, `skip` skips it."""
 
-    def __init__(self, fail: str | None = None, skip: str | None = None) -> None:
-        super().__init__("fake")
-        self.fail, self.skip = fail, skip
+    def __init__(self, fail: str | None = None, skip: str | None = None, control: str = "first",
+                 also_fail: str | None = None) -> None:
+        super().__init__("fake", control=control)
+        self.fail, self.skip, self.also_fail, self.ran = fail, skip, also_fail, []
         for stage in STAGES:
             setattr(self, f"_{stage}", self._maker(stage))
 
     def _maker(self, stage: str):
+        staged = self._staged(stage)
+
+        def work() -> None:
+            self.ran.append(stage)
+            if stage == self.also_fail:
+                raise ValueError(f"{stage} broke too")
+            staged()
+
+        return work
+
+    def _staged(self, stage: str):
         def work() -> None:
             if stage == self.fail:
                 raise MemoryError() if stage == "export" else ValueError(f"{stage} broke")
@@ -110,6 +122,59 @@ class _Staged(Census):
                 raise Skipped("not here")
 
         return work
+
+
+_VERDICT = ("status", "failed_stage", "cause", "ours")
+
+
+class _Constant(torch.nn.Module):
+    def forward(self, x):
+        return 0 * x + torch.tensor([4.0, -2.0])
+
+
+@pytest.mark.parametrize("stage", [*STAGES, None])
+@pytest.mark.parametrize("control_fails", [False, True])
+def test_a_control_on_failure_gives_the_verdict_of_the_control_first(stage, control_fails):
+    also = "executorch" if control_fails else None
+    first = _Staged(fail=stage, also_fail=also).run()
+    late = _Staged(fail=stage, also_fail=also, control="on-failure")
+    record = late.run()
+    if stage in (None, "executorch") and (control_fails or stage == "executorch"):
+        # The control alone fails and our stages pass: not ours either way; run late, it is
+        # not needed, and the row passes.
+        assert (first["failed_stage"], first["ours"]) == ("executorch", False)
+        assert (record["status"], record["ours"], record["reached"]) == ("ok", False, "accuracy")
+        assert "executorch" not in late.ran
+        return
+    assert {k: record[k] for k in _VERDICT} == {k: first[k] for k in _VERDICT}
+    assert record["reached"] == first["reached"]
+    assert list(record["stages"]) == [s for s in STAGES if s in record["stages"]]
+    # The control runs after a failure of one of our stages, and only then: a passing row skips it.
+    ours_failed = stage in OUR_STAGES
+    assert ("executorch" in late.ran) == ours_failed
+    if ours_failed:
+        assert late.ran[-1] == "executorch" and record["stages"][stage]["status"] == "failed"
+    elif stage is None:
+        assert record["status"] == "ok" and record["stages"]["executorch"]["status"] == "skipped"
+        assert "on-failure" in record["stages"]["executorch"]["reason"]
+
+
+def test_a_control_on_failure_judges_the_accuracy_rule_again_with_its_yardstick():
+    """An output off the rule with eager as the only yardstick, within it with the control's:
+    the row passes, as with the control first."""
+    census = _Staged(control="on-failure")
+    census._accuracy = Census._accuracy.__get__(census)  # the real stage, the outputs faked
+    ulp = 2.0**-21  # float32's spacing at 4
+    eager, control, got = (torch.tensor([4.0 + k * ulp, -2.0]) for k in (1, 2, 4))
+    census.spec = SimpleNamespace(module=_Constant())  # float64's output: [4, -2]
+    census.inputs, census.eager_outputs, census.outputs = (torch.zeros(2),), [eager], [got]
+    census._executorch = lambda: setattr(census, "control_outputs", [control])
+    record = census.run()
+    assert record["status"] == "ok" and record["reached"] == "accuracy", record
+    assert record["stages"]["executorch"]["status"] == "ok" and record["stages"]["accuracy"]["status"] == "ok"
+    assert record["accuracy"][0]["control_max_abs"] == 2 * ulp
+    with pytest.raises(ValueError, match="control must be one of first, on-failure"):
+        Census("x", control="never")
 
 
 @pytest.mark.parametrize("stage", STAGES)

@@ -55,12 +55,13 @@ def start_fork_server() -> None:
 
 
 def run_row(name: str, timeout: float, memory_gb: float | None, threads: int | None = None,
-            faults: str | None = None) -> dict:
+            faults: str | None = None, control: str = "first") -> dict:
     """Run row `name` in a process of its own; its record, also for a timeout, a crash or a kill.
-    `faults`: PIPELINE_CENSUS_FAULT's value in the census's process (`pipeline.census.worker`)."""
+    `faults`: PIPELINE_CENSUS_FAULT's value in the census's process (`pipeline.census.worker`);
+    `control`: when the control runs (`pipeline.census.stages.CONTROLS`)."""
     with tempfile.TemporaryDirectory(prefix="census-") as folder:
         progress, result, log = (str(Path(folder) / f) for f in ("progress.jsonl", "result.json", "output.txt"))
-        proc = _fork_server().Process(target=child, args=(name, progress, result, log, memory_gb, threads, faults),
+        proc = _fork_server().Process(target=child, args=(name, progress, result, log, memory_gb, threads, faults, control),
                                       name=f"census {name}")
         proc.start()  # the first start waits for the fork server's imports: not the row's time
         started = time.perf_counter()
@@ -172,9 +173,10 @@ def _abnormal(name: str, code: int | None, timed_out: bool, timeout: float, prog
 class LocalPool:
     """`jobs` rows at a time, each in its own worker process."""
 
-    def __init__(self, jobs: int, timeout: float, memory_gb: float | None, threads: int | None) -> None:
+    def __init__(self, jobs: int, timeout: float, memory_gb: float | None, threads: int | None,
+                 control: str = "first") -> None:
         self._executor = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="census")
-        self._args = (timeout, memory_gb, threads, os.environ.get(FAULT_ENV))
+        self._args = (timeout, memory_gb, threads, os.environ.get(FAULT_ENV), control)
         self._pending: set[Future] = set()
 
     def submit(self, name: str) -> None:
@@ -199,7 +201,8 @@ class RayPool:
     `address` ("auto", "ray://host:port", ...; "local" starts a private instance here with
     `jobs` CPUs). Every node needs this package installed, as here."""
 
-    def __init__(self, address: str, jobs: int, timeout: float, memory_gb: float | None) -> None:
+    def __init__(self, address: str, jobs: int, timeout: float, memory_gb: float | None,
+                 control: str = "first") -> None:
         import logging
 
         import ray
@@ -213,7 +216,7 @@ class RayPool:
             else:
                 ray.init(address=address, **options)
         self._task = ray.remote(num_cpus=1, max_retries=0)(run_row)
-        self._args = (timeout, memory_gb, 1, os.environ.get(FAULT_ENV))  # a task holds one CPU
+        self._args = (timeout, memory_gb, 1, os.environ.get(FAULT_ENV), control)  # a task holds one CPU
         self._pending: list = []
 
     def submit(self, name: str) -> None:
@@ -234,13 +237,14 @@ class RayPool:
             self._ray.shutdown()
 
 
-def make_pool(jobs: int, timeout: float, memory_gb: float | None, ray: str | None = None) -> LocalPool | RayPool:
+def make_pool(jobs: int, timeout: float, memory_gb: float | None, ray: str | None = None,
+              control: str = "first") -> LocalPool | RayPool:
     """A local pool, or with `ray` (an address, "auto" or "local") a Ray one. Locally the
     rows share the CPUs: torch takes CPUs / jobs threads in each."""
     _stopping.clear()
     if ray is None:
-        return LocalPool(jobs, timeout, memory_gb, max(1, (os.cpu_count() or 1) // jobs))
-    return RayPool(ray, jobs, timeout, memory_gb)
+        return LocalPool(jobs, timeout, memory_gb, max(1, (os.cpu_count() or 1) // jobs), control)
+    return RayPool(ray, jobs, timeout, memory_gb, control)
 
 
 def tower_rows(record: dict) -> list[str]:

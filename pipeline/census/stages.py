@@ -19,7 +19,11 @@
     accuracy     each output against eager float64: at most twice eager float32's error
 
 A failure in the first four is not ours (the model zoo, PyTorch or ExecuTorch): the control
-passing is what makes the stages after it ours. So is an output that misses the accuracy rule
+passing is what makes the stages after it ours. With control "on-failure" the control runs only
+where a verdict needs it, after our stages: where one of them fails (a control that fails too
+makes the failure its own, not ours) or an output misses the accuracy rule with eager as the
+only yardstick (the rule is then applied again with the control's). Every verdict is the one
+the control first gives; a row that passes records the control as skipped. So is an output that misses the accuracy rule
 where the exported program itself, run by torch, misses it as well: export traced another
 computation than eager ran (ExportDiffers). A stage may be skipped with its reason (the
 native library not built, no float64 reference) without failing.
@@ -37,6 +41,7 @@ from collections.abc import Callable
 STAGES = ("build", "eager", "export", "executorch", "partitioner", "preprocess", "runtime", "native", "coverage",
           "accuracy")
 OUR_STAGES = STAGES[STAGES.index("partitioner"):]
+CONTROLS = ("first", "on-failure")  # when the control runs: in its place, or where a verdict needs it
 CAUSE_CHARS = 300
 # The accuracy rule's floor, for outputs where eager float32 is exact (its error 0): one
 # float32 rounding (machine epsilon) at the output's magnitude, at least 1.
@@ -86,9 +91,13 @@ class Census:
     is called as each stage starts, before its work (the worker writes it to its progress file).
     `record` holds the result as the stages go."""
 
-    def __init__(self, name: str, enter: Callable[[str], None] = lambda stage: None, seed: int = 0) -> None:
+    def __init__(self, name: str, enter: Callable[[str], None] = lambda stage: None, seed: int = 0,
+                 control: str = "first") -> None:
+        if control not in CONTROLS:
+            raise ValueError(f"control must be one of {', '.join(CONTROLS)}, got {control!r}")
         self.name = name
         self.seed = seed
+        self._deferring = control == "on-failure"
         self._enter_hook = enter
         self.stage: str | None = None
         self._started = 0.0
@@ -100,21 +109,51 @@ class Census:
     def run(self) -> dict:
         """All stages in order until one fails; returns the record (status "ok", "failed" or "oom")."""
         start = time.perf_counter()
-        for stage in STAGES:
+        failure = self._through(STAGES)
+        if failure is not None and self._deferring and failure[0] in OUR_STAGES:
+            failure = self._control_late(*failure)
+        if failure is not None:  # any failure is the finding: its stage and one line
+            stage, exc = failure
+            cause = one_line(exc)
+            self.record.update(status="oom" if out_of_memory(cause) else "failed", failed_stage=stage, cause=cause,
+                               ours=stage in OUR_STAGES and not isinstance(exc, ExportDiffers))
+        self.record["seconds"] = round(time.perf_counter() - start, 3)
+        return self.record
+
+    def _through(self, stages) -> tuple[str, Exception] | None:
+        """`stages` in order until one fails: (that stage, its exception), or None."""
+        for stage in stages:
             self._enter(stage)  # already entered when the stage before reached it (preprocess)
             try:
+                if stage == "executorch" and self._deferring:
+                    raise Skipped("run only where a verdict needs it (control on-failure), and none did")
                 getattr(self, f"_{stage}")()
             except Skipped as why:
                 self._close("skipped", str(why))
-            except Exception as exc:  # any failure is the finding: its stage and one line
-                cause = one_line(exc)
-                self._close("failed", cause)
-                self.record.update(status="oom" if out_of_memory(cause) else "failed", failed_stage=self.stage,
-                                   cause=cause, ours=self.stage in OUR_STAGES and not isinstance(exc, ExportDiffers))
-                break
+            except Exception as exc:
+                self._close("failed", one_line(exc))
+                return self.stage, exc
         self._close("ok")
-        self.record["seconds"] = round(time.perf_counter() - start, 3)
-        return self.record
+        return None
+
+    def _control_late(self, stage: str, exc: Exception) -> tuple[str, Exception] | None:
+        """The control, run after `exc` ended our `stage` (control "on-failure"): the row's
+        failure is the control's where it fails too; where it passes, an accuracy failure is
+        judged again with its yardstick. The row's failure, or None."""
+        self._deferring = False
+        reached = self.record["reached"]
+        del self.record["stages"]["executorch"]  # skipped in its place
+        control = self._through(["executorch"])
+        self.record["stages"] = {s: self.record["stages"][s] for s in STAGES if s in self.record["stages"]}
+        if control is not None:
+            self.record["reached"] = "export"  # as with the control first
+            return control
+        self.record["reached"] = reached
+        if stage != "accuracy" or not isinstance(exc, AccuracyError):
+            return stage, exc
+        del self.record["stages"]["accuracy"]
+        self.record.pop("exported_accuracy", None)
+        return self._through(["accuracy"])
 
     def _enter(self, stage: str) -> None:
         if self.stage == stage:

@@ -48,9 +48,10 @@ def _faults(name: str, faults: str | None) -> dict[str, str]:
 
 
 def work(name: str, progress_path: str, result_path: str, memory_gb: float | None = None,
-         verbose: bool = False, faults: str | None = None) -> None:
+         verbose: bool = False, faults: str | None = None, control: str = "first") -> None:
     """Row `name` through the stages in this process; its record to `result_path`. `faults`:
-    PIPELINE_CENSUS_FAULT's value as the census started."""
+    PIPELINE_CENSUS_FAULT's value as the census started; `control`: when the control runs
+    (`pipeline.census.stages.CONTROLS`)."""
     if memory_gb is not None:
         _limit_memory(memory_gb)
     os.nice(NICENESS)
@@ -74,7 +75,7 @@ def work(name: str, progress_path: str, result_path: str, memory_gb: float | Non
     cli.quiet_dependencies(verbose)
     from pipeline.census.stages import Census
 
-    record = Census(name, enter).run()
+    record = Census(name, enter, control=control).run()
     record["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     record["process_seconds"] = round(time.perf_counter() - started, 3)
     tmp = f"{result_path}.tmp"
@@ -96,7 +97,7 @@ def _die_with_parent() -> None:
 
 
 def child(name: str, progress_path: str, result_path: str, log_path: str, memory_gb: float | None,
-          threads: int | None, faults: str | None) -> None:
+          threads: int | None, faults: str | None, control: str = "first") -> None:
     """`work` as a child forked by the pool: in a session of its own (a timeout kills all of
     it), its output to `log_path`, `threads` for torch's CPU kernels."""
     os.setsid()
@@ -116,7 +117,7 @@ def child(name: str, progress_path: str, result_path: str, log_path: str, memory
         import torch
 
         torch.set_num_threads(threads)
-    work(name, progress_path, result_path, memory_gb, faults=faults)
+    work(name, progress_path, result_path, memory_gb, faults=faults, control=control)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -125,9 +126,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--progress", required=True)
     parser.add_argument("--result", required=True)
     parser.add_argument("--memory", type=float, default=None, help="address-space limit in GiB")
+    parser.add_argument("--control", choices=("first", "on-failure"), default="first")
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args(argv)
-    work(args.name, args.progress, args.result, args.memory, args.verbose, os.environ.get(FAULT_ENV))
+    work(args.name, args.progress, args.result, args.memory, args.verbose, os.environ.get(FAULT_ENV), args.control)
     return 0
 
 
