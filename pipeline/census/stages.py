@@ -22,8 +22,9 @@ A failure in the first four is not ours (the model zoo, PyTorch or ExecuTorch): 
 passing is what makes the stages after it ours. With control "on-failure" the control runs only
 where a verdict needs it, after our stages: where one of them fails (a control that fails too
 makes the failure its own, not ours) or an output misses the accuracy rule with eager as the
-only yardstick (the rule is then applied again with the control's). Every verdict is the one
-the control first gives; a row that passes records the control as skipped. So is an output that misses the accuracy rule
+only yardstick (the rule is then applied again with the control's). Whose each failure is
+stays as with the control first; a row that passes records the control as skipped (one whose
+control alone would fail is then ok). So is an output that misses the accuracy rule
 where the exported program itself, run by torch, misses it as well: export traced another
 computation than eager ran (ExportDiffers). A stage may be skipped with its reason (the
 native library not built, no float64 reference) without failing.
