@@ -113,52 +113,42 @@ def find_wheels(executorch: bool = True, dawn: bool = False) -> Wheels:
     """The headers and libraries of the installed executorch and wgpu wheels (wgpu's
     alone without `executorch`: the runtime library's build); with `dawn`, none of wgpu's (the
     Dawn declarations are generated; BuildError, in one line, without dawn-python)."""
+    if dawn and importlib.util.find_spec("pydawn") is None:
+        raise BuildError("dawn-python (package pydawn) is not installed: no Dawn build")
+    version, includes, libraries = _executorch_parts() if executorch else ("", (), ())
     if dawn:
-        return _dawn_wheels(find_wheels(executorch) if executorch else None)
-    wgpu_dir = _package_dir("wgpu")
-    if not executorch:
-        header = wgpu_dir / "resources" / "wgpu.h"
-        if not header.is_file():
-            raise BuildError(f"wgpu-native header not found at {header}; is the wheel the pinned one "
-                             f"({PINNED_VERSIONS})?")
-        return Wheels(executorch_version="", wgpu_version=importlib.metadata.version("wgpu"),
-                      includes=(wgpu_dir / "resources",), libraries=())
+        return Wheels(executorch_version=version, wgpu_version=importlib.metadata.version("dawn-python"),
+                      includes=includes, libraries=libraries, dawn=True)
+    resources = _package_dir("wgpu") / "resources"
+    needed = {"wgpu-native header": resources / "wgpu.h"}
+    if executorch:  # the backend links wgpu-native; the runtime call library is handed its calls
+        needed["wgpu-native library"] = resources / "libwgpu_native-release.so"
+    _check_files(needed)
+    return Wheels(executorch_version=version, wgpu_version=importlib.metadata.version("wgpu"),
+                  includes=(*includes, resources),
+                  libraries=(*libraries, needed["wgpu-native library"]) if executorch else ())
+
+
+def _check_files(needed: dict[str, Path]) -> None:
+    for what, path in needed.items():
+        if not path.is_file():
+            raise BuildError(f"{what} not found at {path}; is the wheel the pinned one ({PINNED_VERSIONS})?")
+
+
+def _executorch_parts() -> tuple[str, tuple[Path, ...], tuple[Path, ...]]:
+    """The installed executorch wheel's version, include folders and the libraries the
+    backend links (BuildError, in one line, where one is missing)."""
     et = _package_dir("executorch")
     portable = sorted((et / "extension" / "pybindings").glob("_portable_lib*.so"))
     needed = {
         "ExecuTorch runtime headers": et / "include" / "executorch" / "runtime" / "backend" / "interface.h",
         "ExecuTorch _portable_lib": portable[0] if portable else et / "extension" / "pybindings" / "_portable_lib.so",
         "ExecuTorch backend registry library": et / "backends" / "qualcomm" / "libqnn_executorch_backend.so",
-        "wgpu-native header": wgpu_dir / "resources" / "wgpu.h",
-        "wgpu-native library": wgpu_dir / "resources" / "libwgpu_native-release.so",
     }
-    for what, path in needed.items():
-        if not path.is_file():
-            raise BuildError(f"{what} not found at {path}; is the wheel the pinned one ({PINNED_VERSIONS})?")
-    return Wheels(
-        executorch_version=importlib.metadata.version("executorch"),
-        wgpu_version=importlib.metadata.version("wgpu"),
-        includes=(
-            et / "include",
-            et / "include" / "executorch" / "runtime" / "core" / "portable_type" / "c10",
-            wgpu_dir / "resources",
-        ),
-        libraries=(
-            needed["ExecuTorch _portable_lib"],
-            needed["ExecuTorch backend registry library"],
-            needed["wgpu-native library"],
-        ),
-    )
-
-
-def _dawn_wheels(executorch: Wheels | None) -> Wheels:
-    if importlib.util.find_spec("pydawn") is None:
-        raise BuildError("dawn-python (package pydawn) is not installed: no Dawn build")
-    et_includes = executorch.includes[:2] if executorch else ()
-    et_libraries = executorch.libraries[:2] if executorch else ()
-    return Wheels(executorch_version=executorch.executorch_version if executorch else "",
-                  wgpu_version=importlib.metadata.version("dawn-python"),
-                  includes=et_includes, libraries=et_libraries, dawn=True)
+    _check_files(needed)
+    includes = (et / "include", et / "include" / "executorch" / "runtime" / "core" / "portable_type" / "c10")
+    libraries = (needed["ExecuTorch _portable_lib"], needed["ExecuTorch backend registry library"])
+    return importlib.metadata.version("executorch"), includes, libraries
 
 
 def _dawn_header() -> str:
