@@ -25,9 +25,11 @@ TEST_WORKERS ?= 2
 # gate like tests do (exit status 1 when one fails). The whisper file and its XNNPACK twin
 # transcribe the shipped utterances from eager's and the delegated encoder output and fail on
 # a different token.
+# One thread for torch's CPU kernels in each process: TEST_WORKERS processes share the cores,
+# and two threads each made the suite 8-11% slower here (OpenMP's threads wait spinning).
 test: setup
-	PIPELINE_REQUIRE_GPU=1 PIPELINE_TRAINED_WHISPER=$(TINY_EN) $(PY) -m pytest -q -rs -n $(TEST_WORKERS)
-	$(MAKE) --no-print-directory -j $(TEST_WORKERS) --output-sync=target reports
+	OMP_NUM_THREADS=1 PIPELINE_REQUIRE_GPU=1 PIPELINE_TRAINED_WHISPER=$(TINY_EN) $(PY) -m pytest -q -rs -n $(TEST_WORKERS)
+	OMP_NUM_THREADS=1 $(MAKE) --no-print-directory -j $(TEST_WORKERS) --output-sync=target reports
 
 # The kernel's tests with their thinned grids whole (support.grids.thinned: `make test` runs
 # every pair of values, or the rows a test names): run when the kernel changes.
