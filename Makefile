@@ -20,11 +20,11 @@ TEST_WORKERS ?= 2
 # CI sample (report-census), the accuracy report with the coverage audit of its own run
 # (--with-coverage: one lowering and one eager run for both) of bart and florence2's smallest
 # variants, the trained whisper tiny.en exported and both reports made from its file (its
-# accuracy on wgpu and on Dawn), then tiny.en exported with XNNPACK and run in ExecuTorch's runtime under its rule (against the
-# same export without our delegate; an ETDump of its runs beside the reports): their verdicts
-# gate like tests do (exit status 1 when one fails). The whisper file and its XNNPACK twin
-# transcribe the shipped utterances from eager's and the delegated encoder output and fail on
-# a different token.
+# accuracy on wgpu and on Dawn), then tiny.en exported with XNNPACK and run in ExecuTorch's
+# runtime under its rule (against the same export without our delegate; an ETDump of its runs
+# beside the reports): their verdicts gate like tests do (exit status 1 when one fails). The
+# whisper file and its XNNPACK twin transcribe the shipped utterances from eager's and the
+# delegated encoder output and fail on a different token.
 # One thread for torch's CPU kernels in each process: TEST_WORKERS processes share the cores,
 # and two threads each made the suite 8-11% slower here (OpenMP's threads wait spinning).
 test: setup
@@ -45,7 +45,8 @@ reports: $(REPORT_TARGETS)
 
 # The census's CI sample (pipeline.census.SAMPLE: 19 architectures of every modality and two
 # vision towers, built tiny) through every stage: exit status 1 when a row fails in our stages.
-# The control (ExecuTorch alone) runs only where a verdict needs it: the same verdicts.
+# The control (ExecuTorch alone) runs only where a verdict needs it: whose each failure is
+# stays as with the control first.
 report-census:
 	$(PY) scripts/census.py --sample --fresh --control on-failure --output-dir $(REPORTS)/census
 

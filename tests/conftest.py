@@ -132,16 +132,16 @@ def exported(checkpoints, tmp_path_factory):
     def export(name: str, dynamic: bool = False) -> SimpleNamespace:
         if (name, dynamic) not in done:
             with made_once(tmp_path_factory, f"{name}-export" + ("-dynamic" if dynamic else "")) as (out, made):
+                printed = out.parent / f"{out.name}.stdout"  # beside the folder, which holds the export alone
                 if not made:
                     stdout, stderr = io.StringIO(), io.StringIO()
                     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
                         status = cli.main([name, "--checkpoint", str(checkpoints[name][0]), "--output-dir", str(out),
                                            *(["--dynamic"] if dynamic else [])])
                     assert status == 0, stderr.getvalue()
-                    (out.parent / f"{out.name}.stdout").write_text(stdout.getvalue())
+                    printed.write_text(stdout.getvalue())
             summary = json.loads(next(out.glob("*.coverage.json")).read_text())
-            done[name, dynamic] = SimpleNamespace(out=out, summary=summary,
-                                                  stdout=(out.parent / f"{out.name}.stdout").read_text())
+            done[name, dynamic] = SimpleNamespace(out=out, summary=summary, stdout=printed.read_text())
         return done[name, dynamic]
 
     return export

@@ -240,12 +240,11 @@ class RayPool:
 def make_pool(jobs: int, timeout: float, memory_gb: float | None, ray: str | None = None,
               control: str = "first") -> LocalPool | RayPool:
     """A local pool, or with `ray` (an address, "auto" or "local") a Ray one. Locally the
-    rows share the CPUs: torch takes CPUs / jobs threads in each, or OMP_NUM_THREADS where set
-    (other work shares the machine)."""
+    rows share the CPUs: torch takes CPUs / jobs threads in each, or, where OMP_NUM_THREADS is
+    set (other work shares the machine), what torch reads from it."""
     _stopping.clear()
     if ray is None:
-        threads = os.environ.get("OMP_NUM_THREADS", "")
-        threads = int(threads) if threads.isdigit() and int(threads) > 0 else max(1, (os.cpu_count() or 1) // jobs)
+        threads = None if "OMP_NUM_THREADS" in os.environ else max(1, (os.cpu_count() or 1) // jobs)
         return LocalPool(jobs, timeout, memory_gb, threads, control)
     return RayPool(ray, jobs, timeout, memory_gb, control)
 

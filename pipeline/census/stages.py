@@ -51,6 +51,11 @@ ABSOLUTE_FLOOR = 2.0**-23
 _OUT_OF_MEMORY = ("MemoryError", "can't allocate memory", "std::bad_alloc", "Cannot allocate memory")
 
 
+def check_control(control: str) -> None:
+    if control not in CONTROLS:
+        raise ValueError(f"control must be one of {', '.join(CONTROLS)}, got {control!r}")
+
+
 class Skipped(Exception):
     """A stage that cannot run here, with the reason; not a failure."""
 
@@ -94,8 +99,7 @@ class Census:
 
     def __init__(self, name: str, enter: Callable[[str], None] = lambda stage: None, seed: int = 0,
                  control: str = "first") -> None:
-        if control not in CONTROLS:
-            raise ValueError(f"control must be one of {', '.join(CONTROLS)}, got {control!r}")
+        check_control(control)
         self.name = name
         self.seed = seed
         self._deferring = control == "on-failure"

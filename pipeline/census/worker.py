@@ -21,6 +21,8 @@ import resource
 import signal
 import time
 
+from pipeline.census.stages import CONTROLS
+
 FAULT_ENV = "PIPELINE_CENSUS_FAULT"
 NICENESS = 10
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -126,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--progress", required=True)
     parser.add_argument("--result", required=True)
     parser.add_argument("--memory", type=float, default=None, help="address-space limit in GiB")
-    parser.add_argument("--control", choices=("first", "on-failure"), default="first")
+    parser.add_argument("--control", choices=CONTROLS, default="first")
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args(argv)
     work(args.name, args.progress, args.result, args.memory, args.verbose, os.environ.get(FAULT_ENV), args.control)

@@ -212,13 +212,13 @@ def run_reports(
     names = [None] if pte is not None or hf is not None else resolve_models(model)
     from pipeline.models import hf_stem
     lines, failed = [], []
+    report_dtype = "float32" if pte is not None else dtype  # a file's reports are named after the file alone
     for name in names:
         if pte is not None:
             progress(f"[{pte}] building its model for the eager reference, loading the file ...")
             summary, spec, program = _build_and_load(pte)
             name, seed = spec.name, summary.get("seed", 0)
-            file_stem = f"{Path(pte).name.removesuffix('.pte')}.pte"
-            stem = f"{file_stem}.{kind}"
+            report_name, report_variant = f"{Path(pte).name.removesuffix('.pte')}.pte", None
         elif hf is not None:
             progress(f"[{hf}] building the Hugging Face model and lowering ...")
             spec, program = _build_and_lower(None, None, seed, dtype, hf=hf, task=task, inputs=inputs)
@@ -230,8 +230,7 @@ def run_reports(
             progress(f"[{name}] building and lowering ...")
             spec, program = _build_and_lower(name, variant, seed, dtype, checkpoint, audio)
             report_name, report_variant = name, spec.variant
-        if pte is None:
-            stem = _stem(report_name, report_variant, kind, dtype)
+        stem = _stem(report_name, report_variant, kind, report_dtype)
         progress(f"[{name}] evaluating {kind} ...")
         audits: list | None = [] if with_coverage else None
         if kind == "coverage":
@@ -251,9 +250,8 @@ def run_reports(
             failed.append(name)
         if audits:
             audit = {**audits[0], "program": data["program"]}
-            audit_stem = f"{file_stem}.coverage" if pte is not None else _stem(report_name, report_variant,
-                                                                                "coverage", dtype)
-            paths = write_report(output_dir, audit_stem, audit, coverage_markdown(audit), coverage_html(audit))
+            paths = write_report(output_dir, _stem(report_name, report_variant, "coverage", report_dtype), audit,
+                                 coverage_markdown(audit), coverage_html(audit))
             progress(f"[{name}] wrote {', '.join(str(p) for p in paths)}")
             lines.append(coverage_line(audit))
             if audit["verdict"] != "complete":
