@@ -24,12 +24,22 @@ SEED_LIMIT = 2**64  # torch generators take seeds below this; numpy's take none 
 MAX_AUDIO_FILES = 16
 
 
+def say(line: str, stream=None) -> None:
+    """Write `line` and its newline in one write, then flush (stderr unless `stream` is given).
+
+    `print` writes a line and its end in two calls, and a signal handled between them leaves
+    the line open: the script's last line ("interrupted") would then be joined to it."""
+    stream = sys.stderr if stream is None else stream
+    stream.write(f"{line}\n")
+    stream.flush()
+
+
 def print_progress(line: str) -> None:
-    """Print a progress line to stdout. Once stdout is a closed pipe (`| head -1`), the
+    """Say a progress line on stdout. Once stdout is a closed pipe (`| head -1`), the
     rest goes nowhere: the work and the files it writes carry on, and the process ends
     without a traceback."""
     try:
-        print(line, flush=True)
+        say(line, sys.stdout)
     except BrokenPipeError:
         # Later prints, and the flush at exit, write to /dev/null instead of raising.
         devnull = os.open(os.devnull, os.O_WRONLY)

@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         columns = [OrtColumn(rms)] if args.ort else []
         # An RMSNorm's ORT column is timed alone: no host path or accuracy beside it.
         result = run_benchmark(shapes, repeats=args.repeats, sweep=args.sweep,
-                               progress=lambda line: print(line, flush=True), dtype=args.dtype,
+                               progress=cli.print_progress, dtype=args.dtype,
                                outputs=args.outputs, stats=args.stats,
                                host_path=args.host_path or (args.ort and not rms),
                                accuracy=args.accuracy or (args.ort and not rms), columns=columns,

@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         summary = export_model(
             args.model, args.variant, args.checkpoint, args.output_dir, args.seed, args.dynamic,
-            progress=lambda line: print(line, file=sys.stderr, flush=True), cpu_backend=args.cpu_backend,
+            progress=cli.say, cpu_backend=args.cpu_backend,
             dtype=args.dtype, audio=args.audio, hf=args.hf, task=args.task, inputs=args.inputs,
         )
     except KeyboardInterrupt:

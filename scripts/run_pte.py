@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         result = run_artifact(args.pte, args.inputs, args.runtime, args.repeats,
-                              progress=lambda line: print(line, file=sys.stderr, flush=True), etdump=args.etdump,
+                              progress=cli.say, etdump=args.etdump,
                               audio=args.audio)
     except KeyboardInterrupt:
         print("run_pte: interrupted", file=sys.stderr)

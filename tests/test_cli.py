@@ -389,3 +389,18 @@ for script, argv, env, stderr in json.loads(sys.argv[1]):
 with open(sys.argv[2], "w") as f:
     json.dump(codes, f)
 """
+
+
+def test_a_progress_line_and_its_newline_are_one_write():
+    # A signal handled between two writes would join the script's "interrupted" line to it.
+    from pipeline import cli as pipeline_cli
+
+    class Writes(list):
+        write = list.append
+
+        def flush(self):
+            self.append("<flush>")
+
+    writes = Writes()
+    pipeline_cli.say("[   0.0s] building whisper tiny", writes)
+    assert writes == ["[   0.0s] building whisper tiny\n", "<flush>"]

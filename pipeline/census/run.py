@@ -13,6 +13,7 @@ from pathlib import Path
 from pipeline.census.pool import make_pool, start_fork_server, tower_rows
 from pipeline.census.report import write_census_report
 from pipeline.census.stages import CONTROLS, STAGES, check_control
+from pipeline.cli import say
 from pipeline.ioutil import read_regular
 
 JSONL = "census.jsonl"
@@ -125,7 +126,7 @@ def run_census(
     memory_gb: float | None = DEFAULT_MEMORY_GB,
     ray: str | None = None,
     fresh: bool = False,
-    progress: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),
+    progress: Callable[[str], None] = say,
     control: str = "first",
 ) -> int:
     """Census `names` (model types, or "model_type.tower"; default: every architecture of the
