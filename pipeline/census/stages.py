@@ -32,7 +32,6 @@ native library not built, no float64 reference) without failing.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import math
 import re
@@ -281,8 +280,7 @@ class Census:
         from pipeline.native.build import BuildError
 
         try:
-            with _build_lock():
-                pipeline.native.register()
+            pipeline.native.register()
         except BuildError as exc:
             raise Skipped(f"the native library is not built: {one_line(exc)}") from None
         outputs = pipeline.native.NativeProgram(self.program.buffer, source=f"{self.name}.pte")(*self.inputs)
@@ -352,22 +350,6 @@ class Census:
         if len(outputs) != len(self.eager_outputs):
             return None
         return output_error(index, outputs[index], self.eager_outputs[index], reference[index])
-
-
-@contextlib.contextmanager
-def _build_lock():
-    """One row at a time through `pipeline.native.register()`: it builds the library when its
-    sources changed since the last build, and two builds at once in one folder trip over
-    each other's files."""
-    import fcntl
-
-    from pipeline.native.build import build_dir
-
-    folder = build_dir()
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / "census.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
 
 
 # Where a failure inside lowering is preprocess's: our backend's preprocess and the blob format.

@@ -7,7 +7,7 @@
 
 The backend (C++ in this folder) decodes the same blob as `pipeline.blob`, runs the same
 WGSL files with the same configuration rule as `pipeline.runtime`, and is built against
-the installed executorch and wgpu wheels by `python -m pipeline.native.build`; with
+the executorch and wgpu wheels when the package installs (`pipeline.native.build`); with
 PIPELINE_WEBGPU=dawn its Dawn build runs instead, on dawn-python's Dawn.
 """
 

@@ -1,7 +1,10 @@
-"""Build the native libraries: `python -m pipeline.native.build [--force] [--runtime-only]`.
+"""Build the native libraries: when the package installs (setup.py), and again at first use
+where their sources changed since (an editable checkout); `python -m pipeline.native.build
+[--force] [--runtime-only]` by hand.
 
-Compiles pipeline/native/*.cpp with the system C++ compiler against what `pip install`
-put on disk, nothing else. Two libraries share the launch code (LayerNormLaunch, the
+Compiles pipeline/native/*.cpp with the system C++ compiler against the executorch, wgpu and
+dawn-python wheels (the build's requirements, or the environment's without build isolation),
+nothing else. Two libraries share the launch code (LayerNormLaunch, the
 device, the blob decoder, the configuration rule):
 - libpipeline_webgpu.so, the WebGPUBackend for ExecuTorch's runtime: ExecuTorch's runtime
   headers (`executorch/include`), its `_portable_lib` (resize_tensor_impl) and
@@ -20,9 +23,11 @@ What the Python side decides reaches the C++ as headers generated first (generat
 WGSL files and module pieces, the configuration rule's numbers, the blob layout), so the C++
 kernel is the Python runtime's kernel and reads the blob Python writes.
 
-Output: build/native/ (git-ignored; PIPELINE_NATIVE_BUILD_DIR moves it). A stamp per
-library (hash of sources, generated headers, flags and wheel versions) skips an up-to-date
-build.
+Output: pipeline/native/lib/ of the installed package (of the checkout, git-ignored, for an
+editable install; PIPELINE_NATIVE_BUILD_DIR moves it). The libraries find the wheels' libraries
+they link beside the package (`$ORIGIN`, as ExecuTorch's own libraries find torch's), or where
+the build found them. A stamp per library (hash of sources, generated headers, flags and wheel
+versions) skips an up-to-date build.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -47,6 +53,9 @@ from pipeline.native import dawn_webgpu, generate
 PINNED_VERSIONS = {"executorch": "1.4.1", "wgpu": "0.32.0"}
 
 SOURCE_DIR = Path(__file__).resolve().parent
+# Where the package keeps its libraries: pipeline/native/lib, three folders below site-packages.
+LIB_DIR = SOURCE_DIR / "lib"
+_TO_SITE_PACKAGES = "$ORIGIN/../../../"
 LIBRARY_NAME = "libpipeline_webgpu.so"
 RUNTIME_LIBRARY_NAME = "libpipeline_layer_norm.so"
 # The runtime library's sources (the backend takes every other file and not its entry points).
@@ -80,13 +89,13 @@ class Wheels:
     executorch_version: str
     wgpu_version: str  # for Dawn: dawn-python's
     includes: tuple[Path, ...]
-    libraries: tuple[Path, ...]  # linked by file name, found at run time through rpath
+    libraries: tuple[Path, ...]  # linked by file name, found at run time through the runpath
     dawn: bool = False
 
 
 def build_dir() -> Path:
     override = os.environ.get(BUILD_DIR_ENV)
-    return Path(override) if override else SOURCE_DIR.parents[1] / "build" / "native"
+    return Path(override) if override else LIB_DIR
 
 
 def library_name(runtime: bool = False, dawn: bool = False) -> str:
@@ -127,6 +136,17 @@ def find_wheels(executorch: bool = True, dawn: bool = False) -> Wheels:
     return Wheels(executorch_version=version, wgpu_version=importlib.metadata.version("wgpu"),
                   includes=(*includes, resources),
                   libraries=(*libraries, needed["wgpu-native library"]) if executorch else ())
+
+
+def _runpath(library: Path) -> list[str]:
+    """Where the loader finds a linked wheel library: beside our package in site-packages, as
+    the wheels lay it out (an install built in an isolated environment), then where this build
+    found it (an editable install built in the environment it runs in)."""
+    for package in ("executorch", "wgpu"):
+        root = _package_dir(package).parent
+        if library.is_relative_to(root / package):
+            return [_TO_SITE_PACKAGES + library.parent.relative_to(root).as_posix(), str(library.parent)]
+    return [str(library.parent)]
 
 
 def _check_files(needed: dict[str, Path]) -> None:
@@ -206,15 +226,16 @@ def find_compiler() -> str:
     return compiler
 
 
-def build(force: bool = False, log=None, runtime: bool = False, dawn: bool = False) -> Path:
+def build(force: bool = False, log=None, runtime: bool = False, dawn: bool = False,
+          out_dir: Path | None = None) -> Path:
     """Build the backend library (`runtime`: the Python runtime's call library; `dawn`: its
-    Dawn build) if sources, generated headers, flags or wheels changed; return its path. An
-    up-to-date library needs no compiler."""
+    Dawn build) into `out_dir` (default build_dir()) if sources, generated headers, flags or
+    wheels changed; return its path. An up-to-date library needs no compiler."""
     wheels = find_wheels(executorch=not runtime, dawn=dawn)
     generated = generate.headers()
     if dawn:
         generated[dawn_webgpu.HEADER_NAME] = _dawn_header()
-    out_dir = build_dir()
+    out_dir = build_dir() if out_dir is None else out_dir
     name = library_name(runtime, dawn)
     suffix = DAWN_SUFFIX.replace("_", "-") if dawn else ""
     what = ("runtime call library" if runtime else "native backend") + (" for Dawn" if dawn else "")
@@ -228,12 +249,27 @@ def build(force: bool = False, log=None, runtime: bool = False, dawn: bool = Fal
 
     compiler = find_compiler()
     started = time.monotonic()
-    gen = out_dir / "gen"
-    objects = out_dir / (("obj-runtime" if runtime else "obj") + suffix)
-    gen.mkdir(parents=True, exist_ok=True)
-    objects.mkdir(parents=True, exist_ok=True)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="pipeline-native-") as scratch:
+        _compile_and_link(compiler, wheels, generated, Path(scratch), out_dir / name, runtime, dawn)
+    partial = stamp.with_name(f"{stamp.name}.{os.getpid()}.tmp")
+    partial.write_text(fingerprint)
+    os.replace(partial, stamp)  # builds at once (test workers, census rows) each replace whole files
+    if log is not None:
+        log(f"{what}: built {library} in {time.monotonic() - started:.1f} s")
+    return library
+
+
+def _compile_and_link(compiler: str, wheels: Wheels, generated: dict[str, str], scratch: Path, library: Path,
+                      runtime: bool, dawn: bool) -> None:
+    """The library's objects and generated headers in `scratch`, the library itself at `library`
+    (complete or absent)."""
+    gen = scratch / "gen"
+    objects = scratch / "obj"
+    gen.mkdir()
+    objects.mkdir()
     for name, text in generated.items():
-        _write_atomically(gen / name, text)
+        (gen / name).write_text(text)
     includes = [f"-I{p}" for p in (SOURCE_DIR, gen, *wheels.includes)]
     flags = [*CXX_FLAGS, *(DAWN_FLAGS if dawn else ())]
 
@@ -250,22 +286,12 @@ def build(force: bool = False, log=None, runtime: bool = False, dawn: bool = Fal
     else:
         link = ["-Wl,--no-undefined"]
         for lib in wheels.libraries:
-            link += [f"-L{lib.parent}", f"-l:{lib.name}", f"-Wl,-rpath,{lib.parent}"]
+            link += [f"-L{lib.parent}", f"-l:{lib.name}", *(f"-Wl,-rpath,{path}" for path in _runpath(lib))]
     if dawn:
         link.append("-ldl")
-    partial = out_dir / (name + ".tmp")
+    partial = library.with_name(f"{library.name}.{os.getpid()}.tmp")
     _run([compiler, "-shared", "-o", str(partial), *map(str, compiled), *link])
     os.replace(partial, library)
-    stamp.write_text(fingerprint)
-    if log is not None:
-        log(f"{what}: built {library} in {time.monotonic() - started:.1f} s")
-    return library
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    partial = path.with_name(path.name + f".{os.getpid()}.tmp")
-    partial.write_text(text)
-    os.replace(partial, path)
 
 
 def _run(command: list[str]) -> None:

@@ -164,7 +164,7 @@ def available() -> bool:
         if not _warned:
             _warned = True
             warnings.warn(f"{exc}; LayerNorm delegates launch the kernel from Python instead (same WebGPU "
-                          f"kernel, a slower call). Run `python -m pipeline.native.build --runtime-only`, or "
+                          f"kernel, a slower call). Reinstall the package (it builds the library), or "
                           f"set {NATIVE_CALL_ENV}=0 to choose this.", RuntimeWarning, stacklevel=3)
         return False
     return True
