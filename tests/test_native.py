@@ -30,7 +30,7 @@ from pipeline.blob import CONSTANT, DYNAMIC, INPUT, NONE, DelegateBlob, LayerNor
 from pipeline.native import build as native_build
 from pipeline.native import generate
 from pipeline.wgsl import ShaderFiles, layouts
-from pipeline.wgsl.config import WIDE_LAUNCH_THREADS, choose_config
+from pipeline.wgsl.config import WIDE_LAUNCH_THREADS, choose_config, least_loads
 from support.grids import DTYPE_PAIRS, WIDTHS
 from support.models import DynamicModel
 from support.reference import TOLERANCE
@@ -150,6 +150,27 @@ def test_wgsl_module_by_launch_rows_and_stats_is_pythons(native, width, dtype, a
             got = native.wgsl_source(width, True, True, 32, dtype, affine_dtype, rows=rows, write_stats=write_stats)
             want = _python_source(width, True, True, 32, dtype, affine_dtype, rows=rows, write_stats=write_stats)
             assert got == want, f"width {width} {dtype}/{affine_dtype} rows {rows} write_stats {write_stats}"
+
+
+def _rule_edges(least: int) -> tuple[set[int], set[int]]:
+    """Row lengths in loads on both sides of each step of the generated rule, and rows on both
+    sides of each step's many-row form."""
+    steps = generate.rule_steps(least)
+    loads = {n for step in steps for n in (step[0] - 1, step[0], step[0] + 1) if n > 0}
+    rows = {r for step in steps if step[3] < 1 << 62 for r in (step[3] - 1, step[3])}
+    return loads | {generate.RULE_SCAN_LOADS * 3}, rows | {0}
+
+
+@pytest.mark.parametrize("dtype", blob.DTYPE_CODES)
+def test_the_generated_rule_is_choose_configs_at_each_step(native, dtype):
+    # Each kind of row (float32 in wide loads, the rest) at each step's edges, in 4-value loads
+    # and, at odd lengths, in 2- and 1-value loads: the C++ looks up what choose_config gives.
+    for vec in (1, 2, 4):
+        loads, rows = _rule_edges(least_loads(dtype, vec))
+        for n, r in itertools.product(sorted(loads), sorted(rows)):
+            width = vec * (n if vec == 4 or n % 2 else n + 1)
+            got = native.wgsl_source(width, True, False, 32, dtype, rows=r)
+            assert got == _python_source(width, True, False, 32, dtype, rows=r), f"{dtype} width {width} rows {r}"
 
 
 @pytest.mark.parametrize("dtype, affine_dtype", [("float32", None), ("float16", None), ("float16", "float32"),

@@ -14,14 +14,6 @@ namespace pipeline {
 namespace webgpu {
 namespace {
 
-uint64_t prev_pow2(uint64_t n) {
-  uint64_t p = 1;
-  while (p * 2 <= n) {
-    p *= 2;
-  }
-  return p;
-}
-
 // One line of the prelude, as config.constant writes it.
 void u32_constant(std::string* text, const char* name, uint64_t value) {
   *text += std::string("const ") + name + ": u32 = " + std::to_string(value) + "u;\n";
@@ -86,20 +78,18 @@ KernelConfig choose_config(uint64_t width, bool has_weight, bool has_bias, uint3
   config.has_weight = has_weight;
   config.has_bias = has_bias;
   config.subgroup_size = subgroup_size;
-  const uint64_t row_vecs = config.row_vecs();
-  const uint64_t least = dtype == kFloat32 && config.vec() > 1 ? kMinHold : kMinHoldNarrowLoads;
-  const uint64_t share = row_vecs / least;
-  config.threads_per_row =
-      static_cast<uint32_t>(std::min<uint64_t>(kMaxThreadsPerRow, prev_pow2(share > 0 ? share : 1)));
-  if (least == kMinHold && row_vecs == uint64_t{4} * config.threads_per_row &&
-      2 * config.threads_per_row <= kMaxThreadsPerRow &&
-      rows * config.threads_per_row >= kWideLaunchThreads) {
-    config.threads_per_row *= 2;
+  // The rule's step for this row's kind and length (generated from config.row_shape).
+  const uint64_t loads = config.row_vecs();
+  const RuleSteps& kind = kRuleKinds[kRuleKindOf[dtype][config.vec() == 4 ? 2 : config.vec() - 1]];
+  const RuleStep* step = kind.steps;
+  for (size_t i = 1; i < kind.count && kind.steps[i].from_loads <= loads; ++i) {
+    step = &kind.steps[i];
   }
-  const uint64_t hold = (row_vecs + config.threads_per_row - 1) / config.threads_per_row;
-  config.workgroup = std::max(kMinWorkgroup, config.threads_per_row);
-  config.hold = hold <= kMaxHold ? static_cast<uint32_t>(hold) : 0;
-  config.unroll = hold <= kMaxHold ? 1 : kStreamUnroll;
+  const RuleForm& form = rows >= step->many_rows_from ? step->many_rows : step->few_rows;
+  config.threads_per_row = form.threads_per_row;
+  config.workgroup = form.workgroup;
+  config.hold = form.held ? static_cast<uint32_t>((loads + form.threads_per_row - 1) / form.threads_per_row) : 0;
+  config.unroll = form.unroll;
   return config;
 }
 

@@ -1,9 +1,9 @@
-// The native_layer_norm kernel's configuration rule (pipeline/wgsl/config.py's
-// `choose_config`, ported) and its WGSL module. The rule's numbers and every piece of the
+// The native_layer_norm kernel's configuration (pipeline/wgsl/config.py's `choose_config`)
+// and its WGSL module. The rule, evaluated into steps by row length, and every piece of the
 // module's text are generated at build time from that Python module (kernel_config.h, by
-// pipeline/native/generate.py); the rule itself and the per-pipeline constants are written
-// here, and tests/test_native.py holds the module byte for byte against Python's over many
-// configurations, so the two cannot drift apart unseen.
+// pipeline/native/generate.py); the lookup and the per-pipeline constants are written here,
+// and tests/test_native.py holds the module byte for byte against Python's over many
+// configurations.
 #pragma once
 
 #include <cstdint>

@@ -3,9 +3,9 @@ decides is written once (the ExecuTorch Vulkan backend's way with its shader var
 
 - wgsl_sources.h: the kernel files of pipeline/wgsl/ as the Python runtime reads them, and
   the float16 pack probe's cases (pipeline.wgsl);
-- kernel_config.h: the configuration rule's numbers and the pieces of every WGSL module
-  (pipeline.wgsl.config): the C++ picks pieces by the configuration and writes only the
-  per-pipeline constants itself, as `constant` formats them;
+- kernel_config.h: the configuration rule evaluated into steps by row length and the pieces of
+  every WGSL module (pipeline.wgsl.config): the C++ looks the rule up, picks pieces by the
+  configuration and writes only the per-pipeline constants itself, as `constant` formats them;
 - blob_layout.h: the delegate blob's byte layout and codes (pipeline.blob);
 - environment.h: the names of the environment variables both sides read (pipeline.environment);
 - tuned_layouts.h: the layouts tables that ship with the package (pipeline/wgsl/tuned/, read by
@@ -17,6 +17,7 @@ anything is compiled).
 
 from __future__ import annotations
 
+import functools
 import re
 import struct
 
@@ -30,12 +31,10 @@ WGSL_FILES = (
     "native_layer_norm.wgsl", "reduce_subgroup.wgsl", "reduce_workgroup.wgsl", "subgroup_size.wgsl", "f16_pack_probe.wgsl",
     "storage_float32.wgsl", "storage_half.wgsl", "storage_half_odd.wgsl", "storage_half_wide.wgsl", "half.wgsl",
 )
-# The rule's numbers the C++ configuration uses, and the launch's grid limit and Params
-# size, with their C++ types.
+# The kernel's numbers the C++ uses (a configuration's defaults and forms, the launch's grid
+# limit, Params size and threaded copies), with their C++ types.
 RULE_CONSTANTS = (
-    ("MIN_WORKGROUP", "uint32_t"), ("MAX_THREADS_PER_ROW", "uint32_t"), ("MAX_HOLD", "uint32_t"),
-    ("MIN_HOLD", "uint32_t"), ("MIN_HOLD_NARROW_LOADS", "uint32_t"), ("STREAM_UNROLL", "uint32_t"),
-    ("WIDE_LAUNCH_THREADS", "uint64_t"), ("THREADED_COPY_BYTES", "size_t"), ("MAX_GRID_X", "uint64_t"),
+    ("MIN_WORKGROUP", "uint32_t"), ("THREADED_COPY_BYTES", "size_t"), ("MAX_GRID_X", "uint64_t"),
     ("PARAMS_BYTES", "uint64_t"), ("LATE_AFFINE_VALUES", "uint64_t"),
 )
 # C++ types of struct formats.
@@ -75,8 +74,76 @@ def _f16_pack_cases() -> str:
             + f"constexpr size_t kF16PackCases = {values.size};\n")
 
 
+# Row lengths in loads the rule is evaluated on: where it changes no more past half of them
+# (checked), the last step holds for every longer row.
+RULE_SCAN_LOADS = 3 * config.MAX_HOLD * config.MAX_THREADS_PER_ROW
+# More rows than any launch has: the form a launch of many rows takes.
+_MANY_ROWS = 1 << 62
+_VECS = (1, 2, 4)
+
+
+def rule_kinds() -> tuple[int, ...]:
+    """The fewest loads a thread (config.least_loads) that rows of some dtype and load take."""
+    return tuple(sorted({config.least_loads(dtype, vec) for dtype in blob.DTYPE_CODES for vec in _VECS}))
+
+
+@functools.cache
+def rule_steps(least: int) -> tuple[tuple[int, tuple[int, int, bool, int], tuple[int, int, bool, int], int], ...]:
+    """config.row_shape evaluated for rows of at least `least` loads a thread: each row length
+    in loads from which it changes, its form (threads per row, workgroup, rows held or not,
+    unroll) for a launch of few rows and of many, and the rows from which a launch takes the
+    second (_MANY_ROWS where it never does: the two are one)."""
+    steps = []
+    for loads in range(1, RULE_SCAN_LOADS + 1):
+        few = config.row_shape(loads, least, 0)
+        many = config.row_shape(loads, least, _MANY_ROWS)
+        low, high = 1, _MANY_ROWS  # the fewest rows that take the many-row form
+        while many != few and low < high:
+            middle = (low + high) // 2
+            low, high = (middle + 1, high) if config.row_shape(loads, least, middle) != many else (low, middle)
+        step = (_form(few), _form(many), low if many != few else _MANY_ROWS)
+        if not steps or steps[-1][1:] != step:
+            steps.append((loads, *step))
+    if steps[-1][0] > RULE_SCAN_LOADS // 2:
+        raise RuntimeError(f"the configuration rule still changes at {steps[-1][0]} loads a row: "
+                           f"scan further than RULE_SCAN_LOADS ({RULE_SCAN_LOADS})")
+    return tuple(steps)
+
+
+def _form(shape: tuple[int, int, int, int]) -> tuple[int, int, bool, int]:
+    threads, workgroup, hold, unroll = shape
+    return threads, workgroup, hold > 0, unroll
+
+
+def _rule_header() -> str:
+    def form(f: tuple[int, int, bool, int]) -> str:
+        return f"{{{f[0]}, {f[1]}, {str(f[2]).lower()}, {f[3]}}}"
+
+    kinds = rule_kinds()
+    tables = "".join(
+        f"inline constexpr RuleStep kRuleSteps{least}[] = {{\n" + "".join(
+            f"    {{{loads}, {form(few)}, {form(many)}, {many_from}ull}},\n"
+            for loads, few, many, many_from in rule_steps(least)) + "};\n"
+        for least in kinds)
+    spans = ", ".join(f"{{kRuleSteps{least}, {len(rule_steps(least))}}}" for least in kinds)
+    kind_of = ",\n".join(
+        "    {" + ", ".join(str(kinds.index(config.least_loads(dtype, vec))) for vec in _VECS) + "}"
+        for dtype, _ in sorted(blob.DTYPE_CODES.items(), key=lambda item: item[1]))
+    return ("\n// The configuration rule (config.row_shape) evaluated for each kind of row, by row length\n"
+            + "// in loads: from `from_loads` on, until the next step, a launch takes `few_rows` below\n"
+            + "// `many_rows_from` rows and `many_rows` from there (rows held in registers or streamed).\n"
+            + "struct RuleForm {\n  uint32_t threads_per_row;\n  uint32_t workgroup;\n  bool held;\n"
+            + "  uint32_t unroll;\n};\n"
+            + "struct RuleStep {\n  uint64_t from_loads;\n  RuleForm few_rows;\n"
+            + "  RuleForm many_rows;\n  uint64_t many_rows_from;\n};\n" + tables
+            + "struct RuleSteps {\n  const RuleStep* steps;\n  size_t count;\n};\n"
+            + f"inline constexpr RuleSteps kRuleKinds[] = {{{spans}}};\n"
+            + "// The kind of a row by dtype code and load width (1, 2, 4 values; config.least_loads).\n"
+            + f"inline constexpr uint32_t kRuleKindOf[][3] = {{\n{kind_of}}};\n")
+
+
 def kernel_header() -> str:
-    """The rule's numbers, the directive each shader compiler needs before subgroup
+    """The rule's steps and numbers, the directive each shader compiler needs before subgroup
     operations, the declarations chosen by V's width and the dtypes, and the kernel file in
     parts: plain runs, and each marked line written out for every value up to the most
     `choose_config` asks for (config.MOST_VALUES)."""
@@ -99,7 +166,7 @@ def kernel_header() -> str:
         parts += [f"    {{Marker::{cpp_name(marker)}, {k}, {literal(config.value_line(text, k), 5)}}},\n"
                   for k in range(config.MOST_VALUES[marker])]
     return (_preamble("pipeline/wgsl/config.py") + _NAMESPACE[0]
-            + "// The configuration rule's numbers (choose_config's).\n" + numbers
+            + "// The kernel's numbers (pipeline.wgsl.config's).\n" + numbers + _rule_header()
             + "\n// A layouts table's binary twin (pipeline/wgsl/layouts.py): its first bytes, version,\n"
             + "// header words after the magic, a record's words in order, and its name's suffix.\n"
             + f'constexpr char kLayoutsBinaryMagic[] = "{layouts.BINARY_MAGIC.decode("ascii")}";\n'

@@ -1,8 +1,8 @@
 """The native_layer_norm kernel's configuration and module text, shared by every runtime:
 which variant serves a row width (`choose_config`), and the WGSL module written for it
 (`KernelConfig.source`). The Python launch compiles these modules; the C++ build generates
-its module pieces from the same functions (pipeline/native/generate.py), so the text has one
-source and only the configuration rule is written in both languages (tests hold them equal).
+its module pieces from the same functions and looks the rule up in its steps, evaluated from
+`row_shape` (pipeline/native/generate.py): text and rule have one source.
 
 Imports no torch and no WebGPU implementation: the C++ build reads it.
 """
@@ -369,28 +369,38 @@ def choose_config(width: int, has_weight: bool, has_bias: bool, subgroup_size: i
     has no subgroup operations (workgroup-memory merges).
     """
     vec = _vec(width)
-    row_vecs = width // vec
-    least = MIN_HOLD if dtype == "float32" and vec > 1 else MIN_HOLD_NARROW_LOADS
-    threads = min(MAX_THREADS_PER_ROW, _prev_pow2(max(1, row_vecs // least)))
-    if (least == MIN_HOLD and row_vecs == 4 * threads and 2 * threads <= MAX_THREADS_PER_ROW
-            and rows * threads >= WIDE_LAUNCH_THREADS):
-        threads *= 2
-    hold = math.ceil(row_vecs / threads)
+    threads, workgroup, hold, unroll = row_shape(width // vec, least_loads(dtype, vec), rows)
     return KernelConfig(
         width=width,
         threads_per_row=threads,
         has_weight=has_weight,
         has_bias=has_bias,
         subgroup_size=subgroup_size,
-        workgroup=max(MIN_WORKGROUP, threads),
-        hold=hold if hold <= MAX_HOLD else 0,
-        unroll=1 if hold <= MAX_HOLD else STREAM_UNROLL,
+        workgroup=workgroup,
+        hold=hold,
+        unroll=unroll,
         dtype=dtype,
         affine_dtype=dtype if affine_dtype is None else affine_dtype,
         pack2x16float=pack2x16float and dtype == "float16",
         write_stats=write_stats,
         rms=rms,
     )
+
+
+def least_loads(dtype: str, vec: int) -> int:
+    """The fewest loads the rule leaves each thread of a row of `dtype` in `vec`-value loads."""
+    return MIN_HOLD if dtype == "float32" and vec > 1 else MIN_HOLD_NARROW_LOADS
+
+
+def row_shape(row_vecs: int, least: int, rows: int) -> tuple[int, int, int, int]:
+    """The rule's threads per row, workgroup, values held (0: streamed) and unroll for rows of
+    `row_vecs` loads, at least `least` a thread, in a launch of `rows` rows (choose_config)."""
+    threads = min(MAX_THREADS_PER_ROW, _prev_pow2(max(1, row_vecs // least)))
+    if (least == MIN_HOLD and row_vecs == 4 * threads and 2 * threads <= MAX_THREADS_PER_ROW
+            and rows * threads >= WIDE_LAUNCH_THREADS):
+        threads *= 2
+    hold = math.ceil(row_vecs / threads)
+    return threads, max(MIN_WORKGROUP, threads), hold if hold <= MAX_HOLD else 0, 1 if hold <= MAX_HOLD else STREAM_UNROLL
 
 
 def _vec(width: int) -> int:
