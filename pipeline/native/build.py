@@ -20,7 +20,7 @@ libpipeline_webgpu_dawn.so and libpipeline_layer_norm_dawn.so: Dawn's pre-1.0 C 
 from dawn-python's ctypes bindings (dawn_webgpu.py), every call bound by dlsym on dawn-python's
 library at run time (WebGPUApi.h); nothing links against it.
 What the Python side decides reaches the C++ as headers generated first (generate.py: the
-WGSL files and module pieces, the configuration rule's numbers, the blob layout), so the C++
+WGSL files and module pieces, the configuration rule's steps, the blob layout), so the C++
 kernel is the Python runtime's kernel and reads the blob Python writes.
 
 Output: pipeline/native/lib/ of the installed package (of the checkout, git-ignored, for an
