@@ -71,6 +71,27 @@ def test_the_backend_finds_the_wheels_beside_the_package_then_where_it_was_built
         assert Path(os.path.normpath(ours / beside.removeprefix("$ORIGIN/"))) == library.parent
 
 
+def test_a_backend_that_does_not_load_says_how_to_rebuild_it(monkeypatch):
+    # As an editable install built in pip's isolated environment finds the wheels it links gone.
+    import ctypes
+
+    import pipeline.native
+
+    opened = ctypes.CDLL
+
+    def cdll(name, *args, **kwargs):
+        if Path(name).name == native_build.library_name(dawn=False):
+            raise OSError("libwgpu_native-release.so: cannot open shared object file: No such file or directory")
+        return opened(name, *args, **kwargs)
+
+    monkeypatch.setenv("PIPELINE_WEBGPU", "wgpu")
+    monkeypatch.setattr(pipeline.native, "_lib", None)
+    monkeypatch.setattr(ctypes, "CDLL", cdll)
+    with pytest.raises(native_build.BuildError, match=r"does not load \(libwgpu_native-release.so: cannot open.*"
+                                                      r"python -m pipeline.native.build --force"):
+        pipeline.native.library()
+
+
 def test_changed_kernel_file_changes_the_build(monkeypatch):
     """An edit of a pipeline/wgsl/*.wgsl file changes the generated headers and so the build stamp."""
     wheels = native_build.find_wheels()

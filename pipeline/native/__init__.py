@@ -55,7 +55,7 @@ def library() -> ctypes.CDLL:
     the one name, WebGPUBackend.
 
     Raises pipeline.native.build.BuildError when it cannot be built (no compiler, wheels
-    missing), saying why; RuntimeError where Dawn's library cannot be bound.
+    missing) or does not load, saying why; RuntimeError where Dawn's library cannot be bound.
     """
     global _lib
     with _lock:
@@ -71,7 +71,16 @@ def library() -> ctypes.CDLL:
             import executorch.extension.pybindings.portable_lib  # noqa: F401
 
             _start_threadpool_quietly()
-            lib = ctypes.CDLL(os.fspath(path))
+            try:
+                lib = ctypes.CDLL(os.fspath(path))
+            except OSError as exc:
+                from pipeline.native.build import BuildError
+
+                raise BuildError(
+                    f"{path} does not load ({exc}): it links the wheels where its build found them, and they are "
+                    "not there (an editable install built in pip's isolated environment); rebuild it here with "
+                    "`python -m pipeline.native.build --force`, or install with `pip install --no-build-isolation "
+                    "-e .`") from exc
             lib.pipeline_webgpu_register.restype = ctypes.c_int
             lib.pipeline_webgpu_probe.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
             lib.pipeline_webgpu_probe.restype = ctypes.c_int

@@ -126,6 +126,7 @@ def _rule_header() -> str:
             for loads, few, many, many_from in rule_steps(least)) + "};\n"
         for least in kinds)
     spans = ", ".join(f"{{kRuleSteps{least}, {len(rule_steps(least))}}}" for least in kinds)
+    assert sorted(blob.DTYPE_CODES.values()) == list(range(len(blob.DTYPE_CODES)))  # the C++ indexes by code
     kind_of = ",\n".join(
         "    {" + ", ".join(str(kinds.index(config.least_loads(dtype, vec))) for vec in _VECS) + "}"
         for dtype, _ in sorted(blob.DTYPE_CODES.items(), key=lambda item: item[1]))
