@@ -49,6 +49,14 @@ def _start_threadpool_quietly() -> None:
         os.close(saved)
 
 
+def wgpu_native_global() -> None:
+    """wgpu-native, which wgpu-py loads privately, made global: it resolves the wgpu builds'
+    calls (neither records where the wheel keeps it)."""
+    from wgpu.backends.wgpu_native import _ffi
+
+    ctypes.CDLL(_ffi.lib_path, mode=os.RTLD_NOW | os.RTLD_GLOBAL)
+
+
 def library() -> ctypes.CDLL:
     """The backend library loaded into this process (built first if out of date): its Dawn
     build where PIPELINE_WEBGPU is dawn when first asked for. One per process: both register
@@ -66,9 +74,12 @@ def library() -> ctypes.CDLL:
 
             dawn = implementation() == "dawn"
             path = build(dawn=dawn)
-            # Our library links against _portable_lib and the registry it uses: load them
-            # the way executorch.runtime does first, so that one registry is shared.
+            # Our library links against _portable_lib and the registry it uses (by soname): load
+            # them the way executorch.runtime does first, so that one registry is shared.
             import executorch.extension.pybindings.portable_lib  # noqa: F401
+
+            if not dawn:
+                wgpu_native_global()
 
             _start_threadpool_quietly()
             try:
@@ -76,11 +87,8 @@ def library() -> ctypes.CDLL:
             except OSError as exc:
                 from pipeline.native.build import BuildError
 
-                raise BuildError(
-                    f"{path} does not load ({exc}): it links the wheels where its build found them, and they are "
-                    "not there (an editable install built in pip's isolated environment); rebuild it here with "
-                    "`python -m pipeline.native.build --force`, or install with `pip install --no-build-isolation "
-                    "-e .`") from exc
+                raise BuildError(f"{path} does not load ({exc}); rebuild it against the installed wheels with "
+                                 "`python -m pipeline.native.build --force`") from exc
             lib.pipeline_webgpu_register.restype = ctypes.c_int
             lib.pipeline_webgpu_probe.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
             lib.pipeline_webgpu_probe.restype = ctypes.c_int

@@ -8,8 +8,8 @@ nothing else. Two libraries share the launch code (LayerNormLaunch, the
 device, the blob decoder, the configuration rule):
 - libpipeline_webgpu.so, the WebGPUBackend for ExecuTorch's runtime: ExecuTorch's runtime
   headers (`executorch/include`), its `_portable_lib` (resize_tensor_impl) and
-  `libqnn_executorch_backend.so` (the backend registry and logging), and wgpu's bundled
-  wgpu-native (`webgpu.h`, `wgpu.h`, `libwgpu_native-release.so`).
+  `libqnn_executorch_backend.so` (the backend registry and logging), and wgpu's headers
+  (`webgpu.h`, `wgpu.h`); it binds to the wgpu-native that wgpu-py has loaded.
 - libpipeline_layer_norm.so, the Python runtime's delegate call (pipeline.runtime's
   native_call): wgpu's headers only, no ExecuTorch; it binds to the wgpu-native that
   wgpu-py has loaded, and carries its own C++ runtime (static libstdc++), so it loads on
@@ -24,10 +24,12 @@ WGSL files and module pieces, the configuration rule's steps, the blob layout), 
 kernel is the Python runtime's kernel and reads the blob Python writes.
 
 Output: pipeline/native/lib/ of the installed package (of the checkout, git-ignored, for an
-editable install; PIPELINE_NATIVE_BUILD_DIR moves it). The libraries find the wheels' libraries
-they link beside the package (`$ORIGIN`, as ExecuTorch's own libraries find torch's), or where
-the build found them. A stamp per library (hash of sources, generated headers, flags and wheel
-versions) skips an up-to-date build.
+editable install; PIPELINE_NATIVE_BUILD_DIR moves it). No library records where a wheel's
+library lies: the two of ExecuTorch's that the backends link are named by their sonames, which
+the process has loaded first (`pipeline.native` imports `_portable_lib`), and wgpu-native's calls
+come from the process, so a library built in pip's isolated environment loads beside the
+wheels wherever they are installed. A stamp per library (hash of sources, generated headers,
+flags and wheel versions) skips an up-to-date build.
 """
 
 from __future__ import annotations
@@ -53,9 +55,8 @@ from pipeline.native import dawn_webgpu, generate
 PINNED_VERSIONS = {"executorch": "1.4.1", "wgpu": "0.32.0"}
 
 SOURCE_DIR = Path(__file__).resolve().parent
-# Where the package keeps its libraries: pipeline/native/lib, three folders below site-packages.
+# Where the package keeps its libraries (pipeline/native/lib).
 LIB_DIR = SOURCE_DIR / "lib"
-_TO_SITE_PACKAGES = "$ORIGIN/../../../"
 LIBRARY_NAME = "libpipeline_webgpu.so"
 RUNTIME_LIBRARY_NAME = "libpipeline_layer_norm.so"
 # The runtime library's sources (the backend takes every other file and not its entry points).
@@ -89,7 +90,7 @@ class Wheels:
     executorch_version: str
     wgpu_version: str  # for Dawn: dawn-python's
     includes: tuple[Path, ...]
-    libraries: tuple[Path, ...]  # linked by file name, found at run time through the runpath
+    libraries: tuple[Path, ...]  # linked by soname: loaded into the process before ours
     dawn: bool = False
 
 
@@ -119,7 +120,7 @@ def _package_dir(name: str) -> Path:
 
 
 def find_wheels(executorch: bool = True, dawn: bool = False) -> Wheels:
-    """The headers and libraries of the installed executorch and wgpu wheels (wgpu's
+    """The headers and libraries of the installed executorch and wgpu wheels (wgpu's headers
     alone without `executorch`: the runtime library's build); with `dawn`, none of wgpu's (the
     Dawn declarations are generated; BuildError, in one line, without dawn-python)."""
     if dawn and importlib.util.find_spec("pydawn") is None:
@@ -129,24 +130,9 @@ def find_wheels(executorch: bool = True, dawn: bool = False) -> Wheels:
         return Wheels(executorch_version=version, wgpu_version=importlib.metadata.version("dawn-python"),
                       includes=includes, libraries=libraries, dawn=True)
     resources = _package_dir("wgpu") / "resources"
-    needed = {"wgpu-native header": resources / "wgpu.h"}
-    if executorch:  # the backend links wgpu-native; the runtime call library is handed its calls
-        needed["wgpu-native library"] = resources / "libwgpu_native-release.so"
-    _check_files(needed)
+    _check_files({"wgpu-native header": resources / "wgpu.h"})
     return Wheels(executorch_version=version, wgpu_version=importlib.metadata.version("wgpu"),
-                  includes=(*includes, resources),
-                  libraries=(*libraries, needed["wgpu-native library"]) if executorch else ())
-
-
-def _runpath(library: Path) -> list[str]:
-    """Where the loader finds a linked wheel library: beside our package in site-packages, as
-    the wheels lay it out (an install built in an isolated environment), then where this build
-    found it (an editable install built in the environment it runs in)."""
-    for package in ("executorch", "wgpu"):
-        root = _package_dir(package).parent
-        if library.is_relative_to(root / package):
-            return [_TO_SITE_PACKAGES + library.parent.relative_to(root).as_posix(), str(library.parent)]
-    return [str(library.parent)]
+                  includes=(*includes, resources), libraries=libraries)
 
 
 def _check_files(needed: dict[str, Path]) -> None:
@@ -284,9 +270,10 @@ def _compile_and_link(compiler: str, wheels: Wheels, generated: dict[str, str], 
     if runtime:
         link = [*RUNTIME_LINK_FLAGS, "-pthread"]
     else:
-        link = ["-Wl,--no-undefined"]
+        # wgpu-native's calls come from the process (undefined here); Dawn's are bound by dlsym.
+        link = ["-Wl,--no-undefined"] if dawn else []
         for lib in wheels.libraries:
-            link += [f"-L{lib.parent}", f"-l:{lib.name}", *(f"-Wl,-rpath,{path}" for path in _runpath(lib))]
+            link += [f"-L{lib.parent}", f"-l:{lib.name}"]
     if dawn:
         link.append("-ldl")
     partial = library.with_name(f"{library.name}.{os.getpid()}.tmp")

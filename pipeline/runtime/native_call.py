@@ -73,10 +73,9 @@ def _load(name: str) -> ctypes.CDLL:
     dawn = name == "dawn"
     path = build(runtime=True, dawn=dawn)
     if not dawn:
-        from wgpu.backends.wgpu_native import _ffi
+        from pipeline.native import wgpu_native_global
 
-        # wgpu-py loaded wgpu-native privately; made global, it resolves the library's calls.
-        ctypes.CDLL(_ffi.lib_path, mode=os.RTLD_NOW | os.RTLD_GLOBAL)
+        wgpu_native_global()
     lib = ctypes.CDLL(str(path))
     lib.pipeline_layer_norm_device.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
     lib.pipeline_layer_norm_device.restype = ctypes.c_int
