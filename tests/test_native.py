@@ -173,7 +173,7 @@ def _rule_edges(least: int) -> tuple[set[int], set[int]]:
     sides of each step's many-row form."""
     steps = generate.rule_steps(least)
     loads = {n for step in steps for n in (step[0] - 1, step[0], step[0] + 1) if n > 0}
-    rows = {r for step in steps if step[3] < 1 << 62 for r in (step[3] - 1, step[3])}
+    rows = {r for step in steps if step[3] < generate.MANY_ROWS for r in (step[3] - 1, step[3])}
     return loads | {generate.RULE_SCAN_LOADS * 3}, rows | {0}
 
 

@@ -69,7 +69,7 @@ def library() -> ctypes.CDLL:
     with _lock:
         if _lib is None:
             # Imported here: `python -m pipeline.native.build` must not find it imported.
-            from pipeline.native.build import build
+            from pipeline.native.build import BuildError, build
             from pipeline.environment import implementation
 
             dawn = implementation() == "dawn"
@@ -85,8 +85,6 @@ def library() -> ctypes.CDLL:
             try:
                 lib = ctypes.CDLL(os.fspath(path))
             except OSError as exc:
-                from pipeline.native.build import BuildError
-
                 raise BuildError(f"{path} does not load ({exc}); rebuild it against the installed wheels with "
                                  "`python -m pipeline.native.build --force`") from exc
             lib.pipeline_webgpu_register.restype = ctypes.c_int

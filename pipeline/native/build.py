@@ -48,6 +48,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.ioutil import write_text_atomic
 from pipeline.native import dawn_webgpu, generate
 
 # The wheels this build was written and tested against: which of their libraries exports the
@@ -238,9 +239,7 @@ def build(force: bool = False, log=None, runtime: bool = False, dawn: bool = Fal
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="pipeline-native-") as scratch:
         _compile_and_link(compiler, wheels, generated, Path(scratch), out_dir / name, runtime, dawn)
-    partial = stamp.with_name(f"{stamp.name}.{os.getpid()}.tmp")
-    partial.write_text(fingerprint)
-    os.replace(partial, stamp)  # builds at once (test workers, census rows) each replace whole files
+    write_text_atomic(stamp, fingerprint)  # builds at once (test workers, census rows) each replace whole files
     if log is not None:
         log(f"{what}: built {library} in {time.monotonic() - started:.1f} s")
     return library

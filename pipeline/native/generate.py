@@ -78,7 +78,7 @@ def _f16_pack_cases() -> str:
 # (checked), the last step holds for every longer row.
 RULE_SCAN_LOADS = 3 * config.MAX_HOLD * config.MAX_THREADS_PER_ROW
 # More rows than any launch has: the form a launch of many rows takes.
-_MANY_ROWS = 1 << 62
+MANY_ROWS = 1 << 62
 _VECS = (1, 2, 4)
 
 
@@ -92,16 +92,16 @@ def rule_steps(least: int) -> tuple[tuple[int, tuple[int, int, bool, int], tuple
     """config.row_shape evaluated for rows of at least `least` loads a thread: each row length
     in loads from which it changes, its form (threads per row, workgroup, rows held or not,
     unroll) for a launch of few rows and of many, and the rows from which a launch takes the
-    second (_MANY_ROWS where it never does: the two are one)."""
+    second (MANY_ROWS where it never does: the two are one)."""
     steps = []
     for loads in range(1, RULE_SCAN_LOADS + 1):
         few = config.row_shape(loads, least, 0)
-        many = config.row_shape(loads, least, _MANY_ROWS)
-        low, high = 1, _MANY_ROWS  # the fewest rows that take the many-row form
+        many = config.row_shape(loads, least, MANY_ROWS)
+        low, high = 1, MANY_ROWS  # the fewest rows that take the many-row form
         while many != few and low < high:
             middle = (low + high) // 2
             low, high = (middle + 1, high) if config.row_shape(loads, least, middle) != many else (low, middle)
-        step = (_form(few), _form(many), low if many != few else _MANY_ROWS)
+        step = (_form(few), _form(many), low if many != few else MANY_ROWS)
         if not steps or steps[-1][1:] != step:
             steps.append((loads, *step))
     if steps[-1][0] > RULE_SCAN_LOADS // 2:
