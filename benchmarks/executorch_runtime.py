@@ -1,19 +1,32 @@
 """Forward time of the default models in ExecuTorch's C++ runtime (LayerNorms on the native
-WebGPUBackend, the rest on portable kernels or XNNPACK) against eager PyTorch.
+WebGPUBackend, the rest on portable kernels or XNNPACK) against eager PyTorch, and its outputs
+against eager's.
 
     python benchmarks/executorch_runtime.py [--models bart,florence2,whisper]
-        [--cpu-backends portable,xnnpack] [--repeats N] [--json FILE]
+        [--cpu-backends portable,xnnpack] [--repeats N] [--json FILE] [--checkpoints DIR] [--save DIR]
+    python benchmarks/executorch_runtime.py --files DIR [--repeats N] [--json FILE]
 
 Each file is lowered as `pipeline.lower` does (portable) or as `export_model.py
 --cpu-backend xnnpack` does, saved, loaded with `pipeline.native.load`, run once to warm up (shader
 compilation, XNNPACK set-up) and then timed `--repeats` times; eager is timed the same way
-under torch.no_grad. Prints one line per run and writes the JSON (median seconds).
+under torch.no_grad. The models are the families' default builds (seeded weights), or with
+--checkpoints DIR the Hugging Face directories DIR/<model>. Prints one line per run and writes the JSON (median seconds, and the
+largest absolute difference from eager's outputs).
+
+--save DIR keeps the files in DIR (`<model>-<cpu backend>.pte`) with each model's inputs and
+eager's outputs (`<model>.reference.pt`).
+--files DIR runs such files where the models cannot be built (no transformers, another torch):
+ExecuTorch's runtime against the saved eager outputs, and a portable file's against the Python
+runtime's (`pipeline.load`) on the same device. A file passes within ATOL_EAGER of eager and
+ATOL_RUNTIMES of the Python runtime, the bounds the test suite holds the two runtimes to; the
+exit status is 1 when one does not. The backend's implementation is PIPELINE_WEBGPU's.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import statistics
@@ -26,12 +39,17 @@ import torch
 
 import pipeline
 import pipeline.native
+from pipeline.environment import implementation
+from pipeline.ioutil import write_text_atomic
+
+ATOL_EAGER = 1e-4  # ExecuTorch's runtime against eager float32 (tests/test_dawn.py's bound)
+ATOL_RUNTIMES = 1e-5  # ExecuTorch's runtime against the Python runtime, both on the device
+REFERENCE_SUFFIX = ".reference.pt"
 
 
-def lower_to_file(name: str, cpu_backend: str, path: Path) -> float:
-    """Lower the default build of `name` for `cpu_backend` into `path`; returns seconds."""
+def lower_to_file(spec, cpu_backend: str, path: Path) -> float:
+    """Lower `spec`'s model for `cpu_backend` into `path`; returns seconds."""
     started = time.perf_counter()
-    spec = pipeline.models.build(name)
     model = spec.module.eval()
     if cpu_backend == "portable":
         pipeline.lower(model, spec.example_inputs).save(path)
@@ -46,15 +64,16 @@ def lower_to_file(name: str, cpu_backend: str, path: Path) -> float:
 
 def native_machine() -> dict | None:
     """The native backend registered in ExecuTorch's runtime, and the machine a benchmark
-    ran on (cores, processor, the backend's adapter, torch's threads); None, said on stderr,
-    when the backend finds no device."""
+    ran on (cores, processor, the backend's adapter and implementation, torch's threads);
+    None, said on stderr, when the backend finds no device."""
     pipeline.native.register()
     available, adapter = pipeline.native.device()
     if not available:
         print(f"no device for the native backend: {adapter}", file=sys.stderr)
         return None
     return {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine(),
-            "adapter": adapter, "torch_threads": torch.get_num_threads()}
+            "adapter": adapter, "implementation": implementation(), "torch": torch.__version__,
+            "torch_threads": torch.get_num_threads()}
 
 
 def timed(fn, repeats: int) -> tuple[float, list[float]]:
@@ -70,13 +89,125 @@ def timed(fn, repeats: int) -> tuple[float, list[float]]:
     return first, times
 
 
+def listed(outputs) -> list:
+    """A method's outputs as a list (ExecuTorch's runtime gives one; eager may give a tensor)."""
+    return list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
+
+
+def max_abs(got, want) -> float:
+    """The largest absolute difference between two methods' outputs; inf where their number,
+    shapes or dtypes differ, NaN where a value is NaN in one and not the other."""
+    got, want = listed(got), listed(want)
+    if len(got) != len(want):
+        return math.inf
+    worst = 0.0
+    for g, w in zip(got, want):
+        if g.shape != w.shape or g.dtype != w.dtype:
+            return math.inf
+        if not w.numel():
+            continue
+        both_nan = g.isnan() & w.isnan()
+        difference = (g.double() - w.double()).abs().masked_fill(both_nan, 0).max().item()
+        if math.isnan(difference):
+            return math.nan
+        worst = max(worst, difference)
+    return worst
+
+
+def timed_row(program, inputs: tuple, repeats: int, **fields) -> tuple[dict, list]:
+    """A report row for `program` on `inputs` (its timings after `fields`) and its outputs."""
+    first, later = timed(lambda: program(*inputs), repeats)
+    row = {**fields,
+           "executorch_first_seconds": round(first, 3),
+           "executorch_seconds": round(statistics.median(later), 3),
+           "repeats": repeats}
+    return row, program(*inputs)
+
+
+def write_report(report: dict, path: Path | None) -> None:
+    """The report so far, to `path` (after every row: a long run keeps what it measured)."""
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(path, json.dumps(report, indent=2) + "\n")
+
+
+def build_and_run(args, report: dict) -> int:
+    """Lower each model for each CPU backend, run it in ExecuTorch's runtime beside eager."""
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = args.save or Path(tmp)
+        folder.mkdir(parents=True, exist_ok=True)
+        for name in args.models.split(","):
+            spec = pipeline.models.build(name, checkpoint=args.checkpoints / name if args.checkpoints else None)
+            model = spec.module.eval()
+            with torch.no_grad():
+                _, eager_times = timed(lambda: model(*spec.example_inputs), args.repeats)
+                eager = listed(model(*spec.example_inputs))
+            if args.save:
+                reference = {"model": name, "variant": spec.variant, "inputs": list(spec.example_inputs), "eager": eager}
+                torch.save(reference, folder / f"{name}{REFERENCE_SUFFIX}")
+            for cpu_backend in args.cpu_backends.split(","):
+                path = folder / f"{name}-{cpu_backend}.pte"
+                lower_seconds = lower_to_file(spec, cpu_backend, path)
+                row, got = timed_row(pipeline.native.load(path), spec.example_inputs, args.repeats,
+                                     model=name, variant=spec.variant, cpu_backend=cpu_backend,
+                                     pte_bytes=path.stat().st_size, lower_seconds=round(lower_seconds, 2))
+                eager_seconds = statistics.median(eager_times)
+                row.update(eager_seconds=round(eager_seconds, 3),
+                           ratio_to_eager=round(row["executorch_seconds"] / eager_seconds, 2),
+                           max_abs_vs_eager=max_abs(got, eager))
+                report["results"].append(row)
+                print(f"{name} {cpu_backend}: executorch {row['executorch_seconds']} s "
+                      f"(first {row['executorch_first_seconds']} s), eager {row['eager_seconds']} s, "
+                      f"x{row['ratio_to_eager']}, max abs vs eager {row['max_abs_vs_eager']:.3g}", flush=True)
+                write_report(report, args.json)
+    return 0
+
+
+def run_files(args, report: dict) -> int:
+    """Run the files `--save` kept, against the outputs it kept and the Python runtime's."""
+    references = sorted(args.files.glob(f"*{REFERENCE_SUFFIX}"))
+    runs = [(ref, path) for ref in references
+            for path in sorted(args.files.glob(f"{ref.name.removesuffix(REFERENCE_SUFFIX)}-*.pte"))]
+    if not runs:
+        print(f"executorch_runtime: no <model>-<cpu backend>.pte beside its <model>{REFERENCE_SUFFIX} in {args.files}",
+              file=sys.stderr)
+        return 1
+    failed = 0
+    for ref, path in runs:
+        reference = torch.load(ref, weights_only=True)
+        inputs = tuple(reference["inputs"])
+        cpu_backend = path.stem.removeprefix(f"{reference['model']}-")
+        row, got = timed_row(pipeline.native.load(path), inputs, args.repeats,
+                             model=reference["model"], variant=reference["variant"],
+                             cpu_backend=cpu_backend, pte_bytes=path.stat().st_size)
+        row["max_abs_vs_eager"] = max_abs(got, reference["eager"])
+        passed = row["max_abs_vs_eager"] <= ATOL_EAGER
+        said = f"max abs vs eager {row['max_abs_vs_eager']:.3g}"
+        if cpu_backend == "portable":  # the Python runtime runs no XNNPACK delegate
+            row["max_abs_vs_python_runtime"] = max_abs(got, pipeline.load(path)(*inputs))
+            passed = passed and row["max_abs_vs_python_runtime"] <= ATOL_RUNTIMES
+            said += f", vs the Python runtime {row['max_abs_vs_python_runtime']:.3g}"
+        row["passed"] = passed
+        failed += not passed
+        report["results"].append(row)
+        print(f"{path.name}: executorch {row['executorch_seconds']} s (first {row['executorch_first_seconds']} s), "
+              f"{said}: {'passed' if passed else 'FAILED'}", flush=True)
+        write_report(report, args.json)
+    return 1 if failed else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="bart,florence2,whisper")
     parser.add_argument("--cpu-backends", default="portable,xnnpack")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--checkpoints", type=Path, metavar="DIR", help="the models' Hugging Face directories, DIR/<model>")
+    parser.add_argument("--save", type=Path, metavar="DIR", help="keep the files, their inputs and eager's outputs in DIR")
+    parser.add_argument("--files", type=Path, metavar="DIR", help="run the files --save kept in DIR (no model is built)")
     args = parser.parse_args(argv)
+    if args.files is not None and (args.save or args.checkpoints):
+        parser.error("argument --files: not with --save or --checkpoints")
 
     machine = native_machine()
     if machine is None:
@@ -86,37 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": "python benchmarks/executorch_runtime.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "results": [],
     }
-    with tempfile.TemporaryDirectory() as tmp:
-        for name in args.models.split(","):
-            spec = pipeline.models.build(name)
-            model = spec.module.eval()
-            with torch.no_grad():
-                _, eager = timed(lambda: model(*spec.example_inputs), args.repeats)
-            for cpu_backend in args.cpu_backends.split(","):
-                path = Path(tmp) / f"{name}-{cpu_backend}.pte"
-                lower_seconds = lower_to_file(name, cpu_backend, path)
-                program = pipeline.native.load(path)
-                first, later = timed(lambda: program(*spec.example_inputs), args.repeats)
-                row = {
-                    "model": name,
-                    "variant": spec.variant,
-                    "cpu_backend": cpu_backend,
-                    "pte_bytes": path.stat().st_size,
-                    "lower_seconds": round(lower_seconds, 2),
-                    "executorch_first_seconds": round(first, 3),
-                    "executorch_seconds": round(statistics.median(later), 3),
-                    "eager_seconds": round(statistics.median(eager), 3),
-                    "ratio_to_eager": round(statistics.median(later) / statistics.median(eager), 2),
-                    "repeats": args.repeats,
-                }
-                report["results"].append(row)
-                print(f"{name} {cpu_backend}: executorch {row['executorch_seconds']} s "
-                      f"(first {row['executorch_first_seconds']} s), eager {row['eager_seconds']} s, "
-                      f"x{row['ratio_to_eager']}", flush=True)
-                if args.json:  # after every row: a long run keeps what it measured
-                    args.json.parent.mkdir(parents=True, exist_ok=True)
-                    args.json.write_text(json.dumps(report, indent=2) + "\n")
-    return 0
+    return run_files(args, report) if args.files is not None else build_and_run(args, report)
 
 
 if __name__ == "__main__":
