@@ -1,4 +1,4 @@
-"""Hostile checkpoint directories (issue 31): every one refused with a CheckpointError that names
+"""Hostile checkpoint directories: every one refused with a CheckpointError that names
 the file, key or tensor, before anything large is built; an export records which checkpoint
 (absolute path, sha256 of its files) and its readers refuse one that changed since.
 

@@ -1,4 +1,4 @@
-"""CTranslate2 Whisper directories (issue 29): read as the whole Whisper model, every weight
+"""CTranslate2 Whisper directories: read as the whole Whisper model, every weight
 where the Hugging Face model has it; int8/int16 dequantized; anything else refused by name with
 bounded memory. The files are tiny models these tests write (tests/support/ctranslate2_files)."""
 

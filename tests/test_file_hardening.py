@@ -1,7 +1,7 @@
 """Files and folders that are not what they claim: a constant re-declared as another dtype,
 a file far larger than its program, a path that is a folder, a socket, a link loop or a
 /proc file, a full disk under the commands, a bad coverage file, a closed pipe. Each is
-refused with an error that names it, or handled without losing work (issue 31).
+refused with an error that names it, or handled without losing work.
 """
 
 from __future__ import annotations
@@ -86,11 +86,11 @@ def _constants(data: bytes) -> dict[int, tuple[int, bool]]:
 
 
 def test_every_constant_redeclared_as_another_dtype_is_refused_at_load(small, tmp_path):
-    # Issue 31 defect 7: type promotion kept every operator's output dtype (a float tensor
-    # times a scalar constant re-declared int16 is still float), and a small constant still
-    # fit its aligned slot, so such files ran to another answer. Now each is refused at
-    # load by both runtimes; a constant no instruction reads changes nothing (same outputs)
-    # unless it no longer fits its slot.
+    # Type promotion keeps every operator's output dtype (a float tensor times a scalar
+    # constant re-declared int16 is still float), and a small constant still fits its aligned
+    # slot, so such a file would run to another answer: each is refused at load by both
+    # runtimes; a constant no instruction reads changes nothing (same outputs) unless it no
+    # longer fits its slot.
     path, inputs = small
     data = path.read_bytes()
     loads = {"python": pipeline.load, "executorch": _native_loader()}

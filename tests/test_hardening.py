@@ -1,4 +1,4 @@
-"""Issue 31: inputs, signals and files that reached past the runtimes' checks.
+"""Inputs, signals and files that once reached past the runtimes' checks.
 
 Self-contained: its models, fixtures and helpers are its own.
 """

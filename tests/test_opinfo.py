@@ -1,6 +1,6 @@
 """PyTorch's own OpInfo samples of native_layer_norm, nn.functional.layer_norm and
 nn.functional.group_norm (torch.testing._internal.common_methods_invocations.op_db), in
-float32, float16 and bfloat16, against aten (issue 30): through the kernel
+float32, float16 and bfloat16, against aten: through the kernel
 (pipeline.layer_norm; a GroupNorm through the product's reframe, its LayerNorm on the
 kernel), through `pipeline.lower` (one program for each dtype, samples that differ only in
 their tensors' values sharing a call: every LayerNorm delegated), through `pipeline.load`

@@ -1,4 +1,4 @@
-"""Speech in and transcripts out (issue 29): WAV files read and resampled, the shipped utterances,
+"""Speech in and transcripts out: WAV files read and resampled, the shipped utterances,
 the greedy decode of a whole Whisper, and the transcript verdict of the reports. Models are the
 tiny CTranslate2 directories these tests write; one test runs the trained tiny.en that set-up
 downloads (`make test` names it in PIPELINE_TRAINED_WHISPER, and then it must be there)."""

@@ -1,5 +1,5 @@
 """Rows on both sides of every held/streamed boundary, on both reduction paths, in float32,
-float16 and bfloat16 (issue 31, item 6): constant rows exactly (out 0 + bias, the value as
+float16 and bfloat16: constant rows exactly (out 0 + bias, the value as
 the mean), rows of large mean and small spread within 2x eager float32's error against
 float64, and eps = 0 and values near float32's limit giving NaN / inf where
 aten.native_layer_norm does and finite values where it is finite.
