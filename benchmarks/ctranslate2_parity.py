@@ -22,7 +22,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--steps", type=int, default=8, help="greedy decoding steps (default 8)")
     args = parser.parse_args(argv)
-    import ctranslate2  # after --help
+    try:
+        import ctranslate2  # after --help
+    except ImportError:
+        print("ctranslate2_parity.py: needs the ctranslate2 package (pip install ctranslate2)", file=sys.stderr)
+        return 1
     import numpy as np
     import torch
 

@@ -5,6 +5,7 @@ size, the load time and what loading adds to peak memory, each load in a fresh p
 
     python benchmarks/forward_times.py --json benchmarks/results/forward-times.json
     python benchmarks/forward_times.py --before /tmp/old    # also an earlier checkout's
+    python benchmarks/forward_times.py --models bart --checkpoint DIR    # a checkpoint's model
 
 With `--before DIR` (a checkout of an earlier commit, e.g. `git worktree add /tmp/old
 <commit>`) each model is also lowered, saved and loaded by that checkout, in a process of
@@ -106,7 +107,7 @@ def breakdown(program, inputs: tuple, repeats: int) -> dict[str, float]:
 
 BEFORE_PROBE = """
 import sys, time, torch, pipeline
-spec = pipeline.models.build(sys.argv[1])
+spec = pipeline.models.build(sys.argv[1], **({"checkpoint": sys.argv[4]} if len(sys.argv) > 4 else {}))
 pipeline.lower(spec.module, spec.example_inputs, spec.dynamic_shapes).save(sys.argv[2])
 program = pipeline.load(sys.argv[2])
 inputs = torch.load(sys.argv[3])
@@ -127,11 +128,12 @@ class Before:
     """Model `name` lowered, saved to `path` and loaded by an earlier checkout, in a process
     of its own: calling it runs one forward there and returns that forward's seconds."""
 
-    def __init__(self, checkout: Path, name: str, path: Path, inputs: Path) -> None:
+    def __init__(self, checkout: Path, name: str, path: Path, inputs: Path, checkpoint: str | None = None) -> None:
         self.commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                      cwd=checkout, check=True).stdout.strip()
-        self.process = subprocess.Popen([sys.executable, "-c", BEFORE_PROBE, name, str(path.resolve()),
-                                         str(inputs.resolve())],
+        probe = [name, str(path.resolve()), str(inputs.resolve())]
+        probe += [str(Path(checkpoint).resolve())] if checkpoint else []
+        self.process = subprocess.Popen([sys.executable, "-c", BEFORE_PROBE, *probe],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=checkout,
                                         env=_checkout_env(checkout))
         ready, _, steps = self.process.stdout.readline().partition(" ")
@@ -160,10 +162,10 @@ def _load_probe(path: Path, inputs: Path, checkout: Path | None = None) -> dict:
     return {"load_s": float(seconds), **dict(zip(keys, map(int, sizes)))}
 
 
-def measure(name: str, repeats: int, folder: Path, before: Path | None = None) -> dict:
+def measure(name: str, repeats: int, folder: Path, before: Path | None = None, checkpoint: str | None = None) -> dict:
     import pipeline
 
-    spec = pipeline.models.build(name)
+    spec = pipeline.models.build(name, checkpoint=checkpoint)
     inputs = spec.example_inputs
     # The machine's load (1, 5, 15 minutes) before and after: timings under other work are not comparable.
     row = {"model": name, "variant": spec.variant, "load_average": [os.getloadavg()]}
@@ -187,7 +189,7 @@ def measure(name: str, repeats: int, folder: Path, before: Path | None = None) -
     loaded = pipeline.load(path)
     fns = {"eager_s": eager, "in_memory_s": in_memory, "loaded_file_s": lambda: _timed(lambda: loaded(*inputs))}
     before_path = folder / f"{name}-before.pte"
-    earlier = Before(before, name, before_path, saved) if before is not None else None
+    earlier = Before(before, name, before_path, saved, checkpoint) if before is not None else None
     if earlier is not None:
         fns["before_s"] = earlier
     try:
@@ -243,12 +245,15 @@ def main() -> int:
     parser.add_argument("--json", metavar="FILE")
     parser.add_argument("--before", metavar="DIR", type=Path,
                         help="an earlier checkout whose lowering and pipeline.load to time too")
+    parser.add_argument("--checkpoint", metavar="DIR", help="a local checkpoint of the one model --models names")
     args = parser.parse_args()
+    if args.checkpoint is not None and "," in args.models:
+        parser.error("--checkpoint: name one model in --models")
     rows = []
     with tempfile.TemporaryDirectory() as folder:
         for name in args.models.split(","):
             print(f"[{name}] measuring ...", file=sys.stderr, flush=True)
-            rows.append(measure(name, args.repeats, Path(folder), args.before))
+            rows.append(measure(name, args.repeats, Path(folder), args.before, args.checkpoint))
             print(json.dumps(rows[-1]), flush=True)
     if rows and "breakdown_s" in rows[0]:
         print(table(rows))

@@ -4,7 +4,7 @@ rstd: ulps of rstd; out: max abs error over the max abs true value, in float32 e
 at widths whose rows a large launch splits over twice the threads (WIDE_LAUNCH_THREADS),
 held rows as a small launch and as a large one holds them ("wide_launch").
 
-    python benchmarks/stats_accuracy.py [OUT.json]
+    python benchmarks/stats_accuracy.py [OUT.json] [--widths 96,384,...] [--wide-widths 128,256,...]
 """
 import argparse
 import dataclasses
@@ -23,6 +23,10 @@ CASES = [(1.0, 1e-3), (1e4, 1e-2), (-50.0, 1.0)]
 WIDTHS = [96, 384, 768, 1024, 1280, 3072, 4097]
 WIDE_WIDTHS = [128, 256, 512, 1024, 2048]
 chosen = kernel.choose_config
+
+
+def widths(text: str) -> list[int]:
+    return [int(width) for width in text.split(",")]
 
 
 def streamed(*args, **kwargs):
@@ -74,15 +78,18 @@ def summarize(rows: list[dict], names: list[str]) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("json", nargs="?", metavar="OUT.json", help="where to write the results (printed only without it)")
+    parser.add_argument("--widths", type=widths, default=WIDTHS, help="held and streamed rows of these widths")
+    parser.add_argument("--wide-widths", type=widths, default=WIDE_WIDTHS,
+                        help="held rows of these widths as a small and a large launch")
     args = parser.parse_args()
     gen = torch.Generator().manual_seed(0)
-    rows = measure(WIDTHS, {"held": chosen, "streamed": streamed}, gen)
+    rows = measure(args.widths, {"held": chosen, "streamed": streamed}, gen)
     summary = summarize(rows, ["eager", "held", "streamed"])
-    wide_rows = measure(WIDE_WIDTHS, {"held": chosen, "held_wide_launch": wide}, gen)
+    wide_rows = measure(args.wide_widths, {"held": chosen, "held_wide_launch": wide}, gen)
     wide_summary = summarize(wide_rows, ["eager", "held", "held_wide_launch"])
     if args.json:
         write_json_atomic(args.json, {"adapter": device_info()["adapter"], "summary": summary, "cases": rows,
-                                      "wide_launch": {"widths": WIDE_WIDTHS, "summary": wide_summary,
+                                      "wide_launch": {"widths": args.wide_widths, "summary": wide_summary,
                                                       "cases": wide_rows}})
 
 

@@ -3,7 +3,7 @@ boundary, on both reduction paths (tests/test_streamed_rows.py holds the bounds)
 dtype, row kind and path, the kernel's worst error against float64 over aten's, for out / mean
 / rstd (rows of 16, widths 5-8196), then constant rows that once went wrong.
 
-    python benchmarks/streamed_rows.py
+    python benchmarks/streamed_rows.py [--dtypes float32,float16,bfloat16] [--held 5,100,...] [--streamed 2049,...]
 
 Only pipeline.layer_norm is used, so the same script measures an older checkout too: put
 that checkout's `pipeline` first on PYTHONPATH.
@@ -38,19 +38,37 @@ def ratios(x: torch.Tensor) -> list[float]:
     return [error(o, t) / max(error(e, t), 1e-300) for o, e, t in zip(ours, eager, truth)]
 
 
+def widths(text: str) -> list[int]:
+    return [int(width) for width in text.split(",")]
+
+
+def dtypes(text: str) -> list[torch.dtype]:
+    known = {str(dtype)[6:]: dtype for dtype in LARGE_MEAN}
+    try:
+        return [known[name] for name in text.split(",")]
+    except KeyError:
+        raise argparse.ArgumentTypeError(f"choose from {', '.join(known)}") from None
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dtypes", type=dtypes, default=list(LARGE_MEAN),
+                        help="the dtypes whose large-mean rows are measured (default float32,float16,bfloat16)")
+    parser.add_argument("--held", type=widths, default=HELD, help="widths of held rows")
+    parser.add_argument("--streamed", type=widths, default=STREAMED, help="widths of streamed rows")
+    args = parser.parse_args()
     g = gpu()
     paths = [("subgroup", g.subgroup_size)] * bool(g.subgroup_size) + [("workgroup", 0)]
     print("worst kernel error / aten error vs float64 (out / mean / rstd)")
     for path, size in paths:
         saved, g.subgroup_size = g.subgroup_size, size
         try:
-            for dtype, cases in LARGE_MEAN.items():
-                for center, spread in cases:
+            for dtype in args.dtypes:
+                for center, spread in LARGE_MEAN[dtype]:
                     line = f"  {path:9s} {str(dtype)[6:]:8s} mean {center:g} sd {spread:g}:"
-                    for name, widths in (("held", HELD), ("streamed", STREAMED)):
+                    for name, kind_widths in (("held", args.held), ("streamed", args.streamed)):
                         worst = [0.0, 0.0, 0.0]
-                        for width in widths:
+                        for width in kind_widths:
                             gen = torch.Generator().manual_seed(width)
                             x = (torch.randn(16, width, generator=gen, dtype=torch.float64) * spread + center).to(dtype)
                             worst = [max(w, r) for w, r in zip(worst, ratios(x))]
@@ -72,5 +90,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     main()

@@ -1,7 +1,12 @@
-"""The scripts in benchmarks/: each answers --help with its usage and does nothing else."""
+"""The scripts in benchmarks/: each answers --help with its usage and does nothing else, and
+each runs end to end on a small case (tiny shapes, a one-layer checkpoint, one repeat) whose
+output is read back and checked."""
 
+import importlib.util
 import json
+import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -10,49 +15,237 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = sorted((ROOT / "benchmarks").glob("*.py"))
+RESULTS = ROOT / "benchmarks" / "results"
 
-# Each script run as `python SCRIPT --help` runs it (its folder first on sys.path, its path as
-# argv[0]), from an empty folder of its own, all in one child process: the imports they share
-# (torch, ExecuTorch, transformers) load once rather than once a script.
-HELP_CODE = """
-import contextlib, io, json, os, runpy, sys
-results = {}
-for script, folder in json.loads(sys.argv[1]):
+# Each script's small case: its arguments, run from an empty folder of its own ({whisper}: a
+# one-layer Whisper checkpoint; {ct2}: a tiny CTranslate2 Whisper directory).
+SMALL = {
+    "ctranslate2_parity.py": ["{ct2}", "--batch", "1", "--steps", "3"],
+    "executorch_forward_table.py": ["--models", "whisper", "--checkpoint", "{whisper}", "--repeats", "1",
+                                    "--json", "out.json"],
+    "executorch_verdicts.py": ["--runs", "whisper:portable", "--checkpoint", "{whisper}", "--out-dir", "files",
+                               "--json", "out.json"],
+    # On a result the docs cite: the file's format is what the script reads.
+    "fit_launch_cost.py": [str(RESULTS / "h200-tuned" / "h200-wgpu-bench-float32.json")],
+    "forward_times.py": ["--models", "whisper", "--checkpoint", "{whisper}", "--repeats", "1", "--json", "out.json"],
+    "host_path.py": ["--shapes", "16x64"],
+    "linear_error_by_k.py": ["--ks", "8,16", "--rows", "4", "--out-features", "4"],
+    "native_call.py": ["--shapes", "16x64", "--json", "out.json"],
+    "stats_accuracy.py": ["out.json", "--widths", "96", "--wide-widths", "128"],
+    "streamed_rows.py": ["--dtypes", "float32", "--held", "100", "--streamed", "2049"],
+}
+# Scripts run with --help only, and why.
+HELP_ONLY = {
+    # Its options pick among the default models alone: its smallest run (--models whisper
+    # --cpu-backends portable --repeats 1, whisper-base) takes about three minutes here.
+    "executorch_runtime.py": "the default models only",
+}
+
+# Each script run as `python SCRIPT ARGS...` runs it (its folder first on sys.path, its path as
+# argv[0]), from a folder of its own, all in one child process: the imports they share (torch,
+# ExecuTorch, transformers) load once rather than once a script. The environment is put back
+# after each (host_path.py picks the WebGPU implementation through it).
+RUN_CODE = """
+import contextlib, io, json, os, runpy, sys, traceback
+results = []
+for script, folder, args in json.loads(sys.argv[1]):
     os.chdir(folder)
-    sys.argv, sys.path[0] = [script, "--help"], os.path.dirname(script)
-    out, err, code = io.StringIO(), io.StringIO(), None
+    sys.argv, sys.path[0] = [script, *args], os.path.dirname(script)
+    environ = dict(os.environ)
+    out, err, code = io.StringIO(), io.StringIO(), 0
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
             runpy.run_path(script, run_name="__main__")
         except SystemExit as exc:
-            code = exc.code
+            code = exc.code or 0
         except BaseException as exc:
+            traceback.print_exc()
             code = repr(exc)
-    results[script] = {"code": code, "stdout": out.getvalue(), "stderr": err.getvalue()}
+    os.environ.clear()
+    os.environ.update(environ)
+    results.append({"code": code, "stdout": out.getvalue(), "stderr": err.getvalue()})
 print(json.dumps(results))
 """
 
 
 @pytest.fixture(scope="module")
-def help_runs(tmp_path_factory):
-    """script path -> (its folder, what `SCRIPT --help` did: exit code, stdout, stderr)."""
-    folders = {str(script): tmp_path_factory.mktemp(script.stem) for script in SCRIPTS}
+def runs(tmp_path_factory):
+    """(script name, "help" or "small") -> (its folder, what the run did: exit code, stdout, stderr)."""
+    import torch
+    from transformers import WhisperForConditionalGeneration
+
+    from support.ctranslate2_files import tiny_whisper, write_ct2
+    from support.tiny_models import tiny_config
+
+    config = tiny_config("whisper")
+    config.encoder_layers = 1
+    torch.manual_seed(0)
+    whisper = tmp_path_factory.mktemp("whisper-checkpoint")
+    WhisperForConditionalGeneration(config).eval().save_pretrained(whisper)
+    ct2 = write_ct2(tmp_path_factory.mktemp("ct2") / "whisper", tiny_whisper())
+    cases = [(script, "help", ["--help"]) for script in SCRIPTS]
+    cases += [(ROOT / "benchmarks" / name, "small", [a.format(whisper=whisper, ct2=ct2) for a in args])
+              for name, args in SMALL.items()]
+    folders = [tmp_path_factory.mktemp(f"{script.stem}-{kind}") for script, kind, _ in cases]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    run = subprocess.run([sys.executable, "-c", HELP_CODE, json.dumps([[s, str(f)] for s, f in folders.items()])],
+    run = subprocess.run([sys.executable, "-c", RUN_CODE,
+                          json.dumps([[str(script), str(folder), args] for (script, _, args), folder in zip(cases, folders)])],
                          cwd=tmp_path_factory.mktemp("cwd"), env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
     results = json.loads(run.stdout.splitlines()[-1])
-    return {script: (folders[script], results[script]) for script in folders}
+    return {(script.name, kind): (folder, result) for (script, kind, _), folder, result in zip(cases, folders, results)}
+
+
+def ran(runs, name: str) -> tuple[Path, str]:
+    """The folder and stdout of `name`'s small case, which must have exited 0."""
+    folder, result = runs[name, "small"]
+    assert result["code"] == 0, result["stderr"][-3000:] or result["code"]
+    return folder, result["stdout"]
+
+
+def finite(*values) -> bool:
+    return all(isinstance(v, (int, float)) and math.isfinite(v) for v in values)
 
 
 def test_benchmarks_are_found():
     assert SCRIPTS
 
 
+def test_each_benchmark_has_a_small_case_or_a_reason():
+    assert {s.name for s in SCRIPTS} == set(SMALL) | set(HELP_ONLY)
+    assert not set(SMALL) & set(HELP_ONLY)
+
+
 @pytest.mark.parametrize("script", SCRIPTS, ids=[s.name for s in SCRIPTS])
-def test_help_prints_usage_and_writes_nothing(script, help_runs):
+def test_help_prints_usage_and_writes_nothing(script, runs):
     # Run from an empty folder: --help must create no file there (nor measure anything).
-    folder, result = help_runs[str(script)]
+    folder, result = runs[script.name, "help"]
     assert result["code"] == 0, result["stderr"][-2000:] or result["code"]
     assert result["stdout"].startswith(f"usage: {script.name}"), result["stdout"][:200]
     assert not list(folder.iterdir())
+
+
+def test_ctranslate2_parity(runs):
+    folder, result = runs["ctranslate2_parity.py", "small"]
+    if importlib.util.find_spec("ctranslate2") is None:
+        # ctranslate2 is no dependency of this product: without it the script says so in one line.
+        assert result["code"] == 1
+        assert result["stderr"].strip().splitlines() == [
+            "ctranslate2_parity.py: needs the ctranslate2 package (pip install ctranslate2)"]
+        return
+    _, stdout = ran(runs, "ctranslate2_parity.py")
+    assert "greedy tokens the same for 1 of 1 inputs" in stdout, stdout
+
+
+def test_executorch_forward_table(runs, native_runtime):
+    folder, _ = ran(runs, "executorch_forward_table.py")
+    report = json.loads((folder / "out.json").read_text())
+    assert report["machine"]["adapter"]
+    [row] = report["results"]
+    assert (row["model"], row["variant"], row["repeats"]) == ("whisper", "custom", 1)
+    assert set(row["seconds"]) == set(row["vs_fp64"]) == set(report["columns"])
+    for column in report["columns"]:
+        assert finite(row["seconds"][column], *row["all_seconds"][column]) and row["seconds"][column] > 0
+        assert row["vs_fp64"][column]["rel_l2"] < 1e-4, (column, row["vs_fp64"][column])
+
+
+def test_executorch_verdicts(runs, native_runtime):
+    folder, stdout = ran(runs, "executorch_verdicts.py")
+    [row] = json.loads((folder / "out.json").read_text())["results"]
+    assert (row["model"], row["variant"], row["cpu_backend"]) == ("whisper", "custom", "portable")
+    assert row["passed"], row["verdict"]["why"]
+    assert row["verdict"]["layer_norms"]
+    assert finite(row["forward_seconds"], row["export_seconds"])
+    assert (folder / row["pte"]).is_file()
+    assert stdout.startswith("whisper-custom: pass;")
+
+
+def test_fit_launch_cost(runs):
+    _, stdout = ran(runs, "fit_launch_cost.py")
+    lines = stdout.splitlines()
+    assert [line[:17].strip() for line in lines] == ["WGSL copy", "kernel", "torch copy", "torch layer_norm"]
+    for line in lines:
+        rate, fixed = re.search(r"rate +(\S+) TB/s +fixed +(\S+) us/launch", line).groups()
+        assert float(rate) > 0 and finite(float(fixed)), line
+
+
+def test_forward_times(runs, gpu_info):
+    folder, stdout = ran(runs, "forward_times.py")
+    report = json.loads((folder / "out.json").read_text())
+    [row] = report["rows"]
+    assert (row["model"], row["variant"]) == ("whisper", "custom")
+    assert finite(row["eager_s"], row["in_memory_s"], row["loaded_file_s"], row["ratio"], row["load"]["load_s"])
+    assert set(row["breakdown_s"]) == {"layer_norm_delegates", "matmuls", "copies", "other_kernels", "interpreter"}
+    assert row["breakdown_s"]["layer_norm_delegates"] > 0
+    assert row["steps"] > 0 and row["pte_bytes"] > 0
+    assert "| whisper-custom | loaded (after) |" in stdout
+
+
+def test_host_path(runs, native_runtime):
+    # The script checks each variant's output against the product's, bit for bit, itself.
+    folder, _ = ran(runs, "host_path.py")
+    report = json.loads((folder / "host-path-variants-float32.json").read_text())
+    assert set(report["devices"]) == {"wgpu", "dawn"}
+    [row] = report["results"]
+    assert (row["rows"], row["width"]) == (16, 64)
+    variants = ("poll_thread", "map_here", "threaded_read", "product", "dawn", "native", "native_block")
+    assert all(finite(row[f"{name}_us"]) and row[f"{name}_us"] > 0 for name in variants), row
+
+
+def test_linear_error_by_k(runs):
+    _, stdout = ran(runs, "linear_error_by_k.py")
+    rows = [line.split() for line in stdout.splitlines()[1:]]
+    assert [(k, run) for k, run, *_ in rows] == [(k, run) for k in ("8", "16") for run in ("eager", "portable", "xnnpack")]
+    for _, _, rel_l2, _, max_abs, _ in rows:
+        assert 0 <= float(rel_l2) < 1e-5 and finite(float(max_abs))
+
+
+def test_native_call(runs, native_runtime):
+    # The script checks each call against torch's LayerNorm itself.
+    folder, _ = ran(runs, "native_call.py")
+    report = json.loads((folder / "out.json").read_text())
+    [row] = report["results"]
+    assert (row["rows"], row["width"]) == (16, 64)
+    times = [row[k] for k in ("executorch_us", "python_runtime_us", "call_us", "python_launch_us", "torch_cpu_us")]
+    assert finite(*times) and min(times) > 0, row
+
+
+def test_stats_accuracy(runs, gpu_info):
+    folder, _ = ran(runs, "stats_accuracy.py")
+    report = json.loads((folder / "out.json").read_text())
+    assert [row["width"] for row in report["cases"]] == [96] * 3
+    assert report["wide_launch"]["widths"] == [128] and len(report["wide_launch"]["cases"]) == 3
+    for row in [*report["cases"], *report["summary"], *report["wide_launch"]["cases"],
+                *report["wide_launch"]["summary"]]:
+        names = ("eager", "held", "streamed") if "streamed" in row else ("eager", "held", "held_wide_launch")
+        assert all(finite(*row[name].values()) for name in names), row
+
+
+def test_streamed_rows(runs, gpu_info):
+    _, stdout = ran(runs, "streamed_rows.py")
+    lines = stdout.splitlines()
+    measured = [line for line in lines if " float32 " in line]
+    assert measured and len(measured) % 4 == 0, stdout  # four large-mean cases per reduction path
+    for line in measured:
+        ratios = re.fullmatch(r".*:  held ([^/ ]+)/([^/ ]+)/([^/ ]+)  streamed ([^/ ]+)/([^/ ]+)/([^/ ]+)", line).groups()
+        assert finite(*map(float, ratios)), line
+    assert len(lines[lines.index("constant rows (kernel | aten):") + 1:]) == 5
+
+
+def test_tuned_layouts_sh(tmp_path, gpu_info):
+    # One shape tuned in one round, then benchmarked in the tuned layout.
+    knobs = {"SHAPES": "16x64", "TUNE_DTYPES": "float32", "ROUNDS": "1", "BENCH_DTYPES": "float32",
+             "BENCH_SHAPES": "16x64"}
+    env = {**os.environ, **knobs, "PYTHONPATH": str(ROOT),
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}  # its python3: this one
+    run = subprocess.run([str(ROOT / "benchmarks" / "tuned_layouts.sh"), str(tmp_path), "small"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:] + run.stdout[-2000:]
+    [layout] = [line.split() for line in (tmp_path / "small.txt").read_text().splitlines() if line.startswith("layout ")]
+    assert layout[1:3] == ["layer_norm", "float32"] and layout[7:9] == ["64", "16"], layout
+    bench = json.loads((tmp_path / "small-bench-float32.json").read_text())
+    assert bench["layouts"] == {"file": str(tmp_path / "small.txt"), "entries": 1}
+    [row] = bench["results"]
+    assert (row["rows"], row["width"]) == (16, 64)
+    assert row["layout"] == [int(layout[9]), int(layout[10])]  # threads a row, workgroup: the tuned ones
+    assert finite(row["wgpu_us"]) and row["wgpu_us"] > 0
