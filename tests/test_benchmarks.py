@@ -36,9 +36,8 @@ SMALL = {
 }
 # Scripts run with --help only, and why.
 HELP_ONLY = {
-    # Its options pick among the default models alone: its smallest run (--models whisper
-    # --cpu-backends portable --repeats 1, whisper-base) takes about three minutes here.
-    "executorch_runtime.py": "the default models only",
+    "executorch_runtime.py": "its options pick among the default models alone: its smallest run (--models whisper "
+                             "--cpu-backends portable --repeats 1, whisper-base) takes about three minutes here",
 }
 
 # Each script run as `python SCRIPT ARGS...` runs it (its folder first on sys.path, its path as
@@ -57,7 +56,9 @@ for script, folder, args in json.loads(sys.argv[1]):
         try:
             runpy.run_path(script, run_name="__main__")
         except SystemExit as exc:
-            code = exc.code or 0
+            code = 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 1
+            if isinstance(exc.code, str):  # as the interpreter does: the message on stderr
+                print(exc.code, file=sys.stderr)
         except BaseException as exc:
             traceback.print_exc()
             code = repr(exc)
