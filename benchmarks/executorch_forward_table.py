@@ -2,10 +2,10 @@
 and without our WebGPU delegate, against eager PyTorch and our Python runtime.
 
     python benchmarks/executorch_forward_table.py [--models bart,florence2,whisper] [--repeats N] [--json FILE]
-        [--checkpoint DIR]
+        [--checkpoints DIR]
 
-Columns, each built from the same model (default variant, seeded weights; with --checkpoint,
-the one model --models names, read from that checkpoint) and run on its example inputs:
+Columns, each built from the same model (default variant, seeded weights; with --checkpoints
+DIR, the Hugging Face directory DIR/<model>) and run on its example inputs:
 - eager: the module under torch.no_grad;
 - python runtime: `pipeline.lower` (LayerNorms on WebGPU, the rest on torch's kernels
   through the file's portable ops), run by `pipeline.load`'s interpreter;
@@ -25,6 +25,7 @@ import argparse
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -40,7 +41,7 @@ from executorch_runtime import native_machine  # benchmarks/, the script's own d
 COLUMNS = ("eager", "python runtime", "executorch + xnnpack + webgpu", "executorch + xnnpack")
 
 
-def build_columns(name: str, say, checkpoint: str | None = None) -> tuple[object, dict[str, object], dict[str, float]]:
+def build_columns(name: str, say, checkpoint: Path | None = None) -> tuple[object, dict[str, object], dict[str, float]]:
     """The model's spec, a callable per column, and each column's build seconds."""
     from pipeline.aot.lowering import lower_to_edge  # imports ExecuTorch: not before --help
 
@@ -77,10 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default="bart,florence2,whisper")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", default=None)
-    parser.add_argument("--checkpoint", metavar="DIR", help="a local checkpoint of the one model --models names")
+    parser.add_argument("--checkpoints", type=Path, metavar="DIR", help="the models' Hugging Face directories, DIR/<model>")
     args = parser.parse_args(argv)
-    if args.checkpoint is not None and "," in args.models:
-        parser.error("--checkpoint: name one model in --models")
 
     def say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
@@ -95,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         "results": [],
     }
     for name in args.models.split(","):
-        spec, calls, build_seconds = build_columns(name, say, args.checkpoint)
+        spec, calls, build_seconds = build_columns(name, say, args.checkpoints / name if args.checkpoints else None)
         inputs = spec.example_inputs
         exact = flatten_output(run_eager(*to_float64(spec.module, inputs), keep_tensors=False).outputs)
         times: dict[str, list[float]] = {c: [] for c in COLUMNS}

@@ -2,11 +2,11 @@
 exported with XNNPACK or portable kernels.
 
     python benchmarks/executorch_verdicts.py [--runs whisper:xnnpack,bart:portable,...] [--out-dir DIR] [--json FILE]
-        [--checkpoint DIR]
+        [--checkpoints DIR]
 
 Each run exports the model (`export_model`, the file one ships; a file already in
---out-dir with its coverage file is reused; with --checkpoint, every run's model is read
-from that checkpoint and exported anew) and runs it with `run_artifact(...,
+--out-dir with its coverage file is reused; with --checkpoints DIR, each model is read from
+the Hugging Face directory DIR/<model> and exported anew) and runs it with `run_artifact(...,
 runtime="executorch", repeats=1)`: its error against float64 next to the same export
 without our delegate, eager's beside, and each LayerNorm delegate call against the Python
 runtime's. The JSON (written atomically after every run) keeps the verdicts whole.
@@ -41,11 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", default=DEFAULT_RUNS)
     parser.add_argument("--out-dir", default="out/verdicts")
     parser.add_argument("--json", default=None)
-    parser.add_argument("--checkpoint", metavar="DIR", help="a local checkpoint of the one model --runs names")
+    parser.add_argument("--checkpoints", type=Path, metavar="DIR", help="the models' Hugging Face directories, DIR/<model>")
     args = parser.parse_args(argv)
-    runs = [run.split(":") for run in args.runs.split(",")]
-    if args.checkpoint is not None and len({name for name, _ in runs}) != 1:
-        parser.error("--checkpoint: name one model in --runs")
 
     def say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
@@ -53,14 +50,16 @@ def main(argv: list[str] | None = None) -> int:
     report = {"command": "python benchmarks/executorch_verdicts.py " + " ".join(argv if argv is not None else sys.argv[1:]),
               "results": []}
     failed = 0
-    for name, cpu_backend in runs:
+    for run in args.runs.split(","):
+        name, cpu_backend = run.split(":")
         stem = f"{name}-{models.default_variant(name)}" + ("-xnnpack" if cpu_backend == "xnnpack" else "")
         pte = Path(args.out_dir) / f"{stem}.pte"
         started = time.perf_counter()
-        if args.checkpoint is None and exported(pte):
+        if args.checkpoints is None and exported(pte):
             say(f"{stem}: reusing {pte}")
         else:  # a checkpoint's file is named by its variant, known once it is read
-            pte = Path(export_model(name, checkpoint=args.checkpoint, output_dir=args.out_dir, cpu_backend=cpu_backend,
+            checkpoint = args.checkpoints / name if args.checkpoints else None
+            pte = Path(export_model(name, checkpoint=checkpoint, output_dir=args.out_dir, cpu_backend=cpu_backend,
                                     progress=say)["pte"])
             stem = pte.stem
         export_seconds = time.perf_counter() - started

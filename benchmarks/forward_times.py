@@ -5,7 +5,7 @@ size, the load time and what loading adds to peak memory, each load in a fresh p
 
     python benchmarks/forward_times.py --json benchmarks/results/forward-times.json
     python benchmarks/forward_times.py --before /tmp/old    # also an earlier checkout's
-    python benchmarks/forward_times.py --models bart --checkpoint DIR    # a checkpoint's model
+    python benchmarks/forward_times.py --checkpoints DIR    # the Hugging Face directories DIR/<model>
 
 With `--before DIR` (a checkout of an earlier commit, e.g. `git worktree add /tmp/old
 <commit>`) each model is also lowered, saved and loaded by that checkout, in a process of
@@ -128,11 +128,11 @@ class Before:
     """Model `name` lowered, saved to `path` and loaded by an earlier checkout, in a process
     of its own: calling it runs one forward there and returns that forward's seconds."""
 
-    def __init__(self, checkout: Path, name: str, path: Path, inputs: Path, checkpoint: str | None = None) -> None:
+    def __init__(self, checkout: Path, name: str, path: Path, inputs: Path, checkpoint: Path | None = None) -> None:
         self.commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                      cwd=checkout, check=True).stdout.strip()
         probe = [name, str(path.resolve()), str(inputs.resolve())]
-        probe += [str(Path(checkpoint).resolve())] if checkpoint else []
+        probe += [str(checkpoint.resolve())] if checkpoint else []
         self.process = subprocess.Popen([sys.executable, "-c", BEFORE_PROBE, *probe],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=checkout,
                                         env=_checkout_env(checkout))
@@ -162,7 +162,7 @@ def _load_probe(path: Path, inputs: Path, checkout: Path | None = None) -> dict:
     return {"load_s": float(seconds), **dict(zip(keys, map(int, sizes)))}
 
 
-def measure(name: str, repeats: int, folder: Path, before: Path | None = None, checkpoint: str | None = None) -> dict:
+def measure(name: str, repeats: int, folder: Path, before: Path | None = None, checkpoint: Path | None = None) -> dict:
     import pipeline
 
     spec = pipeline.models.build(name, checkpoint=checkpoint)
@@ -245,15 +245,14 @@ def main() -> int:
     parser.add_argument("--json", metavar="FILE")
     parser.add_argument("--before", metavar="DIR", type=Path,
                         help="an earlier checkout whose lowering and pipeline.load to time too")
-    parser.add_argument("--checkpoint", metavar="DIR", help="a local checkpoint of the one model --models names")
+    parser.add_argument("--checkpoints", type=Path, metavar="DIR", help="the models' Hugging Face directories, DIR/<model>")
     args = parser.parse_args()
-    if args.checkpoint is not None and "," in args.models:
-        parser.error("--checkpoint: name one model in --models")
     rows = []
     with tempfile.TemporaryDirectory() as folder:
         for name in args.models.split(","):
             print(f"[{name}] measuring ...", file=sys.stderr, flush=True)
-            rows.append(measure(name, args.repeats, Path(folder), args.before, args.checkpoint))
+            checkpoint = args.checkpoints / name if args.checkpoints else None
+            rows.append(measure(name, args.repeats, Path(folder), args.before, checkpoint))
             print(json.dumps(rows[-1]), flush=True)
     if rows and "breakdown_s" in rows[0]:
         print(table(rows))
