@@ -26,7 +26,7 @@ SMALL = {
     "executorch_forward_table.py": ["--models", "whisper", "--checkpoints", "{checkpoints}", "--repeats", "1",
                                     "--json", "out.json"],
     "executorch_runtime.py": ["--models", "whisper", "--cpu-backends", "portable", "--repeats", "1",
-                              "--checkpoints", "{checkpoints}", "--json", "out.json"],
+                              "--checkpoints", "{checkpoints}", "--json", "out.json", "--save", "files"],
     "executorch_verdicts.py": ["--runs", "whisper:portable", "--checkpoints", "{checkpoints}", "--out-dir", "files",
                                "--json", "out.json"],
     # On a result the docs cite: the file's format is what the script reads.
@@ -88,6 +88,11 @@ def runs(tmp_path_factory):
     cases += [(ROOT / "benchmarks" / name, "small", [a.format(checkpoints=checkpoints, ct2=ct2) for a in args])
               for name, args in SMALL.items()]
     folders = [tmp_path_factory.mktemp(f"{script.stem}-{kind}") for script, kind, _ in cases]
+    # executorch_runtime.py again, on the files its small case saved: as on a host with no transformers.
+    saved = folders[cases.index(next(c for c in cases if c[0].name == "executorch_runtime.py" and c[1] == "small"))]
+    cases.append((ROOT / "benchmarks" / "executorch_runtime.py", "files",
+                  ["--files", str(saved / "files"), "--repeats", "1", "--json", "out.json"]))
+    folders.append(tmp_path_factory.mktemp("executorch_runtime-files"))
     listed = json.dumps([[str(script), str(folder), args] for (script, _, args), folder in zip(cases, folders)])
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     run = subprocess.run([sys.executable, "-c", RUN_CODE, listed], cwd=tmp_path_factory.mktemp("cwd"), env=env,
@@ -156,6 +161,17 @@ def test_executorch_runtime(runs, native_runtime):
     assert finite(row["executorch_seconds"], row["eager_seconds"], row["lower_seconds"])
     assert row["max_abs_vs_eager"] <= 1e-4, row  # the bound its --files runs hold a file to
     assert stdout.startswith("whisper portable: executorch ")
+    assert sorted(p.name for p in (folder / "files").iterdir()) == ["whisper-portable.pte", "whisper.reference.pt"]
+
+
+def test_executorch_runtime_files(runs, native_runtime):
+    # The saved file run without building its model: against the saved eager outputs and the Python runtime.
+    folder, result = runs["executorch_runtime.py", "files"]
+    assert result["code"] == 0, result["stderr"][-3000:] or result["code"]
+    [row] = json.loads((folder / "out.json").read_text())["results"]
+    assert (row["model"], row["variant"], row["cpu_backend"], row["passed"]) == ("whisper", "custom", "portable", True)
+    assert row["max_abs_vs_eager"] <= 1e-4 and row["max_abs_vs_python_runtime"] <= 1e-5, row
+    assert result["stdout"].startswith("whisper-portable.pte: executorch ") and result["stdout"].rstrip().endswith("passed")
 
 
 def test_executorch_verdicts(runs, native_runtime):
@@ -262,3 +278,27 @@ def test_tuned_layouts_sh(tmp_path, gpu_info):
     for layout in entries:
         assert layout[1:3] == ["layer_norm", "float32"] and layout[7:9] == ["64", "16"], layout
         assert row["layout"] == [int(layout[9]), int(layout[10])]  # threads a row, workgroup: the tuned ones
+
+
+def test_executorch_runtime_files_fail_outputs_off_eager_s(runs, native_runtime, tmp_path, capsys):
+    # The same file against eager outputs moved by 1e-3: the run says FAILED and exits 1.
+    import shutil
+
+    import torch
+
+    folder, _ = runs["executorch_runtime.py", "small"]
+    shutil.copy(folder / "files" / "whisper-portable.pte", tmp_path)
+    reference = torch.load(folder / "files" / "whisper.reference.pt", weights_only=True)
+    reference["eager"] = [t + 1e-3 for t in reference["eager"]]
+    torch.save(reference, tmp_path / "whisper.reference.pt")
+    spec = importlib.util.spec_from_file_location("executorch_runtime", ROOT / "benchmarks" / "executorch_runtime.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.main(["--files", str(tmp_path), "--repeats", "1"]) == 1
+    assert capsys.readouterr().out.rstrip().endswith("FAILED")
+    # What makes a difference: NaN where the other has none, and outputs of another shape.
+    one = torch.ones(2)
+    assert script.max_abs([one], [one + 0.5]) == 0.5
+    assert script.max_abs([torch.tensor([float("nan"), 1.0])], [torch.tensor([float("nan"), 1.0])]) == 0
+    assert math.isnan(script.max_abs([torch.tensor([float("nan")])], [torch.tensor([1.0])]))
+    assert script.max_abs([one], [torch.ones(3)]) == math.inf and script.max_abs([one], [one, one]) == math.inf
