@@ -25,7 +25,6 @@ exit status is 1 when one does not. The backend's implementation is PIPELINE_WEB
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import platform
@@ -40,7 +39,7 @@ import torch
 import pipeline
 import pipeline.native
 from pipeline.environment import implementation
-from pipeline.ioutil import write_text_atomic
+from pipeline.ioutil import write_json_atomic
 
 ATOL_EAGER = 1e-4  # ExecuTorch's runtime against eager float32 (tests/test_dawn.py's bound)
 ATOL_RUNTIMES = 1e-5  # ExecuTorch's runtime against the Python runtime, both on the device
@@ -128,7 +127,7 @@ def write_report(report: dict, path: Path | None) -> None:
     """The report so far, to `path` (after every row: a long run keeps what it measured)."""
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(path, json.dumps(report, indent=2) + "\n")
+        write_json_atomic(path, report)
 
 
 def build_and_run(args, report: dict) -> int:

@@ -27,6 +27,7 @@ import pipeline
 import pipeline.native
 from executorch_runtime import native_machine  # benchmarks/, the script's own directory
 from pipeline.benchmark import layer_norm_delegate, parse_shapes, wall_us
+from pipeline.ioutil import write_json_atomic
 from pipeline.runtime import native_layer_norm
 
 SHAPES = "16x768,1500x384,1024x768,1500x768,4096x768"
@@ -76,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
             report["results"].append(row)
             print(json.dumps(row), flush=True)
     if args.json:
-        args.json.write_text(json.dumps(report, indent=1) + "\n")
+        write_json_atomic(args.json, report)
     return 0
 
 
