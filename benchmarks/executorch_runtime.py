@@ -39,6 +39,7 @@ import torch
 import pipeline
 import pipeline.native
 from pipeline.environment import implementation
+from pipeline.evaluation.metrics import max_abs_error
 from pipeline.ioutil import write_json_atomic
 
 ATOL_EAGER = 1e-4  # ExecuTorch's runtime against eager float32 (tests/test_dawn.py's bound)
@@ -75,17 +76,17 @@ def native_machine() -> dict | None:
             "torch_threads": torch.get_num_threads()}
 
 
-def timed(fn, repeats: int) -> tuple[float, list[float]]:
-    """(first call, later calls) in seconds."""
+def timed(fn, repeats: int) -> tuple[float, list[float], object]:
+    """(first call, later calls) in seconds, and what the last call returned."""
     started = time.perf_counter()
-    fn()
+    result = fn()
     first = time.perf_counter() - started
     times = []
     for _ in range(repeats):
         started = time.perf_counter()
-        fn()
+        result = fn()
         times.append(time.perf_counter() - started)
-    return first, times
+    return first, times, result
 
 
 def listed(outputs) -> list:
@@ -103,10 +104,8 @@ def max_abs(got, want) -> float:
     for g, w in zip(got, want):
         if g.shape != w.shape or g.dtype != w.dtype:
             return math.inf
-        if not w.numel():
-            continue
         both_nan = g.isnan() & w.isnan()
-        difference = (g.double() - w.double()).abs().masked_fill(both_nan, 0).max().item()
+        difference = max_abs_error(g.masked_fill(both_nan, 0), w.masked_fill(both_nan, 0))
         if math.isnan(difference):
             return math.nan
         worst = max(worst, difference)
@@ -115,12 +114,12 @@ def max_abs(got, want) -> float:
 
 def timed_row(program, inputs: tuple, repeats: int, **fields) -> tuple[dict, list]:
     """A report row for `program` on `inputs` (its timings after `fields`) and its outputs."""
-    first, later = timed(lambda: program(*inputs), repeats)
+    first, later, outputs = timed(lambda: program(*inputs), repeats)
     row = {**fields,
            "executorch_first_seconds": round(first, 3),
            "executorch_seconds": round(statistics.median(later), 3),
            "repeats": repeats}
-    return row, program(*inputs)
+    return row, outputs
 
 
 def write_report(report: dict, path: Path | None) -> None:
@@ -139,8 +138,8 @@ def build_and_run(args, report: dict) -> int:
             spec = pipeline.models.build(name, checkpoint=args.checkpoints / name if args.checkpoints else None)
             model = spec.module.eval()
             with torch.no_grad():
-                _, eager_times = timed(lambda: model(*spec.example_inputs), args.repeats)
-                eager = listed(model(*spec.example_inputs))
+                _, eager_times, eager = timed(lambda: model(*spec.example_inputs), args.repeats)
+            eager, eager_seconds = listed(eager), statistics.median(eager_times)
             if args.save:
                 reference = {"model": name, "variant": spec.variant, "inputs": list(spec.example_inputs), "eager": eager}
                 torch.save(reference, folder / f"{name}{REFERENCE_SUFFIX}")
@@ -150,7 +149,6 @@ def build_and_run(args, report: dict) -> int:
                 row, got = timed_row(pipeline.native.load(path), spec.example_inputs, args.repeats,
                                      model=name, variant=spec.variant, cpu_backend=cpu_backend,
                                      pte_bytes=path.stat().st_size, lower_seconds=round(lower_seconds, 2))
-                eager_seconds = statistics.median(eager_times)
                 row.update(eager_seconds=round(eager_seconds, 3),
                            ratio_to_eager=round(row["executorch_seconds"] / eager_seconds, 2),
                            max_abs_vs_eager=max_abs(got, eager))

@@ -89,7 +89,7 @@ def runs(tmp_path_factory):
               for name, args in SMALL.items()]
     folders = [tmp_path_factory.mktemp(f"{script.stem}-{kind}") for script, kind, _ in cases]
     # executorch_runtime.py again, on the files its small case saved: as on a host with no transformers.
-    saved = folders[cases.index(next(c for c in cases if c[0].name == "executorch_runtime.py" and c[1] == "small"))]
+    saved = dict(zip(((script.name, kind) for script, kind, _ in cases), folders))["executorch_runtime.py", "small"]
     cases.append((ROOT / "benchmarks" / "executorch_runtime.py", "files",
                   ["--files", str(saved / "files"), "--repeats", "1", "--json", "out.json"]))
     folders.append(tmp_path_factory.mktemp("executorch_runtime-files"))
