@@ -13,13 +13,16 @@ under torch.no_grad. The models are the families' default builds (seeded weights
 --checkpoints DIR the Hugging Face directories DIR/<model>. Prints one line per run and writes the JSON (median seconds, and the
 largest absolute difference from eager's outputs).
 
---save DIR keeps the files in DIR (`<model>-<cpu backend>.pte`) with each model's inputs and
-eager's outputs (`<model>.reference.pt`).
---files DIR runs such files where the models cannot be built (no transformers, another torch):
-ExecuTorch's runtime against the saved eager outputs, and a portable file's against the Python
-runtime's (`pipeline.load`) on the same device. A file passes within ATOL_EAGER of eager and
-ATOL_RUNTIMES of the Python runtime, the bounds the test suite holds the two runtimes to; the
-exit status is 1 when one does not. The backend's implementation is PIPELINE_WEBGPU's.
+--save DIR keeps each file in DIR as ExecuTorch's bundled program (`<model>-<cpu backend>.bpte`:
+the program, the model's inputs and eager's outputs).
+--files DIR runs such bundles where the models cannot be built (no transformers, another torch):
+ExecuTorch's runtime takes the inputs from the bundle and checks its outputs against eager's
+there (its bundled-program check, within ATOL_EAGER), so no torch tensor crosses into ExecuTorch,
+and a host whose torch is not the one ExecuTorch's wheel was built against runs them too. Each
+run's outputs are also measured against eager's and, for a portable file, against the Python
+runtime's (`pipeline.load`) on the same device, within ATOL_RUNTIMES: the bounds the test suite
+holds the two runtimes to. The exit status is 1 when one does not hold. The backend's
+implementation is PIPELINE_WEBGPU's.
 """
 
 from __future__ import annotations
@@ -40,11 +43,12 @@ import pipeline
 import pipeline.native
 from pipeline.environment import implementation
 from pipeline.evaluation.metrics import max_abs_error
-from pipeline.ioutil import write_json_atomic
+from pipeline.ioutil import write_bytes_atomic, write_json_atomic
 
 ATOL_EAGER = 1e-4  # ExecuTorch's runtime against eager float32 (tests/test_dawn.py's bound)
 ATOL_RUNTIMES = 1e-5  # ExecuTorch's runtime against the Python runtime, both on the device
-REFERENCE_SUFFIX = ".reference.pt"
+BUNDLE_SUFFIX = ".bpte"
+METHOD = "forward"
 
 
 def lower_to_file(spec, cpu_backend: str, path: Path) -> float:
@@ -129,22 +133,46 @@ def write_report(report: dict, path: Path | None) -> None:
         write_json_atomic(path, report)
 
 
+def write_bundle(pte: Path, inputs: tuple, eager: list, path: Path) -> None:
+    """ExecuTorch's bundled program at `path`: the file `pte`, its inputs and eager's outputs."""
+    from executorch.devtools.bundled_program.config import MethodTestCase, MethodTestSuite
+    from executorch.devtools.bundled_program.core import BundledProgram
+    from executorch.devtools.bundled_program.serialize import serialize_from_bundled_program_to_flatbuffer
+
+    case = MethodTestCase(inputs=[t.clone() for t in inputs], expected_outputs=[t.clone() for t in eager])
+    bundled = BundledProgram(None, [MethodTestSuite(METHOD, [case])], pte_file_path=str(pte))
+    write_bytes_atomic(path, serialize_from_bundled_program_to_flatbuffer(bundled))
+
+
+def read_bundle(path: Path) -> tuple[bytes, tuple, list]:
+    """(the program, its inputs, eager's outputs) of a bundle write_bundle wrote."""
+    from executorch.devtools.bundled_program.serialize import deserialize_from_flatbuffer_to_bundled_program
+    from executorch.exir.schema import ScalarType
+    from executorch.exir.tensor import get_scalar_type
+
+    def tensor(value) -> torch.Tensor:
+        t = value.val
+        stored = [t.sizes[d] for d in t.dim_order]  # the bytes' order
+        flat = torch.frombuffer(bytearray(t.data), dtype=get_scalar_type(ScalarType(t.scalar_type.value)))
+        return flat.reshape(stored).permute([t.dim_order.index(d) for d in range(len(t.sizes))]).contiguous()
+
+    bundled = deserialize_from_flatbuffer_to_bundled_program(path.read_bytes())
+    [suite] = bundled.method_test_suites
+    [case] = suite.test_cases
+    return bundled.program, tuple(map(tensor, case.inputs)), [tensor(v) for v in case.expected_outputs]
+
+
 def build_and_run(args, report: dict) -> int:
     """Lower each model for each CPU backend, run it in ExecuTorch's runtime beside eager."""
     with tempfile.TemporaryDirectory() as tmp:
-        folder = args.save or Path(tmp)
-        folder.mkdir(parents=True, exist_ok=True)
         for name in args.models.split(","):
             spec = pipeline.models.build(name, checkpoint=args.checkpoints / name if args.checkpoints else None)
             model = spec.module.eval()
             with torch.no_grad():
                 _, eager_times, eager = timed(lambda: model(*spec.example_inputs), args.repeats)
             eager, eager_seconds = listed(eager), statistics.median(eager_times)
-            if args.save:
-                reference = {"model": name, "variant": spec.variant, "inputs": list(spec.example_inputs), "eager": eager}
-                torch.save(reference, folder / f"{name}{REFERENCE_SUFFIX}")
             for cpu_backend in args.cpu_backends.split(","):
-                path = folder / f"{name}-{cpu_backend}.pte"
+                path = Path(tmp) / f"{name}-{cpu_backend}.pte"
                 lower_seconds = lower_to_file(spec, cpu_backend, path)
                 row, got = timed_row(pipeline.native.load(path), spec.example_inputs, args.repeats,
                                      model=name, variant=spec.variant, cpu_backend=cpu_backend,
@@ -157,31 +185,41 @@ def build_and_run(args, report: dict) -> int:
                       f"(first {row['executorch_first_seconds']} s), eager {row['eager_seconds']} s, "
                       f"x{row['ratio_to_eager']}, max abs vs eager {row['max_abs_vs_eager']:.3g}", flush=True)
                 write_report(report, args.json)
+                if args.save:
+                    args.save.mkdir(parents=True, exist_ok=True)
+                    write_bundle(path, spec.example_inputs, eager, args.save / f"{path.stem}{BUNDLE_SUFFIX}")
     return 0
 
 
 def run_files(args, report: dict) -> int:
-    """Run the files `--save` kept, against the outputs it kept and the Python runtime's."""
-    references = sorted(args.files.glob(f"*{REFERENCE_SUFFIX}"))
-    runs = [(ref, path) for ref in references
-            for path in sorted(args.files.glob(f"{ref.name.removesuffix(REFERENCE_SUFFIX)}-*.pte"))]
-    if not runs:
-        print(f"executorch_runtime: no <model>-<cpu backend>.pte beside its <model>{REFERENCE_SUFFIX} in {args.files}",
-              file=sys.stderr)
+    """Run the bundles `--save` kept: ExecuTorch's runtime, driven from C++ (pipeline.native.
+    NativeBundle), checks each against eager's outputs, and its outputs are measured against
+    them and the Python runtime's."""
+    paths = sorted(args.files.glob(f"*-*{BUNDLE_SUFFIX}"))
+    if not paths:
+        print(f"executorch_runtime: no <model>-<cpu backend>{BUNDLE_SUFFIX} in {args.files}", file=sys.stderr)
         return 1
     failed = 0
-    for ref, path in runs:
-        reference = torch.load(ref, weights_only=True)
-        inputs = tuple(reference["inputs"])
-        cpu_backend = path.stem.removeprefix(f"{reference['model']}-")
-        row, got = timed_row(pipeline.native.load(path), inputs, args.repeats,
-                             model=reference["model"], variant=reference["variant"],
-                             cpu_backend=cpu_backend, pte_bytes=path.stat().st_size)
-        row["max_abs_vs_eager"] = max_abs(got, reference["eager"])
-        passed = row["max_abs_vs_eager"] <= ATOL_EAGER
-        said = f"max abs vs eager {row['max_abs_vs_eager']:.3g}"
+    for path in paths:
+        model, cpu_backend = path.stem.rsplit("-", 1)
+        program, inputs, eager = read_bundle(path)
+        bundle = pipeline.native.NativeBundle(path.read_bytes())
+        first = bundle.run()
+        later = [bundle.run() for _ in range(args.repeats)]
+        got = bundle.outputs(eager)
+        row = {"model": model, "cpu_backend": cpu_backend, "pte_bytes": len(program),
+               "executorch_first_seconds": round(first, 3),
+               "executorch_seconds": round(statistics.median(later), 3), "repeats": args.repeats,
+               "executorch_check": bundle.check(ATOL_EAGER),
+               "max_abs_vs_eager": max_abs(got, eager)}
+        passed = row["executorch_check"] and row["max_abs_vs_eager"] <= ATOL_EAGER
+        said = (f"ExecuTorch's check {'held' if row['executorch_check'] else 'missed'}, "
+                f"max abs vs eager {row['max_abs_vs_eager']:.3g}")
         if cpu_backend == "portable":  # the Python runtime runs no XNNPACK delegate
-            row["max_abs_vs_python_runtime"] = max_abs(got, pipeline.load(path)(*inputs))
+            with tempfile.TemporaryDirectory() as tmp:
+                pte = Path(tmp) / "program.pte"
+                pte.write_bytes(program)
+                row["max_abs_vs_python_runtime"] = max_abs(got, pipeline.load(pte)(*inputs))
             passed = passed and row["max_abs_vs_python_runtime"] <= ATOL_RUNTIMES
             said += f", vs the Python runtime {row['max_abs_vs_python_runtime']:.3g}"
         row["passed"] = passed
@@ -200,8 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--checkpoints", type=Path, metavar="DIR", help="the models' Hugging Face directories, DIR/<model>")
-    parser.add_argument("--save", type=Path, metavar="DIR", help="keep the files, their inputs and eager's outputs in DIR")
-    parser.add_argument("--files", type=Path, metavar="DIR", help="run the files --save kept in DIR (no model is built)")
+    parser.add_argument("--save", type=Path, metavar="DIR", help="keep each file with its inputs and eager's outputs in DIR (bundled programs)")
+    parser.add_argument("--files", type=Path, metavar="DIR", help="run the bundles --save kept in DIR (no model is built)")
     args = parser.parse_args(argv)
     if args.files is not None and (args.save or args.checkpoints):
         parser.error("argument --files: not with --save or --checkpoints")

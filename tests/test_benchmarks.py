@@ -161,17 +161,18 @@ def test_executorch_runtime(runs, native_runtime):
     assert finite(row["executorch_seconds"], row["eager_seconds"], row["lower_seconds"])
     assert row["max_abs_vs_eager"] <= 1e-4, row  # the bound its --files runs hold a file to
     assert stdout.startswith("whisper portable: executorch ")
-    assert sorted(p.name for p in (folder / "files").iterdir()) == ["whisper-portable.pte", "whisper.reference.pt"]
+    assert sorted(p.name for p in (folder / "files").iterdir()) == ["whisper-portable.bpte"]
 
 
 def test_executorch_runtime_files(runs, native_runtime):
-    # The saved file run without building its model: against the saved eager outputs and the Python runtime.
+    # The saved bundle run without building its model: ExecuTorch's check against eager's outputs,
+    # and the outputs against them and the Python runtime's.
     folder, result = runs["executorch_runtime.py", "files"]
     assert result["code"] == 0, result["stderr"][-3000:] or result["code"]
     [row] = json.loads((folder / "out.json").read_text())["results"]
-    assert (row["model"], row["variant"], row["cpu_backend"], row["passed"]) == ("whisper", "custom", "portable", True)
+    assert (row["model"], row["cpu_backend"], row["executorch_check"], row["passed"]) == ("whisper", "portable", True, True)
     assert row["max_abs_vs_eager"] <= 1e-4 and row["max_abs_vs_python_runtime"] <= 1e-5, row
-    assert result["stdout"].startswith("whisper-portable.pte: executorch ") and result["stdout"].rstrip().endswith("passed")
+    assert result["stdout"].startswith("whisper-portable.bpte: executorch ") and result["stdout"].rstrip().endswith("passed")
 
 
 def test_executorch_verdicts(runs, native_runtime):
@@ -281,21 +282,26 @@ def test_tuned_layouts_sh(tmp_path, gpu_info):
 
 
 def test_executorch_runtime_files_fail_outputs_off_eager_s(runs, native_runtime, tmp_path, capsys):
-    # The same file against eager outputs moved by 1e-3: the run says FAILED and exits 1.
-    import shutil
-
+    # The same file bundled with eager outputs moved by 1e-3: ExecuTorch's check misses, the run
+    # says FAILED and exits 1.
     import torch
 
-    folder, _ = runs["executorch_runtime.py", "small"]
-    shutil.copy(folder / "files" / "whisper-portable.pte", tmp_path)
-    reference = torch.load(folder / "files" / "whisper.reference.pt", weights_only=True)
-    reference["eager"] = [t + 1e-3 for t in reference["eager"]]
-    torch.save(reference, tmp_path / "whisper.reference.pt")
     spec = importlib.util.spec_from_file_location("executorch_runtime", ROOT / "benchmarks" / "executorch_runtime.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
+    folder, _ = runs["executorch_runtime.py", "small"]
+    program, inputs, eager = script.read_bundle(folder / "files" / "whisper-portable.bpte")
+    (tmp_path / "whisper.pte").write_bytes(program)
+    script.write_bundle(tmp_path / "whisper.pte", inputs, [t + 1e-3 for t in eager], tmp_path / "whisper-portable.bpte")
+    (tmp_path / "whisper.pte").unlink()
     assert script.main(["--files", str(tmp_path), "--repeats", "1"]) == 1
-    assert capsys.readouterr().out.rstrip().endswith("FAILED")
+    said = capsys.readouterr().out.rstrip()
+    assert said.endswith("FAILED") and "ExecuTorch's check missed" in said, said
+    # Bytes that are no bundle: ExecuTorch's runtime refuses them, said in Python.
+    import pipeline.native
+
+    with pytest.raises(RuntimeError, match="refused the bundle"):
+        pipeline.native.NativeBundle(b"not a bundled program")
     # What makes a difference: NaN where the other has none, and outputs of another shape.
     one = torch.ones(2)
     assert script.max_abs([one], [one + 0.5]) == 0.5

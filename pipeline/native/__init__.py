@@ -113,6 +113,19 @@ def library() -> ctypes.CDLL:
                 ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t,
             ]
             lib.pipeline_webgpu_check_blob.restype = ctypes.c_int
+            lib.pipeline_bundle_open.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t]
+            lib.pipeline_bundle_open.restype = ctypes.c_void_p
+            lib.pipeline_bundle_run.argtypes = [
+                ctypes.c_void_p, ctypes.POINTER(ctypes.c_double), ctypes.c_char_p, ctypes.c_size_t,
+            ]
+            lib.pipeline_bundle_run.restype = ctypes.c_int
+            lib.pipeline_bundle_verify.argtypes = [ctypes.c_void_p, ctypes.c_double]
+            lib.pipeline_bundle_verify.restype = ctypes.c_int
+            lib.pipeline_bundle_outputs.argtypes = [ctypes.c_void_p]
+            lib.pipeline_bundle_outputs.restype = ctypes.c_longlong
+            lib.pipeline_bundle_output.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t]
+            lib.pipeline_bundle_output.restype = ctypes.c_longlong
+            lib.pipeline_bundle_close.argtypes = [ctypes.c_void_p]
             if dawn:
                 bind_dawn(lib.pipeline_webgpu_bind, lib.pipeline_webgpu_probe)
             _lib = lib
@@ -313,6 +326,61 @@ class NativeProgram:
                 flat[k] = checks.laid_out(declared, flat[k])
         outputs = self.method.execute(flat)
         return [o.clone() if hasattr(o, "clone") else o for o in outputs]
+
+
+class NativeBundle:
+    """A bundled program (ExecuTorch devtools' BundledProgram: a program with its inputs and
+    the outputs it should give) run in ExecuTorch's runtime from C++ (BundleRunner.cpp): the
+    program loaded from memory with its planned buffers, the bundle's inputs set and its
+    outputs checked by ExecuTorch's own bundled-program calls. No torch tensor crosses into
+    ExecuTorch, so it runs where ExecuTorch's Python bindings cannot take or give one (a torch
+    other than the one its wheel was built against: "tensor does not have a device").
+    ExecuTorch trusts a bundle's structure: run the bundles this project writes
+    (benchmarks/executorch_runtime.py --save), not foreign ones. RuntimeError with ExecuTorch's
+    error where a call fails."""
+
+    def __init__(self, data: bytes) -> None:
+        register()
+        self._lib = library()
+        reason = ctypes.create_string_buffer(_REASON_BYTES)
+        self._handle = self._lib.pipeline_bundle_open(bytes(data), len(data), reason, _REASON_BYTES)
+        if not self._handle:
+            raise RuntimeError(f"ExecuTorch's runtime refused the bundle: {reason.value.decode(errors='replace')}")
+
+    def run(self) -> float:
+        """Set the bundle's inputs and execute the method; the execution's seconds."""
+        seconds = ctypes.c_double()
+        reason = ctypes.create_string_buffer(_REASON_BYTES)
+        if not self._lib.pipeline_bundle_run(self._handle, ctypes.byref(seconds), reason, _REASON_BYTES):
+            raise RuntimeError(reason.value.decode(errors="replace"))
+        return seconds.value
+
+    def check(self, atol: float) -> bool:
+        """ExecuTorch's check of the last run's outputs: every value within `atol` of the bundle's."""
+        return bool(self._lib.pipeline_bundle_verify(self._handle, atol))
+
+    def outputs(self, like: list) -> list:
+        """The last run's outputs, copied out, each with the dtype and shape of its tensor in
+        `like` (the bundle's expected outputs); RuntimeError where their count or sizes differ."""
+        import torch
+
+        count = self._lib.pipeline_bundle_outputs(self._handle)
+        if count != len(like):
+            raise RuntimeError(f"the method gave {count} outputs, the bundle expects {len(like)}")
+        got = []
+        for i, want in enumerate(like):
+            out = torch.empty_like(want, memory_format=torch.contiguous_format)
+            nbytes = out.numel() * out.element_size()
+            size = self._lib.pipeline_bundle_output(self._handle, i, out.data_ptr(), nbytes)
+            if size != nbytes:
+                raise RuntimeError(f"output {i}: {size} bytes, the bundle expects {nbytes}")
+            got.append(out)
+        return got
+
+    def __del__(self) -> None:
+        if getattr(self, "_handle", None):
+            self._lib.pipeline_bundle_close(self._handle)
+            self._handle = None
 
 
 def _check_rows_fit(pte) -> None:
