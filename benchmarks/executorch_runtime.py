@@ -144,24 +144,6 @@ def write_bundle(pte: Path, inputs: tuple, eager: list, path: Path) -> None:
     write_bytes_atomic(path, serialize_from_bundled_program_to_flatbuffer(bundled))
 
 
-def read_bundle(path: Path) -> tuple[bytes, tuple, list]:
-    """(the program, its inputs, eager's outputs) of a bundle write_bundle wrote."""
-    from executorch.devtools.bundled_program.serialize import deserialize_from_flatbuffer_to_bundled_program
-    from executorch.exir.schema import ScalarType
-    from executorch.exir.tensor import get_scalar_type
-
-    def tensor(value) -> torch.Tensor:
-        t = value.val
-        stored = [t.sizes[d] for d in t.dim_order]  # the bytes' order
-        flat = torch.frombuffer(bytearray(t.data), dtype=get_scalar_type(ScalarType(t.scalar_type.value)))
-        return flat.reshape(stored).permute([t.dim_order.index(d) for d in range(len(t.sizes))]).contiguous()
-
-    bundled = deserialize_from_flatbuffer_to_bundled_program(path.read_bytes())
-    [suite] = bundled.method_test_suites
-    [case] = suite.test_cases
-    return bundled.program, tuple(map(tensor, case.inputs)), [tensor(v) for v in case.expected_outputs]
-
-
 def build_and_run(args, report: dict) -> int:
     """Lower each model for each CPU backend, run it in ExecuTorch's runtime beside eager."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -202,11 +184,11 @@ def run_files(args, report: dict) -> int:
     failed = 0
     for path in paths:
         model, cpu_backend = path.stem.rsplit("-", 1)
-        program, inputs, eager = read_bundle(path)
-        bundle = pipeline.native.NativeBundle(path.read_bytes())
+        bundle = pipeline.native.NativeBundle(path.read_bytes(), str(path))
+        program, inputs, eager = bundle.program, bundle.inputs, bundle.expected
         first = bundle.run()
         later = [bundle.run() for _ in range(args.repeats)]
-        got = bundle.outputs(eager)
+        got = bundle.outputs()
         row = {"model": model, "cpu_backend": cpu_backend, "pte_bytes": len(program),
                "executorch_first_seconds": round(first, 3),
                "executorch_seconds": round(statistics.median(later), 3), "repeats": args.repeats,

@@ -286,22 +286,31 @@ def test_executorch_runtime_files_fail_outputs_off_eager_s(runs, native_runtime,
     # says FAILED and exits 1.
     import torch
 
+    from pipeline.pte import bundle
+
     spec = importlib.util.spec_from_file_location("executorch_runtime", ROOT / "benchmarks" / "executorch_runtime.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     folder, _ = runs["executorch_runtime.py", "small"]
-    program, inputs, eager = script.read_bundle(folder / "files" / "whisper-portable.bpte")
-    (tmp_path / "whisper.pte").write_bytes(program)
-    script.write_bundle(tmp_path / "whisper.pte", inputs, [t + 1e-3 for t in eager], tmp_path / "whisper-portable.bpte")
+    saved = bundle.read((folder / "files" / "whisper-portable.bpte").read_bytes())
+    (tmp_path / "whisper.pte").write_bytes(saved.program)
+    script.write_bundle(tmp_path / "whisper.pte", saved.inputs, [t + 1e-3 for t in saved.expected],
+                        tmp_path / "whisper-portable.bpte")
     (tmp_path / "whisper.pte").unlink()
     assert script.main(["--files", str(tmp_path), "--repeats", "1"]) == 1
     said = capsys.readouterr().out.rstrip()
     assert said.endswith("FAILED") and "ExecuTorch's check missed" in said, said
-    # Bytes that are no bundle: ExecuTorch's runtime refuses them, said in Python.
+    # Bytes that are no bundle, or a bundle cut short (which crashes ExecuTorch's bundled-program
+    # calls): refused in Python, before ExecuTorch sees them.
     import pipeline.native
+    from pipeline.pte.file import PteError
 
-    with pytest.raises(RuntimeError, match="refused the bundle"):
+    data = (folder / "files" / "whisper-portable.bpte").read_bytes()
+    with pytest.raises(PteError, match="not a bundled program"):
         pipeline.native.NativeBundle(b"not a bundled program")
+    for cut in (1000, len(data) // 2, len(data) - 100):
+        with pytest.raises(PteError, match="damaged bundled program"):
+            pipeline.native.NativeBundle(data[:cut], "cut")
     # What makes a difference: NaN where the other has none, and outputs of another shape.
     one = torch.ones(2)
     assert script.max_abs([one], [one + 0.5]) == 0.5

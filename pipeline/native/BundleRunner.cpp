@@ -4,8 +4,8 @@
 // and allocators its method asks for, the bundle's inputs set and its outputs checked by
 // ExecuTorch's own bundled-program calls. No torch tensor crosses into ExecuTorch, so this
 // runs where the Python bindings cannot take or give one (a torch other than the one
-// ExecuTorch's wheel was built against). benchmarks/executorch_runtime.py --files uses it
-// through pipeline.native.Bundle.
+// ExecuTorch's wheel was built against). Those calls do not verify the bundle: its caller,
+// pipeline.native.NativeBundle, reads and checks it first (pipeline/pte/bundle.py).
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>

@@ -282,9 +282,7 @@ class NativeProgram:
 
     def __init__(self, path: str | os.PathLike | bytes, method: str = "forward", *,
                  enable_etdump: bool = False, source: str | None = None) -> None:
-        from pipeline.pte import inputs
         from pipeline.pte.file import PteError, PteFile
-        from pipeline.pte.verify import CheckError, check_program
 
         if isinstance(path, (bytes, bytearray, memoryview)):
             self.path = None
@@ -292,17 +290,8 @@ class NativeProgram:
         else:
             self.path = Path(path)
             pte = PteFile.read(self.path)
-        try:
-            check_program(pte, BACKEND_ID)
-            self._in_spec, _ = inputs.specs(pte.plan)
-        except (CheckError, inputs.SignatureError) as exc:
-            raise PteError(f"{pte.source}: {exc}") from None
-        if pte.plan.name != method:
-            raise PteError(f"{pte.source}: the program has no method {method!r} (its one method is "
-                           f"{pte.plan.name!r})")
+        self._in_spec = _checked(pte, method)
         self._plan = pte.plan
-        register()
-        _check_rows_fit(pte)
         from executorch.runtime import Runtime
 
         try:
@@ -335,12 +324,28 @@ class NativeBundle:
     outputs checked by ExecuTorch's own bundled-program calls. No torch tensor crosses into
     ExecuTorch, so it runs where ExecuTorch's Python bindings cannot take or give one (a torch
     other than the one its wheel was built against: "tensor does not have a device").
-    ExecuTorch trusts a bundle's structure: run the bundles this project writes
-    (benchmarks/executorch_runtime.py --save), not foreign ones. RuntimeError with ExecuTorch's
-    error where a call fails."""
+    ExecuTorch's bundled-program calls trust the bundle, so it is read and checked here first
+    (`pipeline.pte.bundle.read`), its program as NativeProgram checks one and forward's first
+    test case (`inputs`, `expected`) against the method's signature; PteError (a ValueError)
+    for what the checks refuse, `source` naming the bytes. RuntimeError with ExecuTorch's error
+    where one of its calls fails."""
 
-    def __init__(self, data: bytes) -> None:
-        register()
+    def __init__(self, data: bytes, source: str = "<bytes>") -> None:
+        from pipeline.pte import bundle, inputs
+        from pipeline.pte.file import PteError, PteFile
+
+        data = bytes(data)
+        read = bundle.read(data, source)
+        pte = PteFile(read.program, f"{source}: its program")
+        in_spec = _checked(pte, bundle.METHOD)
+        try:
+            inputs.checked(pte.plan, in_spec, read.inputs)
+        except (TypeError, ValueError) as exc:
+            raise PteError(f"{source}: the bundle's inputs: {exc}") from None
+        if len(read.expected) != len(pte.plan.outputs):
+            raise PteError(f"{source}: the bundle expects {len(read.expected)} outputs, the method gives "
+                           f"{len(pte.plan.outputs)}")
+        self.program, self.inputs, self.expected = read.program, read.inputs, read.expected
         self._lib = library()
         reason = ctypes.create_string_buffer(_REASON_BYTES)
         self._handle = self._lib.pipeline_bundle_open(bytes(data), len(data), reason, _REASON_BYTES)
@@ -359,16 +364,16 @@ class NativeBundle:
         """ExecuTorch's check of the last run's outputs: every value within `atol` of the bundle's."""
         return bool(self._lib.pipeline_bundle_verify(self._handle, atol))
 
-    def outputs(self, like: list) -> list:
-        """The last run's outputs, copied out, each with the dtype and shape of its tensor in
-        `like` (the bundle's expected outputs); RuntimeError where their count or sizes differ."""
+    def outputs(self) -> list:
+        """The last run's outputs, copied out, each with the dtype and shape of the bundle's
+        expected output; RuntimeError where their count or sizes differ."""
         import torch
 
         count = self._lib.pipeline_bundle_outputs(self._handle)
-        if count != len(like):
-            raise RuntimeError(f"the method gave {count} outputs, the bundle expects {len(like)}")
+        if count != len(self.expected):
+            raise RuntimeError(f"the method gave {count} outputs, the bundle expects {len(self.expected)}")
         got = []
-        for i, want in enumerate(like):
+        for i, want in enumerate(self.expected):
             out = torch.empty_like(want, memory_format=torch.contiguous_format)
             nbytes = out.numel() * out.element_size()
             size = self._lib.pipeline_bundle_output(self._handle, i, out.data_ptr(), nbytes)
@@ -381,6 +386,26 @@ class NativeBundle:
         if getattr(self, "_handle", None):
             self._lib.pipeline_bundle_close(self._handle)
             self._handle = None
+
+
+def _checked(pte, method: str):
+    """The input spec of `pte`'s `method` once the program passes the Python runtime's checks
+    and its delegates' rows fit the backend's device (our backend registered); PteError if not."""
+    from pipeline.pte import inputs
+    from pipeline.pte.file import PteError
+    from pipeline.pte.verify import CheckError, check_program
+
+    try:
+        check_program(pte, BACKEND_ID)
+        in_spec, _ = inputs.specs(pte.plan)
+    except (CheckError, inputs.SignatureError) as exc:
+        raise PteError(f"{pte.source}: {exc}") from None
+    if pte.plan.name != method:
+        raise PteError(f"{pte.source}: the program has no method {method!r} (its one method is "
+                       f"{pte.plan.name!r})")
+    register()
+    _check_rows_fit(pte)
+    return in_spec
 
 
 def _check_rows_fit(pte) -> None:
