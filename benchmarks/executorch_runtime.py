@@ -48,7 +48,6 @@ from pipeline.ioutil import write_bytes_atomic, write_json_atomic
 ATOL_EAGER = 1e-4  # ExecuTorch's runtime against eager float32 (tests/test_dawn.py's bound)
 ATOL_RUNTIMES = 1e-5  # ExecuTorch's runtime against the Python runtime, both on the device
 BUNDLE_SUFFIX = ".bpte"
-METHOD = "forward"
 
 
 def lower_to_file(spec, cpu_backend: str, path: Path) -> float:
@@ -139,6 +138,8 @@ def write_bundle(pte: Path, inputs: tuple, eager: list, path: Path) -> None:
     from executorch.devtools.bundled_program.core import BundledProgram
     from executorch.devtools.bundled_program.serialize import serialize_from_bundled_program_to_flatbuffer
 
+    from pipeline.pte.bundle import METHOD
+
     case = MethodTestCase(inputs=[t.clone() for t in inputs], expected_outputs=[t.clone() for t in eager])
     bundled = BundledProgram(None, [MethodTestSuite(METHOD, [case])], pte_file_path=str(pte))
     write_bytes_atomic(path, serialize_from_bundled_program_to_flatbuffer(bundled))
@@ -177,6 +178,9 @@ def run_files(args, report: dict) -> int:
     """Run the bundles `--save` kept: ExecuTorch's runtime, driven from C++ (pipeline.native.
     NativeBundle), checks each against eager's outputs, and its outputs are measured against
     them and the Python runtime's."""
+    from pipeline.interpreter import Program
+    from pipeline.pte.file import PteFile
+
     paths = sorted(args.files.glob(f"*-*{BUNDLE_SUFFIX}"))
     if not paths:
         print(f"executorch_runtime: no <model>-<cpu backend>{BUNDLE_SUFFIX} in {args.files}", file=sys.stderr)
@@ -198,10 +202,8 @@ def run_files(args, report: dict) -> int:
         said = (f"ExecuTorch's check {'held' if row['executorch_check'] else 'missed'}, "
                 f"max abs vs eager {row['max_abs_vs_eager']:.3g}")
         if cpu_backend == "portable":  # the Python runtime runs no XNNPACK delegate
-            with tempfile.TemporaryDirectory() as tmp:
-                pte = Path(tmp) / "program.pte"
-                pte.write_bytes(program)
-                row["max_abs_vs_python_runtime"] = max_abs(got, pipeline.load(pte)(*inputs))
+            python_runtime = Program(PteFile(program, f"{path}: its program"))
+            row["max_abs_vs_python_runtime"] = max_abs(got, python_runtime(*inputs))
             passed = passed and row["max_abs_vs_python_runtime"] <= ATOL_RUNTIMES
             said += f", vs the Python runtime {row['max_abs_vs_python_runtime']:.3g}"
         row["passed"] = passed

@@ -39,8 +39,6 @@ et::Error verify_method_outputs(et::Method& method, const void* bundled_program_
 
 namespace {
 
-constexpr const char* kMethod = "forward";
-constexpr size_t kTestCase = 0;
 constexpr size_t kAlignment = 64;
 // The method's own allocations (its values, the delegates' handles) and scratch for kernels.
 constexpr size_t kMethodPoolBytes = 64u << 20;
@@ -87,6 +85,8 @@ std::string error_text(const char* what, et::Error error) {
 struct Bundle {
   AlignedBytes bytes;
   size_t size = 0;
+  std::string method_name;  // the method run, and its test case
+  size_t test_case = 0;
   std::optional<MemoryLoader> loader;
   std::optional<et::Program> program;
   AlignedBytes method_pool{static_cast<uint8_t*>(std::aligned_alloc(kAlignment, kMethodPoolBytes))};
@@ -115,9 +115,9 @@ std::string open(Bundle& b) {
     return error_text("Program::load", program.error());
   }
   b.program.emplace(std::move(*program));
-  et::Result<et::MethodMeta> meta = b.program->method_meta(kMethod);
+  et::Result<et::MethodMeta> meta = b.program->method_meta(b.method_name.c_str());
   if (!meta.ok()) {
-    return error_text("method_meta(forward)", meta.error());
+    return error_text("method_meta", meta.error());
   }
   for (size_t i = 0; i < meta->num_memory_planned_buffers(); ++i) {
     et::Result<int64_t> bytes = meta->memory_planned_buffer_size(i);
@@ -136,9 +136,9 @@ std::string open(Bundle& b) {
   b.temp_allocator.emplace(kTempPoolBytes, b.temp_pool.get());
   b.planned_memory.emplace(et::Span<et::Span<uint8_t>>(b.planned_spans.data(), b.planned_spans.size()));
   b.memory.emplace(&*b.method_allocator, &*b.planned_memory, &*b.temp_allocator);
-  et::Result<et::Method> method = b.program->load_method(kMethod, &*b.memory);
+  et::Result<et::Method> method = b.program->load_method(b.method_name.c_str(), &*b.memory);
   if (!method.ok()) {
-    return error_text("load_method(forward)", method.error());
+    return error_text("load_method", method.error());
   }
   b.method.emplace(std::move(*method));
   return {};
@@ -148,11 +148,15 @@ std::string open(Bundle& b) {
 
 extern "C" {
 
-// The bundle in `data` (copied) with its method loaded; null and the reason in `reason` if not.
-PIPELINE_EXPORT void* pipeline_bundle_open(const void* data, size_t size, char* reason, size_t capacity) {
+// The bundle in `data` (copied) with `method` loaded, to run its test case `test_case`; null
+// and the reason in `reason` if not.
+PIPELINE_EXPORT void* pipeline_bundle_open(const void* data, size_t size, const char* method, size_t test_case,
+                                           char* reason, size_t capacity) {
   auto bundle = std::make_unique<Bundle>();
   bundle->bytes = aligned_copy(data, size);
   bundle->size = size;
+  bundle->method_name = method;
+  bundle->test_case = test_case;
   if (!bundle->bytes) {
     pipeline_entry::copy_out("no memory for the bundle", reason, capacity);
     return nullptr;
@@ -169,7 +173,7 @@ PIPELINE_EXPORT void* pipeline_bundle_open(const void* data, size_t size, char* 
 // 1 on success, else 0 and the reason.
 PIPELINE_EXPORT int pipeline_bundle_run(void* handle, double* seconds, char* reason, size_t capacity) {
   auto& b = *static_cast<Bundle*>(handle);
-  et::Error status = executorch::bundled_program::load_bundled_input(*b.method, b.bytes.get(), kTestCase);
+  et::Error status = executorch::bundled_program::load_bundled_input(*b.method, b.bytes.get(), b.test_case);
   if (status != et::Error::Ok) {
     pipeline_entry::copy_out(error_text("load_bundled_input", status), reason, capacity);
     return 0;
@@ -188,7 +192,7 @@ PIPELINE_EXPORT int pipeline_bundle_run(void* handle, double* seconds, char* rea
 // within `atol` (no relative part), else 0.
 PIPELINE_EXPORT int pipeline_bundle_verify(void* handle, double atol) {
   auto& b = *static_cast<Bundle*>(handle);
-  return executorch::bundled_program::verify_method_outputs(*b.method, b.bytes.get(), kTestCase, 0.0, atol) ==
+  return executorch::bundled_program::verify_method_outputs(*b.method, b.bytes.get(), b.test_case, 0.0, atol) ==
          et::Error::Ok;
 }
 

@@ -113,7 +113,9 @@ def library() -> ctypes.CDLL:
                 ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t,
             ]
             lib.pipeline_webgpu_check_blob.restype = ctypes.c_int
-            lib.pipeline_bundle_open.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t]
+            lib.pipeline_bundle_open.argtypes = [
+                ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t,
+            ]
             lib.pipeline_bundle_open.restype = ctypes.c_void_p
             lib.pipeline_bundle_run.argtypes = [
                 ctypes.c_void_p, ctypes.POINTER(ctypes.c_double), ctypes.c_char_p, ctypes.c_size_t,
@@ -348,7 +350,8 @@ class NativeBundle:
         self.program, self.inputs, self.expected = read.program, read.inputs, read.expected
         self._lib = library()
         reason = ctypes.create_string_buffer(_REASON_BYTES)
-        self._handle = self._lib.pipeline_bundle_open(bytes(data), len(data), reason, _REASON_BYTES)
+        self._handle = self._lib.pipeline_bundle_open(data, len(data), bundle.METHOD.encode(), bundle.TEST_CASE,
+                                                      reason, _REASON_BYTES)
         if not self._handle:
             raise RuntimeError(f"ExecuTorch's runtime refused the bundle: {reason.value.decode(errors='replace')}")
 

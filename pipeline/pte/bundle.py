@@ -27,8 +27,8 @@ from pipeline.pte.file import PteError
 
 SCHEMA_PACKAGE = "executorch.devtools.bundled_program.serialize"
 SCHEMA = "bundled_program_schema.fbs"
-METHOD = "forward"  # the method ExecuTorch's bundle runner (BundleRunner.cpp) runs
-TEST_CASE = 0  # and the test case
+METHOD = "forward"  # the method read and run (pipeline.native.NativeBundle)
+TEST_CASE = 0  # and its test case
 
 
 @dataclass(frozen=True)
@@ -91,8 +91,7 @@ def _tensor(value, what: str, s: ModuleType) -> torch.Tensor:
     if any(n < 0 for n in sizes) or sorted(order) != list(range(len(sizes))):
         raise PteError(f"{what}: sizes {sizes} with dimension order {order}")
     data = bytes(t.data) if t.data is not None else b""
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    if len(data) != math.prod(sizes) * itemsize:
+    if len(data) != math.prod(sizes) * dtype.itemsize:
         raise PteError(f"{what}: {len(data)} bytes for sizes {sizes} of {dtype}")
     stored = torch.frombuffer(bytearray(data), dtype=dtype) if data else torch.empty(0, dtype=dtype)
     return stored.reshape([sizes[d] for d in order]).permute([order.index(d) for d in range(len(sizes))]).contiguous()
